@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Private PostgreSQL and RabbitMQ on loopback for the demo, the tests and the
+# benchmarks. Installs what is missing (Debian packages), keeps every byte of
+# state under $OUTBOXD_STATE_DIR (default: <repo>/.outboxd), never touches a
+# system-wide service.
+#
+#   scripts/services.sh up                 start both (idempotent); prints the env to use
+#   scripts/services.sh down               stop both
+#   scripts/services.sh env                print DATABASE_URL / AMQP_URL exports
+#   scripts/services.sh rabbit start DIR PORT   a further private broker (tests that restart one)
+#   scripts/services.sh rabbit stop  DIR PORT
+#   scripts/services.sh pg start|stop      only PostgreSQL
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+state=${OUTBOXD_STATE_DIR:-$repo/.outboxd}
+pg_port=${OUTBOXD_PG_PORT:-55432}
+amqp_port=${OUTBOXD_AMQP_PORT:-55672}
+pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
+svc_user=outboxd-svc
+
+log() { echo "services: $*" >&2; }
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    log "need root to apt-get install $*; install them and run again"
+    exit 1
+  fi
+  if [ ! -f "$state/.apt-updated" ]; then
+    log "apt-get update"
+    apt-get update -qq >&2
+    mkdir -p "$state" && touch "$state/.apt-updated"
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+ensure_packages() {
+  local want=()
+  [ -x "$pg_bin/postgres" ] || want+=(postgresql-15)
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want+=(rabbitmq-server)
+  if [ "${#want[@]}" -gt 0 ]; then apt_install "${want[@]}"; fi
+  if [ ! -x "$pg_bin/postgres" ]; then
+    pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    [ -x "$pg_bin/postgres" ] || { log "no PostgreSQL server binaries found"; exit 1; }
+  fi
+}
+
+# PostgreSQL refuses to run as root; RabbitMQ should not. When we are root the
+# services run as a dedicated unprivileged user that owns the state directory.
+as_svc() {
+  if [ "$(id -u)" = 0 ]; then
+    id -u "$svc_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$svc_user"
+    runuser -u "$svc_user" -- env HOME="$state" "$@"
+  else
+    env HOME="$state" "$@"
+  fi
+}
+
+own_state() {
+  mkdir -p "$state"
+  if [ "$(id -u)" = 0 ]; then
+    id -u "$svc_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$svc_user"
+    chown "$svc_user" "$state"
+    chmod 755 "$state"
+  fi
+}
+
+pg_start() {
+  local data=$state/pg
+  own_state
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initdb $data"
+    as_svc mkdir -p "$data"
+    as_svc sh -c "echo outboxd > '$state/.pgpass-init'"
+    as_svc "$pg_bin/initdb" -D "$data" -U outboxd --pwfile="$state/.pgpass-init" \
+      --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
+    rm -f "$state/.pgpass-init"
+  fi
+  if as_svc "$pg_bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    return 0
+  fi
+  as_svc mkdir -p "$state/pg-run"
+  as_svc "$pg_bin/pg_ctl" -D "$data" -l "$state/pg.log" -w -t 60 start -o \
+    "-c listen_addresses=127.0.0.1 -c port=$pg_port -c unix_socket_directories=$state/pg-run \
+     -c max_connections=300 -c shared_buffers=256MB -c fsync=on" >/dev/null
+  if ! as_svc "$pg_bin/psql" -h "$state/pg-run" -p "$pg_port" -U outboxd -d postgres -tAc \
+      "SELECT 1 FROM pg_database WHERE datname='outboxd'" | grep -q 1; then
+    as_svc "$pg_bin/createdb" -h "$state/pg-run" -p "$pg_port" -U outboxd outboxd
+  fi
+  log "PostgreSQL up on 127.0.0.1:$pg_port"
+}
+
+pg_stop() {
+  [ -f "$state/pg/PG_VERSION" ] || return 0
+  as_svc "$pg_bin/pg_ctl" -D "$state/pg" -m "${1:-fast}" -w stop >/dev/null 2>&1 || true
+}
+
+# One RabbitMQ node: its own node name, data, logs, cookie and ports.
+rabbit_env() {
+  local dir=$1 port=$2
+  echo RABBITMQ_NODENAME="outboxd-$port@localhost" \
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$port" \
+    RABBITMQ_DIST_PORT="$((port + 1))" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
+    RABBITMQ_PID_FILE="$dir/rabbit.pid" RABBITMQ_CONFIG_FILE="$dir/rabbitmq" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
+    RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config" HOME="$dir"
+}
+
+rabbit_ctl() {
+  local dir=$1 port=$2
+  shift 2
+  # shellcheck disable=SC2046
+  as_svc env $(rabbit_env "$dir" "$port") /usr/lib/rabbitmq/bin/rabbitmqctl -n "outboxd-$port@localhost" "$@"
+}
+
+rabbit_start() {
+  local dir=$1 port=$2
+  own_state
+  as_svc mkdir -p "$dir/log" "$dir/mnesia"
+  if rabbit_ctl "$dir" "$port" -q status >/dev/null 2>&1; then
+    return 0
+  fi
+  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n' > '$dir/rabbitmq.conf'; echo '[].' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {127,0,0,1}}]}].' > '$dir/advanced.config'"
+  # shellcheck disable=SC2046
+  as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
+    >"$dir/stdout.log" 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 120); do
+    if rabbit_ctl "$dir" "$port" -q await_startup >/dev/null 2>&1; then
+      log "RabbitMQ up on 127.0.0.1:$port ($dir)"
+      return 0
+    fi
+    sleep 1
+  done
+  log "RabbitMQ did not start; see $dir/log and $dir/stdout.log"
+  tail -n 30 "$dir/stdout.log" >&2 || true
+  exit 1
+}
+
+rabbit_stop() {
+  local dir=$1 port=$2
+  [ -d "$dir" ] || return 0
+  rabbit_ctl "$dir" "$port" -q stop >/dev/null 2>&1 || true
+}
+
+print_env() {
+  cat <<EOF
+export DATABASE_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/outboxd
+export AMQP_URL=amqp://guest:guest@127.0.0.1:$amqp_port/%2f
+export OUTBOXD_PG_ADMIN_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/postgres
+export OUTBOXD_STATE_DIR=$state
+EOF
+}
+
+cmd=${1:-up}
+case "$cmd" in
+  up)
+    ensure_packages
+    pg_start
+    rabbit_start "$state/rabbit" "$amqp_port"
+    print_env | tee "$state/env"
+    ;;
+  down)
+    rabbit_stop "$state/rabbit" "$amqp_port"
+    pg_stop fast
+    ;;
+  env) print_env ;;
+  pg)
+    case "${2:-}" in
+      start) ensure_packages; pg_start ;;
+      stop) pg_stop "${3:-fast}" ;;
+      *) log "usage: $0 pg start|stop [fast|immediate]"; exit 2 ;;
+    esac
+    ;;
+  rabbit)
+    [ $# -eq 4 ] || { log "usage: $0 rabbit start|stop|ctl DIR PORT"; exit 2; }
+    case "$2" in
+      start) ensure_packages; rabbit_start "$3" "$4" ;;
+      stop) rabbit_stop "$3" "$4" ;;
+      *) log "usage: $0 rabbit start|stop DIR PORT"; exit 2 ;;
+    esac
+    ;;
+  *) log "usage: $0 up|down|env|pg|rabbit"; exit 2 ;;
+esac

@@ -1,0 +1,514 @@
+//! RabbitMQ: the connection, confirm channels, and publishing a batch with
+//! publisher confirms.
+//!
+//! [`Broker`] owns one connection, opened lazily and reopened with
+//! exponential backoff after it is lost (no automatic recovery inside lapin:
+//! the relay must know when a channel died, to replay from its first
+//! unconfirmed row). It watches `connection.blocked` so the relay stops
+//! claiming while the broker refuses publishes.
+//!
+//! [`ConfirmChannel::publish_batch`] publishes rows in order on one confirm
+//! channel (persistent, `mandatory`, AMQP `message_id` = the row's
+//! `message_id`) and then awaits the confirms in order under one deadline
+//! (lapin's confirm future has no timeout of its own). It reports the length
+//! of the confirmed prefix and, if the batch stopped early, why — classified
+//! as the row's own fault, a timeout, or a lost broker ([`PublishError`]).
+//! An ack that carries a returned message means *unroutable*: a failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event};
+use serde_json::Value as Json;
+use tokio::sync::{Mutex, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AmqpConfig, Redacted};
+use crate::store::outbox::ClaimedMessage;
+
+/// Header carrying the outbox row id.
+pub const HEADER_ID: &str = "outbox-id";
+/// Header carrying the bucket label.
+pub const HEADER_PARTITION_KEY: &str = "outbox-partition-key";
+/// Header carrying the message key.
+pub const HEADER_MESSAGE_KEY: &str = "outbox-message-key";
+
+/// Deepest nesting of JSON headers converted to AMQP tables.
+const MAX_HEADER_DEPTH: usize = 16;
+
+/// Why a publish did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PublishError {
+    /// The row cannot be published as it is (too large, invalid headers,
+    /// unroutable, rejected). Counts an attempt; may park the row.
+    #[error("{0}")]
+    Rejected(String),
+    /// No confirm arrived in time. Counts an attempt, never parks: the
+    /// broker may just be slow.
+    #[error("no publisher confirm within {0:?}")]
+    Timeout(Duration),
+    /// The broker connection or channel is gone. Not the row's fault: the
+    /// claim is handed back and the worker reconnects.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl PublishError {
+    /// Whether the failure is the row's own (and so may park it).
+    pub fn is_rows_fault(&self) -> bool {
+        matches!(self, PublishError::Rejected(_))
+    }
+
+    /// Whether the failure counts as an attempt at the row.
+    pub fn counts_attempt(&self) -> bool {
+        !matches!(self, PublishError::Unavailable(_))
+    }
+}
+
+/// What happened to a batch.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    /// Rows `0..confirmed` were confirmed by the broker, in order.
+    pub confirmed: usize,
+    /// Set when the batch stopped at row `confirmed`.
+    pub failure: Option<PublishError>,
+}
+
+/// One connection to the broker, shared by every bucket of a worker.
+pub struct Broker {
+    url: String,
+    name: String,
+    rpc_timeout: Duration,
+    backoff_max: Duration,
+    connection: Mutex<Option<Arc<Connection>>>,
+    blocked_tx: watch::Sender<Option<String>>,
+}
+
+impl Broker {
+    pub fn new(config: &AmqpConfig, connection_name: String) -> Self {
+        Self {
+            url: config.url.clone(),
+            name: connection_name,
+            rpc_timeout: config.confirm_timeout,
+            backoff_max: config.reconnect_backoff_max,
+            connection: Mutex::new(None),
+            blocked_tx: watch::channel(None).0,
+        }
+    }
+
+    /// `Some(reason)` while the broker has blocked publishing (resource alarm).
+    pub fn blocked(&self) -> watch::Receiver<Option<String>> {
+        self.blocked_tx.subscribe()
+    }
+
+    /// Connects once, without retrying: for start-up checks.
+    pub async fn connect_once(&self) -> Result<(), PublishError> {
+        self.connection().await.map(|_| ())
+    }
+
+    /// A fresh confirm channel, reconnecting with exponential backoff while
+    /// the broker is unreachable. `None` only when cancelled.
+    pub async fn open_channel(&self, cancel: &CancellationToken) -> Option<ConfirmChannel> {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.try_open_channel().await {
+                Ok(channel) => return Some(channel),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "cannot open a confirm channel");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return None,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(self.backoff_max);
+                }
+            }
+        }
+    }
+
+    async fn try_open_channel(&self) -> Result<ConfirmChannel, PublishError> {
+        let conn = self.connection().await?;
+        let opened = tokio::time::timeout(self.rpc_timeout, async {
+            let channel = conn.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(channel)
+        })
+        .await;
+        match opened {
+            Ok(Ok(channel)) => Ok(ConfirmChannel {
+                channel,
+                confirm_timeout: self.rpc_timeout,
+            }),
+            Ok(Err(e)) => {
+                self.forget(&conn).await;
+                Err(PublishError::Unavailable(e.to_string()))
+            }
+            Err(_) => {
+                self.forget(&conn).await;
+                Err(PublishError::Unavailable(
+                    "opening a channel timed out".into(),
+                ))
+            }
+        }
+    }
+
+    /// The live connection, opening one if there is none.
+    async fn connection(&self) -> Result<Arc<Connection>, PublishError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(conn) = slot.as_ref().filter(|c| c.status().connected()) {
+            return Ok(conn.clone());
+        }
+        *slot = None;
+        let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
+        let conn = tokio::time::timeout(self.rpc_timeout, Connection::connect(&self.url, props))
+            .await
+            .map_err(|_| {
+                PublishError::Unavailable(format!(
+                    "connecting to {} timed out",
+                    Redacted(&self.url)
+                ))
+            })?
+            .map_err(|e| {
+                PublishError::Unavailable(format!("cannot connect to {}: {e}", Redacted(&self.url)))
+            })?;
+        tracing::info!(url = %Redacted(&self.url), "connected to RabbitMQ");
+        self.watch_events(&conn);
+        let conn = Arc::new(conn);
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops `conn` if it is still the current connection, so the next
+    /// caller reconnects.
+    async fn forget(&self, conn: &Arc<Connection>) {
+        let mut slot = self.connection.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
+        }
+    }
+
+    fn watch_events(&self, conn: &Connection) {
+        let blocked = self.blocked_tx.clone();
+        let mut events = conn.events_listener();
+        blocked.send_replace(None);
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    Event::ConnectionBlocked(reason) => {
+                        tracing::warn!(%reason, "RabbitMQ blocked publishing on this connection; claiming paused");
+                        blocked.send_replace(Some(reason));
+                    }
+                    Event::ConnectionUnblocked => {
+                        tracing::info!("RabbitMQ unblocked publishing; claiming resumes");
+                        blocked.send_replace(None);
+                    }
+                    Event::Error(e) => {
+                        tracing::warn!(error = %e, "RabbitMQ connection error");
+                        blocked.send_replace(None);
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+}
+
+/// A channel in confirm mode, used by one bucket at a time.
+pub struct ConfirmChannel {
+    channel: Channel,
+    confirm_timeout: Duration,
+}
+
+impl ConfirmChannel {
+    /// Whether the channel can still be used.
+    pub fn is_usable(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Publishes `rows` in order and awaits their confirms in order.
+    ///
+    /// Stops *sending* at the first row that cannot be sent (too large,
+    /// invalid headers), so nothing behind it leaves. Rows already sent when
+    /// a later confirm fails are not counted as confirmed: they are replayed
+    /// after the failed row (a duplicate, never a gap).
+    pub async fn publish_batch(
+        &self,
+        rows: &[ClaimedMessage],
+        max_payload_bytes: u64,
+    ) -> BatchOutcome {
+        let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        let mut pending = Vec::with_capacity(rows.len());
+        let mut send_failure = None;
+        for row in rows {
+            let prepared = match prepare(row, max_payload_bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    send_failure = Some(e);
+                    break;
+                }
+            };
+            let sent = tokio::time::timeout_at(
+                deadline,
+                self.channel.basic_publish(
+                    prepared.exchange,
+                    prepared.routing_key,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &row.payload,
+                    prepared.properties,
+                ),
+            )
+            .await;
+            match sent {
+                Ok(Ok(confirm)) => pending.push(confirm),
+                Ok(Err(e)) => {
+                    send_failure = Some(classify(&e));
+                    break;
+                }
+                Err(_) => {
+                    send_failure = Some(PublishError::Timeout(self.confirm_timeout));
+                    break;
+                }
+            }
+        }
+
+        let mut confirmed = 0;
+        for confirm in pending {
+            let result = match tokio::time::timeout_at(deadline, confirm).await {
+                Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
+                Ok(Err(e)) => Err(classify(&e)),
+                Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+                Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(PublishError::Rejected(format!(
+                    "unroutable: returned by the broker ({} {})",
+                    returned.reply_code, returned.reply_text
+                ))),
+                Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Rejected(
+                    "rejected by the broker (basic.nack)".into(),
+                )),
+                Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Unavailable(
+                    "channel is not in confirm mode".into(),
+                )),
+            };
+            match result {
+                Ok(()) => confirmed += 1,
+                Err(e) => {
+                    return BatchOutcome {
+                        confirmed,
+                        failure: Some(e),
+                    };
+                }
+            }
+        }
+        BatchOutcome {
+            confirmed,
+            failure: send_failure,
+        }
+    }
+
+    /// Closes the channel; errors are irrelevant, it is being discarded.
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.channel.close(200, "done".into()),
+        )
+        .await;
+    }
+}
+
+/// A channel-level (soft) protocol error is caused by what was published —
+/// a missing exchange, a refused or oversized message — so it is the row's
+/// fault; anything else means the broker or the network is gone.
+fn classify(e: &lapin::Error) -> PublishError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind()
+        && let AMQPErrorKind::Soft(soft) = amqp.kind()
+        && matches!(
+            soft,
+            AMQPSoftError::NOTFOUND
+                | AMQPSoftError::ACCESSREFUSED
+                | AMQPSoftError::PRECONDITIONFAILED
+                | AMQPSoftError::CONTENTTOOLARGE
+                | AMQPSoftError::NOROUTE
+        )
+    {
+        return PublishError::Rejected(format!("refused by the broker: {amqp}"));
+    }
+    PublishError::Unavailable(e.to_string())
+}
+
+struct Prepared {
+    exchange: ShortString,
+    routing_key: ShortString,
+    properties: BasicProperties,
+}
+
+/// Everything about a row that can be checked before it is sent.
+fn prepare(row: &ClaimedMessage, max_payload_bytes: u64) -> Result<Prepared, PublishError> {
+    if row.payload.len() as u64 > max_payload_bytes {
+        return Err(PublishError::Rejected(format!(
+            "payload is {} bytes, more than outbox.max_payload_bytes ({max_payload_bytes})",
+            row.payload.len()
+        )));
+    }
+    let exchange = ShortString::try_new(row.exchange.as_str())
+        .map_err(|e| PublishError::Rejected(format!("invalid exchange name: {e}")))?;
+    let routing_key = ShortString::try_new(row.routing_key.as_str())
+        .map_err(|e| PublishError::Rejected(format!("invalid routing key: {e}")))?;
+    let mut headers = match &row.headers {
+        Json::Object(map) => json_table(map, 0)
+            .map_err(|e| PublishError::Rejected(format!("invalid headers: {e}")))?,
+        other => {
+            return Err(PublishError::Rejected(format!(
+                "invalid headers: expected a JSON object, found {}",
+                json_kind(other)
+            )));
+        }
+    };
+    headers.insert(HEADER_ID.into(), AMQPValue::LongLongInt(row.id));
+    headers.insert(
+        HEADER_PARTITION_KEY.into(),
+        AMQPValue::LongString(row.partition_key.as_str().into()),
+    );
+    headers.insert(
+        HEADER_MESSAGE_KEY.into(),
+        AMQPValue::LongString(row.message_key.as_str().into()),
+    );
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(row.message_id.to_string().into())
+        .with_timestamp(row.created_at.timestamp().max(0) as u64)
+        .with_app_id("outboxd".into())
+        .with_headers(headers);
+    if let Some(ct) = &row.content_type {
+        let ct = ShortString::try_new(ct.as_str())
+            .map_err(|e| PublishError::Rejected(format!("invalid content_type: {e}")))?;
+        properties = properties.with_content_type(ct);
+    }
+    Ok(Prepared {
+        exchange,
+        routing_key,
+        properties,
+    })
+}
+
+fn json_kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
+fn json_table(map: &serde_json::Map<String, Json>, depth: usize) -> Result<FieldTable, String> {
+    let mut table = FieldTable::default();
+    for (k, v) in map {
+        let key = ShortString::try_new(k.as_str()).map_err(|_| {
+            format!(
+                "header name '{}…' is longer than 255 bytes",
+                k.chars().take(20).collect::<String>()
+            )
+        })?;
+        table.insert(key, json_value(v, depth + 1)?);
+    }
+    Ok(table)
+}
+
+fn json_value(v: &Json, depth: usize) -> Result<AMQPValue, String> {
+    if depth > MAX_HEADER_DEPTH {
+        return Err(format!("nested deeper than {MAX_HEADER_DEPTH} levels"));
+    }
+    Ok(match v {
+        Json::Null => AMQPValue::Void,
+        Json::Bool(b) => AMQPValue::Boolean(*b),
+        Json::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => AMQPValue::LongLongInt(i),
+            (None, Some(f)) => AMQPValue::Double(f),
+            (None, None) => return Err(format!("number {n} does not fit an AMQP header")),
+        },
+        Json::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        Json::Array(items) => AMQPValue::FieldArray(FieldArray::from(
+            items
+                .iter()
+                .map(|i| json_value(i, depth + 1))
+                .collect::<Result<Vec<_>, _>>()?,
+        )),
+        Json::Object(map) => AMQPValue::FieldTable(json_table(map, depth)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn row(headers: Json, payload_len: usize, routing_key: &str) -> ClaimedMessage {
+        ClaimedMessage {
+            id: 7,
+            message_id: uuid::Uuid::nil(),
+            partition_key: "p03".into(),
+            message_key: "order-1".into(),
+            exchange: String::new(),
+            routing_key: routing_key.into(),
+            headers,
+            content_type: Some("application/json".into()),
+            payload: vec![b'x'; payload_len],
+            attempts: 0,
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn headers_carry_id_partition_and_key_and_user_values() {
+        let p = prepare(
+            &row(
+                json!({"tenant": "acme", "n": 3, "nested": {"a": [1, true]}}),
+                10,
+                "q",
+            ),
+            100,
+        )
+        .unwrap();
+        let h = p.properties.headers().as_ref().unwrap();
+        assert_eq!(h.inner().get(HEADER_ID), Some(&AMQPValue::LongLongInt(7)));
+        assert_eq!(
+            h.inner().get(HEADER_PARTITION_KEY),
+            Some(&AMQPValue::LongString("p03".into()))
+        );
+        assert_eq!(h.inner().get("n"), Some(&AMQPValue::LongLongInt(3)));
+        assert!(matches!(
+            h.inner().get("nested"),
+            Some(AMQPValue::FieldTable(_))
+        ));
+        assert_eq!(p.properties.delivery_mode(), &Some(2));
+    }
+
+    #[test]
+    fn bad_rows_are_rejected_before_sending() {
+        let too_big = prepare(&row(json!({}), 101, "q"), 100).err().unwrap();
+        assert!(too_big.is_rows_fault() && too_big.to_string().contains("101 bytes"));
+        let long_rk = prepare(&row(json!({}), 1, &"r".repeat(256)), 100)
+            .err()
+            .unwrap();
+        assert!(long_rk.to_string().contains("routing key"));
+        let long_header = prepare(&row(json!({ "h".repeat(300): 1 }), 1, "q"), 100)
+            .err()
+            .unwrap();
+        assert!(long_header.to_string().contains("invalid headers"));
+        let not_object = prepare(&row(json!([1, 2]), 1, "q"), 100).err().unwrap();
+        assert!(not_object.to_string().contains("expected a JSON object"));
+        let mut deep = json!(1);
+        for _ in 0..20 {
+            deep = json!({ "d": deep });
+        }
+        assert!(prepare(&row(deep, 1, "q"), 100).is_err());
+    }
+}

@@ -1,0 +1,269 @@
+//! Command-line definitions (clap) and dispatch of subcommands.
+//!
+//! Every failure ends as one line on stderr, `outboxd: <what went wrong>`,
+//! and a non-zero exit: 2 for bad input (flags, configuration), 1 for a
+//! failure while running. Never a panic backtrace.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError, Redacted};
+use crate::partitioner::Partitioner;
+use crate::store::{Store, schema};
+use crate::{demo, worker};
+
+/// outboxd: relays a PostgreSQL transactional outbox to RabbitMQ, in order.
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about, long_about = None)]
+pub struct Cli {
+    /// Configuration file [default: config/outboxd.toml if it exists, else built-in defaults]
+    #[arg(long, global = true, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// PostgreSQL URL (overrides DATABASE_URL and the file)
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// RabbitMQ URL (overrides AMQP_URL and the file)
+    #[arg(long, global = true, value_name = "URL")]
+    pub amqp_url: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox schema (tables, indexes, SQL functions)
+    Migrate,
+    /// Relay outbox rows to RabbitMQ
+    Work(WorkArgs),
+    /// Demo producer: enqueue order events for many keys
+    Produce(demo::ProduceArgs),
+    /// Demo consumer: read a queue and check per-key order and loss
+    Consume(demo::ConsumeArgs),
+    /// Print the bucket label of each message key
+    Partition {
+        /// Message keys
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Print the effective configuration (secrets redacted) and check it
+    Config,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// Single-worker development mode: drain every bucket without leases.
+    /// Refuses to start while other workers are live.
+    #[arg(long)]
+    pub no_leasing: bool,
+    /// Drain what is ready now, print one report, exit
+    #[arg(long)]
+    pub once: bool,
+    /// Print one JSON object per tick on stdout
+    #[arg(long, conflicts_with = "silent")]
+    pub json: bool,
+    /// Print nothing on stdout; log warnings and errors only
+    #[arg(long)]
+    pub silent: bool,
+    /// Length of a tick in milliseconds (how often --json prints)
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub interval_ms: u64,
+    /// Window in seconds over which the human-readable rate line aggregates
+    #[arg(long, value_name = "S", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub window: u64,
+    /// Rows per batch (overrides outbox.batch_size)
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<u32>,
+}
+
+/// Parses the command line, runs the command, returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("outboxd: {first} (see outboxd --help)");
+            return ExitCode::from(2);
+        }
+    };
+    let silent = matches!(&cli.command, Command::Work(w) if w.silent);
+    init_tracing(silent);
+
+    let config = match load_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("outboxd: config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outboxd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outboxd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(silent: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if silent { "warn" } else { "info" };
+    let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
+        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=warn")))
+        .unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+/// Defaults < file < environment < flags, then validation.
+pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
+    let default_path = PathBuf::from("config/outboxd.toml");
+    let mut config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None if default_path.is_file() => Config::from_file(&default_path)?,
+        None => Config::default(),
+    };
+    config.apply_env();
+    if let Some(url) = &cli.database_url {
+        config.database.url = url.clone();
+    }
+    if let Some(url) = &cli.amqp_url {
+        config.amqp.url = url.clone();
+    }
+    if let Command::Work(WorkArgs {
+        batch_size: Some(n),
+        ..
+    }) = &cli.command
+    {
+        config.outbox.batch_size = *n;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match command {
+        Command::Migrate => {
+            let partitioner = Partitioner::new(config.outbox.partition_count);
+            let store = Store::connect(&config, "outboxd migrate").await?;
+            let report = schema::migrate(&store.pool, &store.tables, partitioner).await?;
+            println!(
+                "schema at version {} ({} migration(s) applied); partition_count {}{}",
+                report.version,
+                report.applied,
+                partitioner.count(),
+                if report.partition_count_recorded {
+                    " recorded"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        Command::Work(args) => {
+            let opts = worker::WorkOptions {
+                no_leasing: args.no_leasing,
+                once: args.once,
+                json: args.json,
+                silent: args.silent,
+                interval: Duration::from_millis(args.interval_ms),
+                window: Duration::from_secs(args.window),
+            };
+            let cancel = shutdown_on_signals();
+            worker::run(&config, &opts, cancel).await?;
+            Ok(())
+        }
+        Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
+            .await
+            .context("produce"),
+        Command::Consume(args) => demo::consume(&config, &args, shutdown_on_signals())
+            .await
+            .context("consume"),
+        Command::Partition { keys } => {
+            let p = Partitioner::new(config.outbox.partition_count);
+            for key in keys {
+                println!("{}\t{key}", p.label_for(&key));
+            }
+            Ok(())
+        }
+        Command::Config => {
+            let c = &config;
+            println!("database.url = {}", Redacted(&c.database.url));
+            println!("amqp.url = {}", Redacted(&c.amqp.url));
+            println!("{:#?}", redacted_debug(c));
+            Ok(())
+        }
+    }
+}
+
+fn redacted_debug(c: &Config) -> Config {
+    let mut c = c.clone();
+    c.database.url = Redacted(&c.database.url).to_string();
+    c.amqp.url = Redacted(&c.amqp.url).to_string();
+    c
+}
+
+/// A token cancelled by SIGTERM or Ctrl-C; a second signal exits at once.
+fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        t.cancel();
+        wait_for_signal().await;
+        eprintln!("outboxd: second signal, exiting immediately");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

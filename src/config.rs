@@ -1,0 +1,579 @@
+//! Configuration: the typed form of `config/outboxd.toml`.
+//!
+//! Precedence, lowest first: the defaults below (`DEFAULT_*`), the TOML file,
+//! the environment (`DATABASE_URL`, `AMQP_URL`), command-line flags. Nothing
+//! is used before [`Config::validate`] has accepted it, and every refusal is
+//! one line naming the key, e.g. `worker.lease_renew (15s) must be shorter
+//! than worker.lease_ttl (15s)`.
+//!
+//! Durations are written as strings with a unit: `"250ms"`, `"15s"`, `"2m"`,
+//! `"1h"`, `"7d"`.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::partitioner::{MAX_PARTITIONS, MIN_PARTITIONS};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://outboxd@127.0.0.1:5432/outboxd";
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+pub const DEFAULT_PARTITION_COUNT: u32 = 16;
+pub const DEFAULT_BATCH_SIZE: u32 = 100;
+pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(15);
+pub const DEFAULT_IDLE_BACKOFF_MS: u64 = 1000;
+pub const DEFAULT_RETRY_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(60);
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 0;
+pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
+pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(6);
+pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(20);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_OUTBOX_TABLE: &str = "outbox";
+pub const DEFAULT_PARTITIONS_TABLE: &str = "outbox_partitions";
+pub const DEFAULT_WORKERS_TABLE: &str = "outbox_workers";
+
+/// Largest batch a worker may claim at once.
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+/// The outbox table name is a prefix of derived names (`<outbox>_enqueue`,
+/// `<outbox>_pending_idx`, …), which must stay within PostgreSQL's 63 bytes.
+pub const MAX_OUTBOX_TABLE_LEN: usize = 40;
+
+/// A configuration problem, reported as one line naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{key} {problem}")]
+    Invalid { key: &'static str, problem: String },
+}
+
+fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        problem: problem.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub amqp: AmqpConfig,
+    pub outbox: OutboxConfig,
+    pub worker: WorkerConfig,
+    pub tables: TablesConfig,
+}
+
+/// `[database]`: the PostgreSQL database holding the outbox.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Connection URL; `DATABASE_URL` overrides it.
+    pub url: String,
+    /// Pool size of one worker process.
+    pub max_connections: u32,
+    /// Bound on establishing a connection and on acquiring one from the pool.
+    #[serde(deserialize_with = "de_duration")]
+    pub connect_timeout: Duration,
+}
+
+/// `[amqp]`: the RabbitMQ broker messages are published to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpConfig {
+    /// Connection URL; `AMQP_URL` overrides it.
+    pub url: String,
+    /// How long a batch may wait for its publisher confirms before the
+    /// channel is dropped and the batch replayed.
+    #[serde(deserialize_with = "de_duration")]
+    pub confirm_timeout: Duration,
+    /// Ceiling of the exponential reconnect backoff.
+    #[serde(deserialize_with = "de_duration")]
+    pub reconnect_backoff_max: Duration,
+}
+
+/// `[outbox]`: how rows are drained.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    /// Number of buckets; must equal the count the database was migrated with.
+    pub partition_count: u32,
+    /// Rows claimed, published and recorded per round trip of one bucket.
+    pub batch_size: u32,
+    /// How long a claim protects its rows from other claimers.
+    #[serde(deserialize_with = "de_duration")]
+    pub claim_ttl: Duration,
+    /// Polling interval of an idle bucket when no NOTIFY wakes it earlier.
+    pub idle_backoff_ms: u64,
+    /// First retry delay of a failing row; doubles per attempt.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_backoff_initial: Duration,
+    /// Longest retry delay of a failing row.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_backoff: Duration,
+    /// Park a row (`failed_at`) after this many failed attempts at publishing
+    /// it; 0 retries forever.
+    pub max_attempts: u32,
+    /// Rows with a larger payload fail without being sent.
+    pub max_payload_bytes: u64,
+}
+
+/// `[worker]`: membership and leases (fleet mode).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    #[serde(deserialize_with = "de_duration")]
+    pub lease_ttl: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub lease_renew: Duration,
+    #[serde(deserialize_with = "de_duration")]
+    pub heartbeat_ttl: Duration,
+    /// How long SIGTERM waits for in-flight batches before abandoning them.
+    #[serde(deserialize_with = "de_duration")]
+    pub shutdown_timeout: Duration,
+}
+
+/// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TablesConfig {
+    pub outbox: String,
+    pub partitions: String,
+    pub workers: String,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: DEFAULT_DATABASE_URL.into(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            url: DEFAULT_AMQP_URL.into(),
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            reconnect_backoff_max: DEFAULT_RECONNECT_BACKOFF_MAX,
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            partition_count: DEFAULT_PARTITION_COUNT,
+            batch_size: DEFAULT_BATCH_SIZE,
+            claim_ttl: DEFAULT_CLAIM_TTL,
+            idle_backoff_ms: DEFAULT_IDLE_BACKOFF_MS,
+            retry_backoff_initial: DEFAULT_RETRY_BACKOFF_INITIAL,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: DEFAULT_LEASE_TTL,
+            lease_renew: DEFAULT_LEASE_RENEW,
+            heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+impl Default for TablesConfig {
+    fn default() -> Self {
+        Self {
+            outbox: DEFAULT_OUTBOX_TABLE.into(),
+            partitions: DEFAULT_PARTITIONS_TABLE.into(),
+            workers: DEFAULT_WORKERS_TABLE.into(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file (all keys optional). Unknown keys are refused, so a
+    /// typo never silently falls back to a default.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+            path: path.display().to_string(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error is a single line.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
+            // toml's messages span several lines with a source excerpt; keep
+            // the line/column and the message.
+            let msg = e.message().to_string();
+            match e.span() {
+                Some(span) => {
+                    let line = text[..span.start].matches('\n').count() + 1;
+                    format!("line {line}: {msg}")
+                }
+                None => msg,
+            }
+        })
+    }
+
+    /// Applies `DATABASE_URL` and `AMQP_URL` from the environment.
+    pub fn apply_env(&mut self) {
+        self.apply_env_from(|k| std::env::var(k).ok());
+    }
+
+    fn apply_env_from(&mut self, get: impl Fn(&str) -> Option<String>) {
+        if let Some(url) = get("DATABASE_URL").filter(|u| !u.is_empty()) {
+            self.database.url = url;
+        }
+        if let Some(url) = get("AMQP_URL").filter(|u| !u.is_empty()) {
+            self.amqp.url = url;
+        }
+    }
+
+    /// Checks every value; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_url(
+            "database.url",
+            &self.database.url,
+            &["postgres", "postgresql"],
+        )?;
+        validate_url("amqp.url", &self.amqp.url, &["amqp"])?;
+        if self.database.max_connections < 2 {
+            return Err(invalid(
+                "database.max_connections",
+                format!("({}) must be at least 2", self.database.max_connections),
+            ));
+        }
+        positive("database.connect_timeout", self.database.connect_timeout)?;
+        positive("amqp.confirm_timeout", self.amqp.confirm_timeout)?;
+        positive(
+            "amqp.reconnect_backoff_max",
+            self.amqp.reconnect_backoff_max,
+        )?;
+
+        let o = &self.outbox;
+        if !(MIN_PARTITIONS..=MAX_PARTITIONS).contains(&o.partition_count) {
+            return Err(invalid(
+                "outbox.partition_count",
+                format!(
+                    "({}) must be between {MIN_PARTITIONS} and {MAX_PARTITIONS}",
+                    o.partition_count
+                ),
+            ));
+        }
+        if !(1..=MAX_BATCH_SIZE).contains(&o.batch_size) {
+            return Err(invalid(
+                "outbox.batch_size",
+                format!("({}) must be between 1 and {MAX_BATCH_SIZE}", o.batch_size),
+            ));
+        }
+        positive("outbox.claim_ttl", o.claim_ttl)?;
+        if o.claim_ttl <= self.amqp.confirm_timeout {
+            return Err(invalid(
+                "outbox.claim_ttl",
+                format!(
+                    "({}) must be longer than amqp.confirm_timeout ({}), or a claim could lapse while its batch is still awaiting confirms",
+                    fmt_duration(o.claim_ttl),
+                    fmt_duration(self.amqp.confirm_timeout)
+                ),
+            ));
+        }
+        if o.idle_backoff_ms == 0 {
+            return Err(invalid("outbox.idle_backoff_ms", "must be at least 1"));
+        }
+        positive("outbox.retry_backoff_initial", o.retry_backoff_initial)?;
+        if o.retry_backoff < o.retry_backoff_initial {
+            return Err(invalid(
+                "outbox.retry_backoff",
+                format!(
+                    "({}) must not be shorter than outbox.retry_backoff_initial ({})",
+                    fmt_duration(o.retry_backoff),
+                    fmt_duration(o.retry_backoff_initial)
+                ),
+            ));
+        }
+        if o.max_payload_bytes == 0 {
+            return Err(invalid("outbox.max_payload_bytes", "must be at least 1"));
+        }
+
+        let w = &self.worker;
+        positive("worker.lease_ttl", w.lease_ttl)?;
+        positive("worker.lease_renew", w.lease_renew)?;
+        if w.lease_renew >= w.lease_ttl {
+            return Err(invalid(
+                "worker.lease_renew",
+                format!(
+                    "({}) must be shorter than worker.lease_ttl ({})",
+                    fmt_duration(w.lease_renew),
+                    fmt_duration(w.lease_ttl)
+                ),
+            ));
+        }
+        positive("worker.heartbeat_ttl", w.heartbeat_ttl)?;
+        positive("worker.shutdown_timeout", w.shutdown_timeout)?;
+
+        validate_identifier("tables.outbox", &self.tables.outbox, MAX_OUTBOX_TABLE_LEN)?;
+        validate_identifier("tables.partitions", &self.tables.partitions, 63)?;
+        validate_identifier("tables.workers", &self.tables.workers, 63)?;
+        let t = &self.tables;
+        if t.outbox == t.partitions || t.outbox == t.workers || t.partitions == t.workers {
+            return Err(invalid(
+                "tables",
+                "outbox, partitions and workers must be three different names",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn positive(key: &'static str, d: Duration) -> Result<(), ConfigError> {
+    if d.is_zero() {
+        return Err(invalid(key, "must be longer than 0"));
+    }
+    Ok(())
+}
+
+fn validate_url(key: &'static str, raw: &str, schemes: &[&str]) -> Result<(), ConfigError> {
+    let url = url::Url::parse(raw).map_err(|e| {
+        invalid(
+            key,
+            format!("is not a valid URL ({e}): {}", redact_url(raw)),
+        )
+    })?;
+    if !schemes.contains(&url.scheme()) {
+        let hint = if url.scheme() == "amqps" {
+            " (TLS is not built into this outboxd; terminate TLS in front of the broker or use amqp://)"
+        } else {
+            ""
+        };
+        return Err(invalid(
+            key,
+            format!(
+                "has scheme '{}', expected {}{hint}",
+                url.scheme(),
+                schemes.join(" or ")
+            ),
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(key, format!("has no host: {}", redact_url(raw))));
+    }
+    Ok(())
+}
+
+/// Plain, unquoted, lower-case SQL identifiers only: they are spliced into
+/// SQL text (table names cannot be bind parameters), so anything else is
+/// refused rather than quoted.
+fn validate_identifier(key: &'static str, name: &str, max_len: usize) -> Result<(), ConfigError> {
+    let ok_first = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let ok_rest = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok_first || !ok_rest || name.len() > max_len {
+        return Err(invalid(
+            key,
+            format!(
+                "('{name}') must be a lower-case SQL identifier: a-z, 0-9 and _, not starting with a digit, at most {max_len} characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A URL with its password replaced by `***`, for logs, errors and pages.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some("***"));
+            }
+            url.to_string()
+        }
+        // Unparsable: do not echo anything that might hold a secret.
+        Err(_) => match raw.find("://") {
+            Some(i) => format!("{}://***", &raw[..i]),
+            None => "***".into(),
+        },
+    }
+}
+
+/// A URL that prints redacted.
+pub struct Redacted<'a>(pub &'a str);
+
+impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(self.0))
+    }
+}
+
+/// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"7d"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("'{s}' has no unit (use ms, s, m, h or d)"))?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration like 500ms, 15s, 2m, 1h, 7d"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1_000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        _ => {
+            return Err(format!(
+                "'{s}' has unknown unit '{unit}' (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("'{s}' is too long"))
+}
+
+/// Formats a duration the way the config file writes it.
+pub fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms > 0 && ms.is_multiple_of(86_400_000) {
+        format!("{}d", ms / 86_400_000)
+    } else if ms > 0 && ms.is_multiple_of(3_600_000) {
+        format!("{}h", ms / 3_600_000)
+    } else if ms > 0 && ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else if ms.is_multiple_of(1_000) {
+        format!("{}s", ms / 1_000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(toml: &str) -> String {
+        let cfg = Config::from_toml(toml).expect("parses");
+        cfg.validate().expect_err("must be refused").to_string()
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_the_spec() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.outbox.partition_count, 16);
+        assert_eq!(c.worker.lease_ttl, Duration::from_secs(15));
+        assert_eq!(c.worker.lease_renew, Duration::from_secs(6));
+        assert_eq!(c.worker.heartbeat_ttl, Duration::from_secs(20));
+        assert_eq!(c.outbox.batch_size, 100);
+        assert_eq!(c.outbox.idle_backoff_ms, 1000);
+        assert_eq!(c.outbox.claim_ttl, Duration::from_secs(15));
+        assert_eq!(c.outbox.retry_backoff, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn shipped_config_file_parses_to_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/outboxd.toml");
+        let file = Config::from_file(&path).unwrap();
+        let def = Config::default();
+        file.validate().unwrap();
+        // Debug output covers every field; the file documents the defaults.
+        let strip_urls = |c: &Config| {
+            let mut c = c.clone();
+            c.database.url.clear();
+            c.amqp.url.clear();
+            format!("{c:?}")
+        };
+        assert_eq!(strip_urls(&file), strip_urls(&def));
+    }
+
+    #[test]
+    fn each_invalid_value_names_its_key() {
+        assert!(
+            problem("[worker]\nlease_renew = \"15s\"").starts_with(
+                "worker.lease_renew (15s) must be shorter than worker.lease_ttl (15s)"
+            )
+        );
+        assert!(problem("[outbox]\nbatch_size = 0").starts_with("outbox.batch_size"));
+        assert!(problem("[outbox]\npartition_count = 0").starts_with("outbox.partition_count"));
+        assert!(problem("[tables]\noutbox = \"drop table x;\"").starts_with("tables.outbox"));
+        assert!(problem("[tables]\nworkers = \"Outbox\"").starts_with("tables.workers"));
+        assert!(problem("[database]\nurl = \"not a url\"").starts_with("database.url"));
+        assert!(problem("[amqp]\nurl = \"http://x\"").starts_with("amqp.url has scheme 'http'"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_durations_are_refused_with_a_line_number() {
+        let e = Config::from_toml("[outbox]\nbatch_sise = 5").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("batch_sise"), "{e}");
+        let e = Config::from_toml("[worker]\n\nlease_ttl = \"15 parsecs\"").unwrap_err();
+        assert!(e.contains("line 3") && e.contains("unknown unit"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let mut c = Config::from_toml("[database]\nurl = \"postgres://file/x\"").unwrap();
+        c.apply_env_from(|k| (k == "DATABASE_URL").then(|| "postgres://env/y".to_string()));
+        assert_eq!(c.database.url, "postgres://env/y");
+        assert_eq!(c.amqp.url, DEFAULT_AMQP_URL);
+    }
+
+    #[test]
+    fn durations_parse_and_format() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert!(parse_duration("15").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(fmt_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(fmt_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("amqp://guest@h/%2f"), "amqp://guest@h/%2f");
+        assert!(!redact_url("postgres://u:sec ret@h:bad port").contains("sec"));
+        let e = problem("[database]\nurl = \"postgres://u:hunter2@h:notaport/db\"");
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}

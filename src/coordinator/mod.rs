@@ -1,0 +1,150 @@
+//! Fleet coordination: membership (heartbeats) now; target computation and
+//! the lease state machine join here with fleet mode.
+//!
+//! A worker registers a row in the workers table and keeps
+//! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
+//! slow publish never delays a heartbeat. The row is deleted on a clean exit.
+//! A `--no-leasing` worker registers under a transaction-scoped advisory lock
+//! after checking that no other worker is live, so two workers cannot both
+//! pass that check.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::store::workers::WorkerMode;
+use crate::store::{Store, StoreError};
+
+/// Why a worker may not join.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error(
+        "refusing to start in --no-leasing mode: {0} other outboxd worker(s) are live ({1}); stop them first, or run without --no-leasing"
+    )]
+    OthersLive(usize, String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// This worker's identity and registration.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pub worker_id: Uuid,
+    pub hostname: String,
+    pub mode: WorkerMode,
+    pub heartbeat_ttl: Duration,
+}
+
+impl Membership {
+    pub fn new(mode: WorkerMode, heartbeat_ttl: Duration) -> Self {
+        Self {
+            worker_id: Uuid::new_v4(),
+            hostname: hostname(),
+            mode,
+            heartbeat_ttl,
+        }
+    }
+
+    /// Registers this worker; in `--no-leasing` mode only if it is alone.
+    pub async fn join(&self, store: &Store) -> Result<(), JoinError> {
+        let workers = &store.tables.workers;
+        let mut tx = store.begin().await?;
+        workers.lock_registrations(&mut *tx).await?;
+        if self.mode == WorkerMode::NoLeasing {
+            let others = workers.live_others(&mut *tx, self.worker_id).await?;
+            if !others.is_empty() {
+                let list = others
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "{} pid {} on {}, {}",
+                            w.worker_id, w.pid, w.hostname, w.mode
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(JoinError::OthersLive(others.len(), list));
+            }
+        }
+        workers
+            .register(
+                &mut *tx,
+                self.worker_id,
+                &self.hostname,
+                self.mode,
+                self.heartbeat_ttl,
+            )
+            .await?;
+        tx.commit().await.map_err(|source| StoreError::Query {
+            doing: "committing the registration",
+            source,
+        })?;
+        tracing::info!(worker_id = %self.worker_id, host = %self.hostname, mode = ?self.mode, "worker registered");
+        Ok(())
+    }
+
+    /// Heartbeats every third of the TTL until cancelled. Survives database
+    /// outages (retrying faster), and re-registers if the row vanished.
+    pub async fn heartbeat_loop(self, store: Store, cancel: CancellationToken) {
+        let period = self.heartbeat_ttl / 3;
+        let mut delay = period;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            let workers = &store.tables.workers;
+            match workers
+                .heartbeat(&store.pool, self.worker_id, self.heartbeat_ttl)
+                .await
+            {
+                Ok(true) => delay = period,
+                Ok(false) => {
+                    tracing::warn!(worker_id = %self.worker_id, "worker row was removed; registering again");
+                    if let Err(e) = workers
+                        .register(
+                            &store.pool,
+                            self.worker_id,
+                            &self.hostname,
+                            self.mode,
+                            self.heartbeat_ttl,
+                        )
+                        .await
+                    {
+                        tracing::warn!(error = %e, "re-registering failed");
+                    }
+                    delay = period;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                    delay = Duration::from_millis(500).min(period);
+                }
+            }
+        }
+    }
+
+    /// Deletes the worker row (clean exit).
+    pub async fn leave(&self, store: &Store) {
+        match store
+            .tables
+            .workers
+            .remove(&store.pool, self.worker_id)
+            .await
+        {
+            Ok(()) => tracing::info!(worker_id = %self.worker_id, "worker row removed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not remove the worker row; it expires after heartbeat_ttl")
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -1,0 +1,33 @@
+//! # outboxd
+//!
+//! A transactional-outbox relay. Applications insert the messages they must
+//! publish into an `outbox` table in the same PostgreSQL transaction as their
+//! business data; outboxd workers drain that table to RabbitMQ with publisher
+//! confirms, in `id` order per bucket, at least once, and record what was
+//! published. See `SPEC.md` in the shared docs and the README.
+//!
+//! # Layout
+//!
+//! - [`cli`]: clap definitions and dispatch; every error ends as one line.
+//! - [`config`]: the typed configuration, its defaults and validation.
+//! - [`partitioner`]: message key → bucket (CRC-32), pure.
+//! - [`store`]: all SQL — schema/migrations, outbox, partitions, workers.
+//! - [`coordinator`]: membership and heartbeats (leases join in fleet mode).
+//! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
+//! - [`amqp`]: the broker connection, confirm channels, batch publishing.
+//! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
+//! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
+//! - [`checker`]: consumer-side verification of loss, duplicates and order.
+//! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
+
+pub mod amqp;
+pub mod checker;
+pub mod cli;
+pub mod config;
+pub mod coordinator;
+pub mod demo;
+pub mod partitioner;
+pub mod producer;
+pub mod relay;
+pub mod store;
+pub mod worker;

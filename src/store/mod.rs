@@ -1,0 +1,167 @@
+//! All SQL lives here, one module per table.
+//!
+//! Table names are configurable, so statements are rendered once at start-up
+//! from validated identifiers ([`Tables`]) and reused as prepared statements;
+//! no SQL text is built on a hot path. Functions take an executor, so the
+//! caller decides what runs in one transaction. Time is always the database's
+//! `now()`.
+//!
+//! - [`schema`]: migrations, schema version check, deployment settings.
+//! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
+//! - [`partitions`]: one row per bucket (leases, in fleet mode).
+//! - [`workers`]: membership rows and heartbeats.
+
+pub mod outbox;
+pub mod partitions;
+pub mod schema;
+pub mod workers;
+
+use std::sync::Arc;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig};
+
+/// A database error, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot connect to PostgreSQL at {url}: {source}")]
+    Connect { url: String, source: sqlx::Error },
+    #[error("{0}")]
+    Schema(String),
+    #[error("database error while {doing}: {source}")]
+    Query {
+        doing: &'static str,
+        source: sqlx::Error,
+    },
+}
+
+impl StoreError {
+    /// True when retrying later may succeed (connection lost, server
+    /// restarting, pool exhausted), as opposed to a bug or a schema problem.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Connect { .. } => true,
+            StoreError::Schema(_) => false,
+            StoreError::Query { source, .. } => is_transient(source),
+        }
+    }
+}
+
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => {
+            // 08: connection exception, 57P: operator intervention (admin
+            // shutdown, crash shutdown, cannot connect now), 40: serialization
+            // failure / deadlock, 53: insufficient resources.
+            db.code().is_some_and(|c| {
+                c.starts_with("08")
+                    || c.starts_with("57P")
+                    || c.starts_with("40")
+                    || c.starts_with("53")
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Adds what was being done to a sqlx error.
+pub(crate) trait QueryContext<T> {
+    fn doing(self, doing: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> QueryContext<T> for Result<T, sqlx::Error> {
+    fn doing(self, doing: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::Query { doing, source })
+    }
+}
+
+/// A rendered SQL statement, cheap to clone into a query.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql(Arc<str>);
+
+impl Sql {
+    /// Renders a statement template: `{outbox}`, `{partitions}` and
+    /// `{workers}` become the configured table names.
+    pub(crate) fn render(tables: &TablesConfig, template: &str) -> Self {
+        Sql(render(tables, template).into())
+    }
+
+    pub(crate) fn q(&self) -> SqlStr {
+        // Only validated identifiers are spliced in (see config::validate).
+        AssertSqlSafe(self.0.clone()).into_sql_str()
+    }
+}
+
+pub(crate) fn render(tables: &TablesConfig, template: &str) -> String {
+    template
+        .replace("{outbox}", &tables.outbox)
+        .replace("{partitions}", &tables.partitions)
+        .replace("{workers}", &tables.workers)
+}
+
+/// Every rendered statement, built once from the table names.
+#[derive(Debug, Clone)]
+pub struct Tables {
+    pub names: TablesConfig,
+    pub outbox: Arc<outbox::OutboxSql>,
+    pub partitions: Arc<partitions::PartitionsSql>,
+    pub workers: Arc<workers::WorkersSql>,
+}
+
+impl Tables {
+    pub fn new(names: &TablesConfig) -> Self {
+        Self {
+            names: names.clone(),
+            outbox: Arc::new(outbox::OutboxSql::new(names)),
+            partitions: Arc::new(partitions::PartitionsSql::new(names)),
+            workers: Arc::new(workers::WorkersSql::new(names)),
+        }
+    }
+
+    /// The NOTIFY channel `<outbox>_enqueue()` signals on.
+    pub fn notify_channel(&self) -> String {
+        format!("{}_enqueued", self.names.outbox)
+    }
+}
+
+/// Opens a pool for a worker or a command.
+pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<PgPool, StoreError> {
+    let connect_err = |source| StoreError::Connect {
+        url: Redacted(&db.url).to_string(),
+        source,
+    };
+    let options: PgConnectOptions = db.url.parse().map_err(connect_err)?;
+    let options = options.application_name(application_name);
+    PgPoolOptions::new()
+        .max_connections(db.max_connections)
+        .min_connections(0)
+        .acquire_timeout(db.connect_timeout)
+        .connect_with(options)
+        .await
+        .map_err(connect_err)
+}
+
+/// The pool and the statements: what every component that talks to the
+/// database holds.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub pool: PgPool,
+    pub tables: Tables,
+}
+
+impl Store {
+    /// Starts a transaction.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        self.pool.begin().await.doing("starting a transaction")
+    }
+
+    pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            pool: connect(&config.database, application_name).await?,
+            tables: Tables::new(&config.tables),
+        })
+    }
+}

@@ -1,0 +1,357 @@
+//! The `outbox` table: enqueue, claim, and the outcome of a publish.
+//!
+//! Claiming is one statement: it takes the first `batch_size` unpublished,
+//! unparked rows of one bucket in `id` order and claims the prefix of them
+//! that is ready (available and not claimed by someone else). A row that is
+//! not ready — a failing head waiting for its backoff — stops the prefix, so
+//! nothing behind it in the bucket is claimed: head-of-line blocking per
+//! bucket, and only per bucket.
+//!
+//! Every write after the claim matches the claim token, and, in fleet mode,
+//! the lease fence `(partition_key, lease_owner, lease_epoch)` in the same
+//! statement: a worker that lost its lease writes nothing.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+use sqlx::{PgExecutor, Postgres, Transaction};
+use uuid::Uuid;
+
+use super::{QueryContext, Sql, StoreError};
+use crate::config::TablesConfig;
+
+/// Identifies one batch claim; rows carry it in `claim_token`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimToken(pub Uuid);
+
+impl ClaimToken {
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The lease a write is made under (fleet mode). `None` in `--no-leasing`
+/// mode, where the single worker owns every bucket by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub owner: Uuid,
+    pub epoch: i64,
+}
+
+/// A claimed row, everything needed to publish it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClaimedMessage {
+    pub id: i64,
+    pub message_id: Uuid,
+    pub partition_key: String,
+    pub message_key: String,
+    pub exchange: String,
+    pub routing_key: String,
+    pub headers: Json,
+    pub content_type: Option<String>,
+    pub payload: Vec<u8>,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// How to treat a failed row.
+#[derive(Debug, Clone, Copy)]
+pub struct FailurePolicy {
+    /// Park after this many attempts; 0 never parks.
+    pub max_attempts: u32,
+    /// Whether this failure may park the row: only failures caused by the
+    /// row itself do; a slow or absent broker never parks anything.
+    pub may_park: bool,
+    pub backoff_initial_ms: f64,
+    pub backoff_max_ms: f64,
+}
+
+/// The head of one bucket: its oldest pending row, if any.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BucketHead {
+    pub partition_key: String,
+    pub id: Option<i64>,
+    pub created_at: Option<DateTime<Utc>>,
+    pub attempts: Option<i32>,
+    pub last_error: Option<String>,
+    /// Seconds since the head was created (0 when the bucket is empty).
+    pub lag_seconds: f64,
+}
+
+const FENCE: &str = "($F_OWNER::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM {partitions} p
+        WHERE p.partition_key = $F_KEY AND p.lease_owner = $F_OWNER AND p.lease_epoch = $F_EPOCH))";
+
+fn fence(key: &str, owner: &str, epoch: &str) -> String {
+    FENCE
+        .replace("$F_KEY", key)
+        .replace("$F_OWNER", owner)
+        .replace("$F_EPOCH", epoch)
+}
+
+/// The rendered statements of this module.
+#[derive(Debug)]
+pub struct OutboxSql {
+    enqueue: Sql,
+    claim: Sql,
+    record_published: Sql,
+    record_failure: Sql,
+    release: Sql,
+    bucket_heads: Sql,
+}
+
+impl OutboxSql {
+    pub fn new(t: &TablesConfig) -> Self {
+        // The plan must stay a bounded range scan of the pending index
+        // whatever the statistics say, so the statement is written to leave
+        // the planner no other good choice:
+        // - `id = ANY(ARRAY(…))` makes the scan an InitPlan followed by index
+        //   probes; a join here degraded into a nested loop over every
+        //   pending row when statistics were stale.
+        // - The bucket is a range (`BETWEEN $1 AND $1`), not an equality, and
+        //   rows are ordered by `(partition_key, id)`: only the pending index
+        //   yields that order without a sort. With `= $1 ORDER BY id` the
+        //   planner walked the primary key from the lowest id, reading every
+        //   published row of every bucket on the way.
+        let claim = "UPDATE {outbox} o
+            SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
+            WHERE o.id = ANY (ARRAY(
+                SELECT id FROM (
+                    SELECT id, bool_or(available_at > now() OR (claim_token IS NOT NULL AND claimed_until > now()))
+                               OVER (ORDER BY partition_key, id) AS blocked
+                    FROM (
+                        SELECT partition_key, id, available_at, claim_token, claimed_until
+                        FROM {outbox}
+                        WHERE partition_key BETWEEN $1 AND $1
+                          AND published_at IS NULL AND failed_at IS NULL
+                        ORDER BY partition_key, id
+                        LIMIT $2
+                    ) first_rows
+                ) ready_prefix
+                WHERE NOT blocked))
+              AND o.partition_key = $1 AND o.published_at IS NULL AND o.failed_at IS NULL
+              AND (o.claim_token IS NULL OR o.claimed_until <= now())
+              AND ($5::uuid IS NULL OR EXISTS (
+                    SELECT 1 FROM {partitions} p
+                    WHERE p.partition_key = $1 AND p.lease_owner = $5 AND p.lease_epoch = $6
+                      AND p.lease_until > now()))
+            RETURNING o.id, o.message_id, o.partition_key, o.message_key, o.exchange, o.routing_key,
+                      o.headers, o.content_type, o.payload, o.attempts, o.created_at";
+        let record_published = format!(
+            "UPDATE {{outbox}}
+             SET published_at = now(), claim_token = NULL, claimed_until = NULL
+             WHERE id = ANY($1) AND claim_token = $2 AND published_at IS NULL AND {fence}",
+            fence = fence("$3", "$4", "$5"),
+        );
+        // Backoff doubles per attempt from the initial delay, capped; the
+        // attempt count in the expression is the one before this failure.
+        let record_failure = format!(
+            "UPDATE {{outbox}}
+             SET attempts = attempts + 1,
+                 last_error = $3,
+                 available_at = now() + make_interval(secs =>
+                     least($7::float8, $6::float8 * power(2, least(attempts, 30))) / 1000),
+                 failed_at = CASE WHEN $4 AND $5::int > 0 AND attempts + 1 >= $5::int THEN now() END,
+                 claim_token = NULL, claimed_until = NULL
+             WHERE id = $1 AND claim_token = $2 AND published_at IS NULL AND {fence}
+             RETURNING failed_at IS NOT NULL AS parked",
+            fence = fence("$8", "$9", "$10"),
+        );
+        // Releasing is harmless without a fence: it only clears our own claim.
+        let release = "UPDATE {outbox} SET claim_token = NULL, claimed_until = NULL
+                       WHERE claim_token = $1 AND published_at IS NULL"
+            .to_string();
+        let bucket_heads = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+                   coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds
+            FROM unnest($1::text[]) AS b(partition_key)
+            LEFT JOIN LATERAL (
+                SELECT id, created_at, attempts, last_error FROM {outbox} o
+                WHERE o.partition_key BETWEEN b.partition_key AND b.partition_key
+                  AND o.published_at IS NULL AND o.failed_at IS NULL
+                ORDER BY o.partition_key, o.id LIMIT 1
+            ) h ON true
+            ORDER BY b.partition_key"
+            .to_string();
+        Self {
+            enqueue: Sql::render(t, "SELECT {outbox}_enqueue($1, $2, $3, $4, $5, $6)"),
+            claim: Sql::render(t, claim),
+            record_published: Sql::render(t, &record_published),
+            record_failure: Sql::render(t, &record_failure),
+            release: Sql::render(t, &release),
+            bucket_heads: Sql::render(t, &bucket_heads),
+        }
+    }
+
+    /// Enqueues one message through `<outbox>_enqueue()`; returns its id.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn enqueue<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        message_key: &str,
+        exchange: &str,
+        routing_key: &str,
+        payload: &[u8],
+        headers: &Json,
+        content_type: Option<&str>,
+    ) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.enqueue.q())
+            .bind(message_key)
+            .bind(exchange)
+            .bind(routing_key)
+            .bind(payload)
+            .bind(headers)
+            .bind(content_type)
+            .fetch_one(exec)
+            .await
+            .doing("enqueueing a message")
+    }
+
+    /// Claims the ready prefix of a bucket's first `limit` pending rows,
+    /// returned in `id` order. Empty when the bucket is empty, its head is
+    /// waiting for a retry, or (fleet mode) the lease is not ours or expired.
+    pub async fn claim<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        partition_key: &str,
+        limit: u32,
+        token: ClaimToken,
+        claim_ttl_ms: u64,
+        fence: Option<Fence>,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let mut rows: Vec<ClaimedMessage> = sqlx::query_as(self.claim.q())
+            .bind(partition_key)
+            .bind(i64::from(limit))
+            .bind(token.0)
+            .bind(claim_ttl_ms as f64)
+            .bind(fence.map(|f| f.owner))
+            .bind(fence.map(|f| f.epoch))
+            .fetch_all(exec)
+            .await
+            .doing("claiming a batch")?;
+        // UPDATE … RETURNING has no defined order.
+        rows.sort_unstable_by_key(|r| r.id);
+        Ok(rows)
+    }
+
+    /// Marks confirmed rows published; returns how many rows matched (fewer
+    /// than `ids.len()` means the claim or the lease was lost).
+    pub async fn record_published<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        ids: &[i64],
+        token: ClaimToken,
+        partition_key: &str,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.record_published.q())
+            .bind(ids)
+            .bind(token.0)
+            .bind(partition_key)
+            .bind(fence.map(|f| f.owner))
+            .bind(fence.map(|f| f.epoch))
+            .execute(exec)
+            .await
+            .doing("recording published rows")?
+            .rows_affected())
+    }
+
+    /// Records a failed attempt at one row: `attempts + 1`, `last_error`,
+    /// `available_at` pushed back, maybe parked. Returns `None` when the row
+    /// no longer matched (claim or lease lost), else whether it was parked.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record_failure<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        id: i64,
+        token: ClaimToken,
+        error: &str,
+        policy: FailurePolicy,
+        partition_key: &str,
+        fence: Option<Fence>,
+    ) -> Result<Option<bool>, StoreError> {
+        sqlx::query_scalar(self.record_failure.q())
+            .bind(id)
+            .bind(token.0)
+            .bind(error)
+            .bind(policy.may_park)
+            .bind(policy.max_attempts as i32)
+            .bind(policy.backoff_initial_ms)
+            .bind(policy.backoff_max_ms)
+            .bind(partition_key)
+            .bind(fence.map(|f| f.owner))
+            .bind(fence.map(|f| f.epoch))
+            .fetch_optional(exec)
+            .await
+            .doing("recording a failed publish")
+    }
+
+    /// Hands back every row of a claim that is still unpublished.
+    pub async fn release<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        token: ClaimToken,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.release.q())
+            .bind(token.0)
+            .execute(exec)
+            .await
+            .doing("releasing a claim")?
+            .rows_affected())
+    }
+
+    /// The oldest pending row of each given bucket (one probe of the pending
+    /// index each; written like the claim, see there).
+    pub async fn bucket_heads<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        partition_keys: &[String],
+    ) -> Result<Vec<BucketHead>, StoreError> {
+        sqlx::query_as(self.bucket_heads.q())
+            .bind(partition_keys)
+            .fetch_all(exec)
+            .await
+            .doing("reading bucket heads")
+    }
+}
+
+/// Records the outcome of a batch whose row `failed_at` failed: the
+/// confirmed prefix is published, the failed row gets its attempt, the rest
+/// of the claim is handed back. One transaction, so a crash in between
+/// leaves the claim to expire rather than a half-recorded batch.
+#[allow(clippy::too_many_arguments)]
+pub async fn record_partial_failure(
+    tx: &mut Transaction<'_, Postgres>,
+    sql: &OutboxSql,
+    confirmed: &[i64],
+    failed: i64,
+    error: &str,
+    policy: FailurePolicy,
+    token: ClaimToken,
+    partition_key: &str,
+    fence: Option<Fence>,
+) -> Result<(u64, Option<bool>), StoreError> {
+    let published = if confirmed.is_empty() {
+        0
+    } else {
+        sql.record_published(&mut **tx, confirmed, token, partition_key, fence)
+            .await?
+    };
+    let parked = sql
+        .record_failure(
+            &mut **tx,
+            failed,
+            token,
+            error,
+            policy,
+            partition_key,
+            fence,
+        )
+        .await?;
+    sql.release(&mut **tx, token).await?;
+    Ok((published, parked))
+}

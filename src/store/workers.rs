@@ -1,0 +1,160 @@
+//! The `outbox_workers` table: one row per live worker process.
+//!
+//! A worker inserts its row at start, pushes `heartbeat_until` forward from
+//! its own task, and deletes the row on a clean exit. A worker is *live*
+//! while `heartbeat_until > now()` (the database's clock, never the worker's).
+
+use std::time::Duration;
+
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use super::{QueryContext, Sql, StoreError};
+use crate::config::TablesConfig;
+
+/// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
+const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
+
+/// How a worker drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerMode {
+    /// Fleet member: publishes only buckets it holds a lease on.
+    Leasing,
+    /// Single development worker: every bucket, no leases.
+    NoLeasing,
+}
+
+impl WorkerMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            WorkerMode::Leasing => "leasing",
+            WorkerMode::NoLeasing => "no-leasing",
+        }
+    }
+}
+
+/// A live worker other than the caller.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LiveWorker {
+    pub worker_id: Uuid,
+    pub hostname: String,
+    pub pid: i32,
+    pub mode: String,
+}
+
+/// The rendered statements of this module.
+#[derive(Debug)]
+pub struct WorkersSql {
+    register: Sql,
+    heartbeat: Sql,
+    remove: Sql,
+    live_others: Sql,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_millis() as f64
+}
+
+impl WorkersSql {
+    pub fn new(t: &TablesConfig) -> Self {
+        Self {
+            register: Sql::render(
+                t,
+                "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until)
+                 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000))",
+            ),
+            heartbeat: Sql::render(
+                t,
+                "UPDATE {workers} SET heartbeat_at = now(),
+                     heartbeat_until = now() + make_interval(secs => $2::float8 / 1000)
+                 WHERE worker_id = $1",
+            ),
+            remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
+            live_others: Sql::render(
+                t,
+                "SELECT worker_id, hostname, pid, mode FROM {workers}
+                 WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",
+            ),
+        }
+    }
+
+    /// Serialises registrations until the caller's transaction ends.
+    pub async fn lock_registrations<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(REGISTRATION_LOCK)
+            .execute(exec)
+            .await
+            .doing("taking the registration lock")?;
+        Ok(())
+    }
+
+    /// Inserts this worker's row.
+    pub async fn register<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        worker_id: Uuid,
+        hostname: &str,
+        mode: WorkerMode,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        sqlx::query(self.register.q())
+            .bind(worker_id)
+            .bind(hostname)
+            .bind(std::process::id() as i32)
+            .bind(env!("CARGO_PKG_VERSION"))
+            .bind(mode.as_str())
+            .bind(ms(ttl))
+            .execute(exec)
+            .await
+            .doing("registering the worker")?;
+        Ok(())
+    }
+
+    /// Pushes `heartbeat_until` forward; false when the row is gone (another
+    /// process cleaned it up as dead), so the caller can re-register.
+    pub async fn heartbeat<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        worker_id: Uuid,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(self.heartbeat.q())
+            .bind(worker_id)
+            .bind(ms(ttl))
+            .execute(exec)
+            .await
+            .doing("heartbeating")?
+            .rows_affected()
+            == 1)
+    }
+
+    /// Deletes this worker's row (clean exit).
+    pub async fn remove<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        worker_id: Uuid,
+    ) -> Result<(), StoreError> {
+        sqlx::query(self.remove.q())
+            .bind(worker_id)
+            .execute(exec)
+            .await
+            .doing("removing the worker row")?;
+        Ok(())
+    }
+
+    /// Live workers other than `me`.
+    pub async fn live_others<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        me: Uuid,
+    ) -> Result<Vec<LiveWorker>, StoreError> {
+        sqlx::query_as(self.live_others.q())
+            .bind(me)
+            .fetch_all(exec)
+            .await
+            .doing("listing live workers")
+    }
+}

@@ -1,0 +1,282 @@
+//! One `outboxd work` process, from start-up checks to a clean exit.
+//!
+//! Start-up: connect, refuse a database whose schema or bucket count does
+//! not match this binary and configuration, join the membership. Then the
+//! heartbeat, the `LISTEN` wake-ups and one drainer per bucket run as tasks
+//! under one [`CancellationToken`], while this module's loop reports a
+//! *tick* every `--interval-ms`: the counts since the previous tick and the
+//! lag (age of the oldest pending row), as one JSON line with `--json`.
+//!
+//! Shutdown (SIGTERM / Ctrl-C cancels the token): drainers finish their
+//! in-flight batch — published rows are recorded, unsent ones handed back —
+//! within `worker.shutdown_timeout`; then the worker row is deleted and the
+//! process exits 0. A batch still running at the deadline is abandoned: its
+//! claim lapses and its rows are published again later (at least once).
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::Broker;
+use crate::config::Config;
+use crate::coordinator::{JoinError, Membership};
+use crate::partitioner::Partitioner;
+use crate::relay::stats::StatsSnapshot;
+use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
+use crate::store::outbox::BucketHead;
+use crate::store::workers::WorkerMode;
+use crate::store::{Store, StoreError, schema};
+
+/// How `outboxd work` runs and reports.
+#[derive(Debug, Clone)]
+pub struct WorkOptions {
+    /// Drain every bucket alone, without leases.
+    pub no_leasing: bool,
+    /// Drain what is ready now, report once, exit.
+    pub once: bool,
+    /// One JSON object per tick on stdout.
+    pub json: bool,
+    /// Nothing on stdout.
+    pub silent: bool,
+    /// Length of a tick.
+    pub interval: Duration,
+    /// Period of the human-readable rate line.
+    pub window: Duration,
+}
+
+/// Why a worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    #[error("{0}")]
+    Broker(String),
+    #[error(
+        "fleet mode (leases) is not available in this version of outboxd yet: run `outboxd work --no-leasing` with a single worker"
+    )]
+    FleetUnavailable,
+}
+
+/// One tick's report.
+#[derive(Debug, Serialize)]
+pub struct Tick {
+    pub ts: chrono::DateTime<chrono::Utc>,
+    pub worker_id: uuid::Uuid,
+    pub mode: &'static str,
+    /// Buckets this worker drains.
+    pub buckets: usize,
+    /// Counts during this tick.
+    #[serde(flatten)]
+    pub counts: StatsSnapshot,
+    /// Length of this tick in milliseconds.
+    pub elapsed_ms: u64,
+    /// Buckets with at least one pending row.
+    pub pending_buckets: Option<usize>,
+    /// Buckets whose head has failed at least once (waiting for a retry).
+    pub retrying_buckets: Option<usize>,
+    /// Age in seconds of the oldest pending row among the drained buckets.
+    pub lag_seconds: Option<f64>,
+}
+
+/// Runs a worker until `cancel` fires (or, with `--once`, until the ready
+/// rows are drained). Returns the totals.
+pub async fn run(
+    config: &Config,
+    opts: &WorkOptions,
+    cancel: CancellationToken,
+) -> Result<StatsSnapshot, WorkError> {
+    if !opts.no_leasing {
+        return Err(WorkError::FleetUnavailable);
+    }
+    let partitioner = Partitioner::new(config.outbox.partition_count);
+    let store = Store::connect(config, "outboxd work").await?;
+    schema::check(&store.pool, &store.tables, partitioner).await?;
+
+    let membership = Membership::new(WorkerMode::NoLeasing, config.worker.heartbeat_ttl);
+    let broker = Arc::new(Broker::new(
+        &config.amqp,
+        format!("outboxd {} {}", membership.hostname, membership.worker_id),
+    ));
+    if opts.once {
+        broker
+            .connect_once()
+            .await
+            .map_err(|e| WorkError::Broker(e.to_string()))?;
+    } else if let Err(e) = broker.connect_once().await {
+        tracing::warn!(error = %e, "RabbitMQ is not reachable yet; the relay keeps retrying");
+    }
+    membership.join(&store).await?;
+
+    let labels = partitioner.labels();
+    let stats = Arc::new(RelayStats::default());
+    let ctx = Arc::new(RelayContext {
+        store: store.clone(),
+        broker,
+        settings: RelaySettings::from_config(config),
+        stats: stats.clone(),
+    });
+    let wakeups = Wakeups::new(&labels);
+    let background = CancellationToken::new();
+    let heartbeat = tokio::spawn(
+        membership
+            .clone()
+            .heartbeat_loop(store.clone(), background.clone()),
+    );
+    let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
+
+    let relay = Relay::new(ctx, wakeups);
+    let drain = if opts.once {
+        Drain::UntilEmpty
+    } else {
+        Drain::Forever
+    };
+    for label in &labels {
+        relay.spawn_bucket(label, None, drain, cancel.child_token());
+    }
+    tracing::info!(buckets = labels.len(), mode = "no-leasing", "draining");
+
+    let mut reporter = Reporter::new(opts, membership.worker_id, labels.len());
+    if opts.once {
+        relay.wait(None).await;
+    } else {
+        let mut ticks = tokio::time::interval(opts.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticks.tick() => reporter.tick(&store, &labels, stats.snapshot(), false).await,
+            }
+        }
+        tracing::info!("shutting down: finishing in-flight batches");
+        if !relay.wait(Some(config.worker.shutdown_timeout)).await {
+            tracing::warn!(timeout = ?config.worker.shutdown_timeout,
+                "in-flight batches did not finish in time; abandoned (their rows are published again later)");
+        }
+    }
+    let totals = stats.snapshot();
+    if opts.once {
+        reporter.tick(&store, &labels, totals, true).await;
+    }
+    reporter.finish();
+
+    background.cancel();
+    let _ = tokio::join!(heartbeat, listener);
+    membership.leave(&store).await;
+    store.pool.close().await;
+    Ok(totals)
+}
+
+/// Prints ticks (`--json`) and the rate line (`--window`).
+struct Reporter {
+    json: bool,
+    human: bool,
+    tty: bool,
+    worker_id: uuid::Uuid,
+    buckets: usize,
+    last: StatsSnapshot,
+    last_at: Instant,
+    window: Duration,
+    window_start: StatsSnapshot,
+    window_at: Instant,
+}
+
+impl Reporter {
+    fn new(opts: &WorkOptions, worker_id: uuid::Uuid, buckets: usize) -> Self {
+        let now = Instant::now();
+        Self {
+            json: opts.json && !opts.silent,
+            human: !opts.json && !opts.silent,
+            tty: std::io::stdout().is_terminal(),
+            worker_id,
+            buckets,
+            last: StatsSnapshot::default(),
+            last_at: now,
+            window: opts.window,
+            window_start: StatsSnapshot::default(),
+            window_at: now,
+        }
+    }
+
+    async fn tick(
+        &mut self,
+        store: &Store,
+        labels: &[String],
+        now_stats: StatsSnapshot,
+        force_line: bool,
+    ) {
+        if !self.json && !self.human {
+            return;
+        }
+        let heads = store.tables.outbox.bucket_heads(&store.pool, labels).await;
+        let heads: Option<Vec<BucketHead>> = match heads {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::debug!(error = %e, "lag query failed");
+                None
+            }
+        };
+        let now = Instant::now();
+        let tick = Tick {
+            ts: chrono::Utc::now(),
+            worker_id: self.worker_id,
+            mode: "no-leasing",
+            buckets: self.buckets,
+            counts: now_stats.since(&self.last),
+            elapsed_ms: now.duration_since(self.last_at).as_millis() as u64,
+            pending_buckets: heads
+                .as_ref()
+                .map(|h| h.iter().filter(|b| b.id.is_some()).count()),
+            retrying_buckets: heads
+                .as_ref()
+                .map(|h| h.iter().filter(|b| b.attempts.unwrap_or(0) > 0).count()),
+            lag_seconds: heads
+                .as_ref()
+                .map(|h| h.iter().map(|b| b.lag_seconds).fold(0.0, f64::max)),
+        };
+        self.last = now_stats;
+        self.last_at = now;
+        let mut out = std::io::stdout().lock();
+        if self.json {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&tick).expect("tick serialises")
+            );
+            let _ = out.flush();
+        } else if force_line || now.duration_since(self.window_at) >= self.window {
+            let d = now_stats.since(&self.window_start);
+            let secs = now.duration_since(self.window_at).as_secs_f64().max(1e-3);
+            let line = format!(
+                "{} published {} ({:.0}/s) failed {} parked {} lag {} buckets {} pending {}",
+                tick.ts.format("%H:%M:%S"),
+                d.published,
+                d.published as f64 / secs,
+                d.failed,
+                d.parked,
+                tick.lag_seconds.map_or("?".into(), |l| format!("{l:.1}s")),
+                self.buckets,
+                tick.pending_buckets.map_or("?".into(), |p| p.to_string()),
+            );
+            if self.tty {
+                let _ = write!(out, "\r\x1b[K{line}");
+            } else {
+                let _ = writeln!(out, "{line}");
+            }
+            let _ = out.flush();
+            self.window_start = now_stats;
+            self.window_at = now;
+        }
+    }
+
+    fn finish(&self) {
+        if self.human && self.tty {
+            println!();
+        }
+    }
+}
