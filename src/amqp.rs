@@ -9,8 +9,9 @@
 //!
 //! [`ConfirmChannel::publish_batch`] publishes rows in order on one confirm
 //! channel (persistent, `mandatory`, AMQP `message_id` = the row's
-//! `message_id`) and then awaits the confirms in order under one deadline
-//! (lapin's confirm future has no timeout of its own). It reports the length
+//! `message_id`), pipelining runs of rows to the same destination, and
+//! awaits the confirms in order under one deadline (lapin's confirm future
+//! has no timeout of its own). It reports the length
 //! of the confirmed prefix and, if the batch stopped early, why — classified
 //! as the row's own fault, a timeout, or a lost broker ([`PublishError`]).
 //! An ack that carries a returned message means *unroutable*: a failure.
@@ -22,7 +23,10 @@ use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Event,
+    PublisherConfirm,
+};
 use serde_json::Value as Json;
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
@@ -232,55 +236,102 @@ impl ConfirmChannel {
 
     /// Publishes `rows` in order and awaits their confirms in order.
     ///
-    /// Stops *sending* at the first row that cannot be sent (too large,
-    /// invalid headers), so nothing behind it leaves. Rows already sent when
-    /// a later confirm fails are not counted as confirmed: they are replayed
-    /// after the failed row (a duplicate, never a gap).
+    /// Consecutive rows to the same destination (exchange, routing key) are
+    /// pipelined; before a row to another destination is sent, every row in
+    /// flight must be confirmed. A row the broker returns as unroutable can
+    /// therefore only have rows to the *same* destination in flight behind
+    /// it, which the broker routes the same way: nothing of the bucket
+    /// reaches a queue ahead of a failed head, unless the destination's
+    /// routing changes during the few milliseconds that run is in flight.
+    ///
+    /// Sending stops at the first row that cannot be sent (too large,
+    /// invalid headers). Rows already sent when an earlier confirm fails are
+    /// not counted as confirmed: they are replayed after the failed row (a
+    /// duplicate, never a gap).
     pub async fn publish_batch(
         &self,
         rows: &[ClaimedMessage],
         max_payload_bytes: u64,
     ) -> BatchOutcome {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
-        let mut pending = Vec::with_capacity(rows.len());
-        let mut send_failure = None;
+        let mut in_flight = Vec::new();
+        let mut confirmed = 0;
+        let mut destination: Option<(&str, &str)> = None;
         for row in rows {
-            let prepared = match prepare(row, max_payload_bytes) {
-                Ok(p) => p,
-                Err(e) => {
-                    send_failure = Some(e);
-                    break;
-                }
+            let here = (row.exchange.as_str(), row.routing_key.as_str());
+            if destination.is_some_and(|d| d != here)
+                && let Err(e) = self
+                    .await_confirms(&mut in_flight, &mut confirmed, deadline)
+                    .await
+            {
+                return BatchOutcome {
+                    confirmed,
+                    failure: Some(e),
+                };
+            }
+            destination = Some(here);
+            let sent = match prepare(row, max_payload_bytes) {
+                Ok(prepared) => self.send(prepared, &row.payload, deadline).await,
+                Err(e) => Err(e),
             };
-            let sent = tokio::time::timeout_at(
-                deadline,
-                self.channel.basic_publish(
-                    prepared.exchange,
-                    prepared.routing_key,
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &row.payload,
-                    prepared.properties,
-                ),
-            )
-            .await;
             match sent {
-                Ok(Ok(confirm)) => pending.push(confirm),
-                Ok(Err(e)) => {
-                    send_failure = Some(classify(&e));
-                    break;
-                }
-                Err(_) => {
-                    send_failure = Some(PublishError::Timeout(self.confirm_timeout));
-                    break;
+                Ok(confirm) => in_flight.push(confirm),
+                Err(e) => {
+                    // Rows before this one may still be confirmed.
+                    let failure = match self
+                        .await_confirms(&mut in_flight, &mut confirmed, deadline)
+                        .await
+                    {
+                        Ok(()) => e,
+                        Err(earlier) => earlier,
+                    };
+                    return BatchOutcome {
+                        confirmed,
+                        failure: Some(failure),
+                    };
                 }
             }
         }
+        let failure = self
+            .await_confirms(&mut in_flight, &mut confirmed, deadline)
+            .await
+            .err();
+        BatchOutcome { confirmed, failure }
+    }
 
-        let mut confirmed = 0;
-        for confirm in pending {
+    async fn send(
+        &self,
+        prepared: Prepared,
+        payload: &[u8],
+        deadline: tokio::time::Instant,
+    ) -> Result<PublisherConfirm, PublishError> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let publish = self.channel.basic_publish(
+            prepared.exchange,
+            prepared.routing_key,
+            options,
+            payload,
+            prepared.properties,
+        );
+        match tokio::time::timeout_at(deadline, publish).await {
+            Ok(Ok(confirm)) => Ok(confirm),
+            Ok(Err(e)) => Err(classify(&e)),
+            Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
+        }
+    }
+
+    /// Awaits the confirms of `in_flight` in order, counting each success
+    /// into `confirmed`; stops at the first failure.
+    async fn await_confirms(
+        &self,
+        in_flight: &mut Vec<PublisherConfirm>,
+        confirmed: &mut usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), PublishError> {
+        for confirm in in_flight.drain(..) {
             let result = match tokio::time::timeout_at(deadline, confirm).await {
                 Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
                 Ok(Err(e)) => Err(classify(&e)),
@@ -296,20 +347,10 @@ impl ConfirmChannel {
                     "channel is not in confirm mode".into(),
                 )),
             };
-            match result {
-                Ok(()) => confirmed += 1,
-                Err(e) => {
-                    return BatchOutcome {
-                        confirmed,
-                        failure: Some(e),
-                    };
-                }
-            }
+            result?;
+            *confirmed += 1;
         }
-        BatchOutcome {
-            confirmed,
-            failure: send_failure,
-        }
+        Ok(())
     }
 
     /// Closes the channel; errors are irrelevant, it is being discarded.

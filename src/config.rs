@@ -230,13 +230,20 @@ impl Config {
         toml::from_str(text).map_err(|e| {
             // toml's messages span several lines with a source excerpt; keep
             // the line/column and the message.
-            let msg = e.message().to_string();
-            match e.span() {
-                Some(span) => {
-                    let line = text[..span.start].matches('\n').count() + 1;
-                    format!("line {line}: {msg}")
-                }
-                None => msg,
+            // Name the key of the offending line, never echo its value (it
+            // may hold a password).
+            let msg = e.message().trim().to_string();
+            let Some(span) = e.span() else { return msg };
+            let line_no = text[..span.start].matches('\n').count() + 1;
+            let key = text
+                .lines()
+                .nth(line_no - 1)
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| k.trim())
+                .filter(|k| !k.is_empty() && !k.starts_with('['));
+            match key {
+                Some(key) => format!("line {line_no}, key {key}: {msg}"),
+                None => format!("line {line_no}: {msg}"),
             }
         })
     }

@@ -98,19 +98,18 @@ pub async fn run(
     schema::check(&store.pool, &store.tables, partitioner).await?;
 
     let membership = Membership::new(WorkerMode::NoLeasing, config.worker.heartbeat_ttl);
+    membership.join(&store).await?;
     let broker = Arc::new(Broker::new(
         &config.amqp,
         format!("outboxd {} {}", membership.hostname, membership.worker_id),
     ));
-    if opts.once {
-        broker
-            .connect_once()
-            .await
-            .map_err(|e| WorkError::Broker(e.to_string()))?;
-    } else if let Err(e) = broker.connect_once().await {
+    if let Err(e) = broker.connect_once().await {
+        if opts.once {
+            membership.leave(&store).await;
+            return Err(WorkError::Broker(e.to_string()));
+        }
         tracing::warn!(error = %e, "RabbitMQ is not reachable yet; the relay keeps retrying");
     }
-    membership.join(&store).await?;
 
     let labels = partitioner.labels();
     let stats = Arc::new(RelayStats::default());

@@ -89,6 +89,10 @@ impl Sql {
         Sql(render(tables, template).into())
     }
 
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
     pub(crate) fn q(&self) -> SqlStr {
         // Only validated identifiers are spliced in (see config::validate).
         AssertSqlSafe(self.0.clone()).into_sql_str()

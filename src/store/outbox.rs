@@ -187,6 +187,12 @@ impl OutboxSql {
         }
     }
 
+    /// The claim statement's text, for diagnostics (`EXPLAIN`). Parameters:
+    /// bucket, limit, token, claim TTL in ms, lease owner, lease epoch.
+    pub fn claim_statement(&self) -> &str {
+        self.claim.as_str()
+    }
+
     /// Enqueues one message through `<outbox>_enqueue()`; returns its id.
     #[allow(clippy::too_many_arguments)]
     pub async fn enqueue<'e, E: PgExecutor<'e>>(

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The demo: private PostgreSQL and RabbitMQ, the schema, a producer writing
+# orders for 200 keys, the relay, and a consumer that checks per-key order.
+# Runs until Ctrl-C (or for DEMO_SECONDS seconds when that is set).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+eval "$(bash scripts/services.sh up)"
+echo "building outboxd (release)..." >&2
+cargo build --release --quiet
+bin=target/release/outboxd
+queue=outboxd-demo
+
+$bin migrate
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM
+
+$bin produce --queue "$queue" --keys 200 --rate "${DEMO_RATE:-300}" --tasks 4 | sed -u 's/^/[producer] /' &
+pids+=($!)
+$bin consume --queue "$queue" | sed -u 's/^/[consumer] /' &
+pids+=($!)
+$bin work --no-leasing --window 5 | sed -u 's/^/[worker]   /' &
+pids+=($!)
+
+echo "demo running: producer -> outbox table -> outboxd -> RabbitMQ queue '$queue' -> checking consumer. Ctrl-C stops." >&2
+if [ -n "${DEMO_SECONDS:-}" ]; then
+  sleep "$DEMO_SECONDS"
+else
+  wait
+fi

@@ -1,0 +1,291 @@
+//! Bad input on the command line and in configuration: one clear line on
+//! stderr naming the problem, a non-zero exit, never a panic. And start-up
+//! refusals against a database that does not fit.
+
+mod common;
+
+use std::process::Output;
+
+use common::*;
+
+fn run(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> Output {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env_remove("OUTBOXD_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// Asserts a refusal: non-zero, exactly one line on stderr that contains
+/// `needle`, no panic, no secret.
+fn assert_one_line_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got:\n{stderr}");
+    assert!(lines[0].starts_with("outboxd: "), "{}", lines[0]);
+    assert!(
+        lines[0].contains(needle),
+        "expected '{needle}' in: {}",
+        lines[0]
+    );
+    assert!(!stderr.contains("hunter2"), "a password leaked: {stderr}");
+}
+
+fn temp_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(unique("outboxd-cli"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn bad_flags_give_one_line_and_exit_2() {
+    let dir = temp_dir();
+    for (args, needle) in [
+        (vec!["work", "--no-leasing", "--frobnicate"], "--frobnicate"),
+        (vec!["work", "--interval-ms", "0"], "--interval-ms"),
+        (vec!["work", "--interval-ms", "fast"], "--interval-ms"),
+        (vec!["work", "--window", "-3"], "-3"),
+        (vec!["work", "--json", "--silent"], "--silent"),
+        (vec!["launch"], "launch"),
+    ] {
+        let out = run(&args, &[], &dir);
+        assert_one_line_error(&out, needle);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn bad_configuration_names_the_key_and_exits_2() {
+    let dir = temp_dir();
+    let cases = [
+        (
+            "[worker]\nlease_ttl = \"5s\"\nlease_renew = \"6s\"\n",
+            "worker.lease_renew (6s) must be shorter than worker.lease_ttl (5s)",
+        ),
+        ("[outbox]\nbatch_size = 0\n", "outbox.batch_size"),
+        (
+            "[outbox]\npartition_count = 5000\n",
+            "outbox.partition_count",
+        ),
+        (
+            "[tables]\noutbox = \"outbox; drop table x\"\n",
+            "tables.outbox",
+        ),
+        (
+            "[database]\nurl = \"postgres://u:hunter2@db:notaport/x\"\n",
+            "database.url",
+        ),
+        ("[amqp]\nurl = \"amqps://u:hunter2@mq/%2f\"\n", "amqp.url"),
+        ("[outbox]\nbatch_sise = 10\n", "batch_sise"),
+        (
+            "[outbox]\nclaim_ttl = \"fifteen\"\n",
+            "line 2, key claim_ttl: 'fifteen' is not a duration",
+        ),
+        ("[outbox\n", "config file"),
+    ];
+    for (toml, needle) in cases {
+        let path = dir.join("c.toml");
+        std::fs::write(&path, toml).unwrap();
+        let out = run(
+            &["--config", path.to_str().unwrap(), "work", "--no-leasing"],
+            &[],
+            &dir,
+        );
+        assert_one_line_error(&out, needle);
+        assert_eq!(out.status.code(), Some(2), "{toml}");
+    }
+    let out = run(
+        &["--config", "/nonexistent/outboxd.toml", "migrate"],
+        &[],
+        &dir,
+    );
+    assert_one_line_error(&out, "/nonexistent/outboxd.toml");
+}
+
+#[test]
+fn environment_urls_are_validated_and_redacted() {
+    let dir = temp_dir();
+    let out = run(
+        &["work", "--no-leasing"],
+        &[("DATABASE_URL", "mysql://u:hunter2@h/db")],
+        &dir,
+    );
+    assert_one_line_error(&out, "database.url has scheme 'mysql'");
+    let out = run(
+        &["work", "--no-leasing"],
+        &[("AMQP_URL", "not a url at all hunter2")],
+        &dir,
+    );
+    assert_one_line_error(&out, "amqp.url");
+    // The flag overrides the environment.
+    let out = run(
+        &[
+            "--database-url",
+            "postgres://u:hunter2@h:notaport/db",
+            "work",
+            "--no-leasing",
+        ],
+        &[("DATABASE_URL", "postgres://ok@h/db")],
+        &dir,
+    );
+    assert_one_line_error(&out, "database.url");
+}
+
+#[test]
+fn an_unreachable_database_is_one_line_without_the_password() {
+    let dir = temp_dir();
+    let out = run(
+        &[
+            "--database-url",
+            "postgres://u:hunter2@127.0.0.1:1/db",
+            "work",
+            "--no-leasing",
+        ],
+        &[],
+        &dir,
+    );
+    assert_one_line_error(
+        &out,
+        "cannot connect to PostgreSQL at postgres://u:***@127.0.0.1:1/db",
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn work_refuses_an_unmigrated_database() {
+    let env = TestEnv::with(Tuning {
+        migrate: false,
+        ..Tuning::default()
+    })
+    .await;
+    let out = env
+        .command(&["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "run `outboxd migrate` first");
+    // migrate fixes it, twice is harmless.
+    for _ in 0..2 {
+        let out = env.command(&["migrate"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = env
+        .command(&["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn work_refuses_a_newer_schema() {
+    let env = TestEnv::new().await;
+    sqlx::query(
+        "INSERT INTO outbox_schema_migrations (version, description, success, checksum, execution_time)
+         VALUES (999999, 'from the future', true, '\\x00', 0)",
+    )
+    .execute(&env.store.pool)
+    .await
+    .unwrap();
+    let out = env
+        .command(&["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "newer than this outboxd knows");
+}
+
+#[tokio::test]
+async fn work_refuses_a_partition_count_that_differs_from_the_database() {
+    let env = TestEnv::new().await;
+    let path = env.dir.join("other.toml");
+    let text = std::fs::read_to_string(&env.config_path)
+        .unwrap()
+        .replace("partition_count = 16", "partition_count = 32");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "--config",
+            path.to_str().unwrap(),
+            "work",
+            "--no-leasing",
+            "--once",
+        ])
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        "outbox.partition_count is 32 but the database was set up with 16",
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["--config", path.to_str().unwrap(), "migrate"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "set up with 16");
+}
+
+#[tokio::test]
+async fn no_leasing_refuses_to_start_while_another_worker_is_live() {
+    let env = TestEnv::new().await;
+    let mut first = env.spawn_worker(&["--no-leasing", "--silent"]);
+    // Wait for the first worker's row.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_workers WHERE heartbeat_until > now()")
+                .fetch_one(&env.store.pool)
+                .await
+                .unwrap();
+        if n == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first worker never registered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let out = env
+        .command(&["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        "refusing to start in --no-leasing mode: 1 other outboxd worker(s) are live",
+    );
+    assert!(
+        first
+            .terminate(std::time::Duration::from_secs(15))
+            .success()
+    );
+    // Once it left, a new one may start.
+    let out = env
+        .command(&["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

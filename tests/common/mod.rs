@@ -1,0 +1,347 @@
+//! Shared test harness: real PostgreSQL and RabbitMQ, started by
+//! `scripts/services.sh` (the test command does that first).
+//!
+//! Every test gets its own database (created from `OUTBOXD_PG_ADMIN_URL`,
+//! migrated with the library's own migrator) and its own queue names, so
+//! tests run in parallel without seeing each other. Workers are real
+//! `outboxd` processes, stopped with real signals.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use outboxd::config::Config;
+use outboxd::partitioner::Partitioner;
+use outboxd::store::{Store, schema};
+use sqlx::{Connection, PgConnection};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
+
+fn env_or_explain(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with `scripts/test.sh`, which starts PostgreSQL and RabbitMQ")
+    })
+}
+
+pub fn amqp_url() -> String {
+    env_or_explain("AMQP_URL")
+}
+
+pub fn admin_url() -> String {
+    env_or_explain("OUTBOXD_PG_ADMIN_URL")
+}
+
+pub fn repo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A short random name fragment.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A fresh database, migrated, plus a config file pointing at it.
+pub struct TestEnv {
+    pub db_name: String,
+    pub db_url: String,
+    pub config: Config,
+    pub store: Store,
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+}
+
+/// Extra `[outbox]` settings tests commonly shorten.
+#[derive(Clone)]
+pub struct Tuning {
+    pub partition_count: u32,
+    pub idle_backoff_ms: u64,
+    pub retry_backoff_initial: &'static str,
+    pub retry_backoff: &'static str,
+    pub max_attempts: u32,
+    pub confirm_timeout: &'static str,
+    pub amqp_url: Option<String>,
+    pub migrate: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            partition_count: 16,
+            idle_backoff_ms: 1000,
+            retry_backoff_initial: "200ms",
+            retry_backoff: "1s",
+            max_attempts: 0,
+            confirm_timeout: "5s",
+            amqp_url: None,
+            migrate: true,
+        }
+    }
+}
+
+impl TestEnv {
+    pub async fn new() -> Self {
+        Self::with(Tuning::default()).await
+    }
+
+    pub async fn with(t: Tuning) -> Self {
+        let db_name = unique("t");
+        let admin = admin_url();
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .expect("connect as admin");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let mut url = url::Url::parse(&admin).unwrap();
+        url.set_path(&db_name);
+        let db_url = url.to_string();
+
+        let dir = std::env::temp_dir().join(unique("outboxd-test"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let amqp = t.amqp_url.clone().unwrap_or_else(amqp_url);
+        let toml = format!(
+            "[database]\nurl = \"{db_url}\"\nmax_connections = 6\n\
+             [amqp]\nurl = \"{amqp}\"\nconfirm_timeout = \"{ct}\"\nreconnect_backoff_max = \"1s\"\n\
+             [outbox]\npartition_count = {pc}\nidle_backoff_ms = {ib}\nclaim_ttl = \"15s\"\n\
+             retry_backoff_initial = \"{rbi}\"\nretry_backoff = \"{rb}\"\nmax_attempts = {ma}\n\
+             [worker]\nshutdown_timeout = \"10s\"\n",
+            ct = t.confirm_timeout,
+            pc = t.partition_count,
+            ib = t.idle_backoff_ms,
+            rbi = t.retry_backoff_initial,
+            rb = t.retry_backoff,
+            ma = t.max_attempts,
+        );
+        let config_path = dir.join("outboxd.toml");
+        std::fs::write(&config_path, &toml).unwrap();
+        let config = Config::from_toml(&toml).expect("test config parses");
+        config.validate().expect("test config is valid");
+        let store = Store::connect(&config, "outboxd test")
+            .await
+            .expect("connect to test db");
+        if t.migrate {
+            schema::migrate(
+                &store.pool,
+                &store.tables,
+                Partitioner::new(t.partition_count),
+            )
+            .await
+            .expect("migrate");
+        }
+        Self {
+            db_name,
+            db_url,
+            config,
+            store,
+            dir,
+            config_path,
+        }
+    }
+
+    pub fn partitioner(&self) -> Partitioner {
+        Partitioner::new(self.config.outbox.partition_count)
+    }
+
+    /// An `outboxd` command with this environment's config and no inherited
+    /// DATABASE_URL / AMQP_URL (the config file is the source of truth).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .env("OUTBOXD_LOG", "info,sqlx=warn,lapin=warn")
+            .current_dir(&self.dir);
+        cmd
+    }
+
+    /// Starts `outboxd work` with `args`; stderr goes to a log file.
+    pub fn spawn_worker(&self, args: &[&str]) -> WorkerProcess {
+        let log = self.dir.join(format!("{}.log", unique("worker")));
+        let mut cmd = self.command(&[&["work"], args].concat());
+        cmd.stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("spawn outboxd work");
+        WorkerProcess {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// Ids of every row, ascending.
+    pub async fn all_ids(&self) -> Vec<i64> {
+        sqlx::query_scalar("SELECT id FROM outbox ORDER BY id")
+            .fetch_all(&self.store.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn count(&self, where_clause: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM outbox WHERE {where_clause}"
+        )))
+        .fetch_one(&self.store.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until `SELECT count(*) … WHERE cond` reaches `n`.
+    pub async fn wait_count(&self, where_clause: &str, n: i64, timeout: Duration) -> i64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.count(where_clause).await;
+            if c >= n || Instant::now() > deadline {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A running `outboxd work`.
+pub struct WorkerProcess {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl WorkerProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends a signal (`TERM`, `KILL`, `STOP`, `CONT`).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} {}", self.pid());
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.signal("TERM");
+        self.wait(timeout)
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "worker did not exit within {timeout:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Lines the worker printed on stdout (after it exited).
+    pub fn stdout_lines(&mut self) -> Vec<String> {
+        let stdout = self.child.as_mut().unwrap().stdout.take().unwrap();
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A private RabbitMQ node for a test that stops and starts its broker.
+pub struct PrivateBroker {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl PrivateBroker {
+    pub fn start() -> Self {
+        // Ports 56000-59998, even, so port+1 (distribution) is free too.
+        let port = 56000 + 2 * (rand_u16() % 1999);
+        let dir =
+            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
+                .join(format!("rabbit-{port}"));
+        let b = Self { dir, port };
+        b.run("start");
+        b
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    pub fn run(&self, action: &str) {
+        let status = Command::new("bash")
+            .arg(repo_dir().join("scripts/services.sh"))
+            .args(["rabbit", action])
+            .arg(&self.dir)
+            .arg(self.port.to_string())
+            .status()
+            .expect("run services.sh");
+        assert!(status.success(), "services.sh rabbit {action} failed");
+    }
+
+    /// Kills the node's Erlang VM with SIGKILL (a crash, not a shutdown).
+    pub fn kill9(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("rabbit.pid")).expect("rabbit pid file");
+        let _ = Command::new("kill").arg("-KILL").arg(pid.trim()).status();
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        self.run("stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rand_u16() -> u16 {
+    let b = uuid::Uuid::new_v4();
+    u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]])
+}
+
+/// Keys whose bucket is `bucket` (for tests that need several keys in one
+/// bucket, or keys in different buckets).
+pub fn keys_in_bucket(p: Partitioner, bucket: &str, n: usize, prefix: &str) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|k| p.label_for(k) == bucket)
+        .take(n)
+        .collect()
+}
+
+/// Reads a file of the repo.
+pub fn read_repo_file(rel: &str) -> String {
+    std::fs::read_to_string(repo_dir().join(rel)).unwrap()
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}

@@ -1,0 +1,626 @@
+//! The single-worker relay against real PostgreSQL and RabbitMQ: delivery,
+//! per-key order, head-of-line blocking, broker and database outages, and
+//! wake-up latency.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use outboxd::demo::QueueReader;
+use outboxd::producer::{Message, Producer};
+use sqlx::postgres::PgPoolOptions;
+
+/// Enqueues `total` messages over `keys` keys from `tasks` concurrent tasks.
+/// Each key belongs to one task, which commits its messages one after
+/// another; every 25th transaction is rolled back (its message must never
+/// arrive).
+async fn produce(db_url: &str, queue: &str, tasks: usize, keys: usize, total: usize) {
+    let pool = PgPoolOptions::new()
+        .max_connections(tasks as u32 + 1)
+        .connect(db_url)
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (pool, queue) = (pool.clone(), queue.to_string());
+        handles.push(tokio::spawn(async move {
+            let producer = Producer::default();
+            let my_keys: Vec<usize> = (0..keys).filter(|k| k % tasks == t).collect();
+            let n = total / tasks + usize::from(t < total % tasks);
+            for i in 0..n {
+                let key = format!("key-{}", my_keys[i % my_keys.len()]);
+                let mut tx = pool.begin().await.unwrap();
+                producer
+                    .enqueue(
+                        &mut *tx,
+                        Message::new(key.clone(), "", queue.clone(), format!("{key}#{i}")),
+                    )
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                if i % 25 == 0 {
+                    let mut tx = pool.begin().await.unwrap();
+                    producer
+                        .enqueue(
+                            &mut *tx,
+                            Message::new(key, "", queue.clone(), "rolled back"),
+                        )
+                        .await
+                        .unwrap();
+                    tx.rollback().await.unwrap();
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+
+    let started = Instant::now();
+    produce(&env.db_url, &queue, 8, 500, 20_000).await;
+    let produced_in = started.elapsed();
+    let all = reader
+        .read_until(Duration::from_secs(240), |c| c.unique() >= 20_000)
+        .await
+        .unwrap();
+    let drained_in = started.elapsed();
+    // Anything late (an unexpected extra) would show within a moment.
+    let _ = reader
+        .read_until(Duration::from_millis(500), |_| false)
+        .await;
+
+    let committed = env.all_ids().await;
+    assert_eq!(committed.len(), 20_000);
+    let v = reader.checker.verdict(committed);
+    println!(
+        "20k test: produced in {produced_in:?}, all delivered after {drained_in:?}; deliveries {} distinct {} duplicates {} keys {} lost {} unexpected {} order violations {}",
+        v.deliveries,
+        v.unique,
+        v.duplicates,
+        v.keys,
+        v.lost.len(),
+        v.unexpected.len(),
+        v.order_violations.len()
+    );
+    assert!(
+        all,
+        "not everything arrived; worker log:\n{}",
+        worker.log_text()
+    );
+    assert!(v.is_clean(), "{v:?}");
+    assert_eq!(v.keys, 500);
+    assert_eq!(env.count("published_at IS NULL").await, 0);
+    let status = worker.terminate(Duration::from_secs(15));
+    assert!(
+        status.success(),
+        "worker exit: {status:?}\n{}",
+        worker.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fixed() {
+    let env = TestEnv::new().await;
+    let p = env.partitioner();
+    let queue = unique("q");
+    let missing = unique("missing");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    let enqueue = |key: String, rk: String| {
+        let producer = &producer;
+        async move {
+            producer
+                .enqueue(pool, Message::new(key, "", rk, "x"))
+                .await
+                .unwrap()
+        }
+    };
+
+    // Bucket p03: good, UNROUTABLE, good, good. Other buckets: plain traffic.
+    let k = keys_in_bucket(p, "p03", 3, "blocked");
+    let m1 = enqueue(k[0].clone(), queue.clone()).await;
+    let bad = enqueue(k[1].clone(), missing.clone()).await;
+    let m3 = enqueue(k[0].clone(), queue.clone()).await;
+    let m4 = enqueue(k[2].clone(), queue.clone()).await;
+    let others: Vec<String> = (0..200)
+        .map(|i| format!("other-{i}"))
+        .filter(|k| p.label_for(k) != "p03")
+        .take(40)
+        .collect();
+    for key in &others[..20] {
+        enqueue(key.clone(), queue.clone()).await;
+    }
+
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    // The head fails again and again (backoff 200ms doubling to 1s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (attempts, last_error) = loop {
+        let (attempts, last_error): (i32, Option<String>) =
+            sqlx::query_as("SELECT attempts, last_error FROM outbox WHERE id = $1")
+                .bind(bad)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if attempts >= 3 || Instant::now() > deadline {
+            break (attempts, last_error);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        attempts >= 3,
+        "head attempts {attempts}; log:\n{}",
+        worker.log_text()
+    );
+    let last_error = last_error.expect("last_error is set");
+    assert!(last_error.contains("unroutable"), "{last_error}");
+
+    // Other buckets keep draining, including rows enqueued after the failure.
+    for key in &others[20..] {
+        enqueue(key.clone(), queue.clone()).await;
+    }
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.unique() >= 41)
+            .await
+            .unwrap(),
+        "other buckets did not drain: {}",
+        reader.summary()
+    );
+    assert!(
+        reader.checker.has(m1),
+        "the row before the failing head is published"
+    );
+    assert!(
+        !reader.checker.has(m3) && !reader.checker.has(m4),
+        "rows behind the head must wait"
+    );
+    assert_eq!(
+        env.count(&format!("id IN ({m3}, {m4}) AND published_at IS NULL"))
+            .await,
+        2
+    );
+    assert_eq!(
+        env.count(&format!(
+            "id = {bad} AND published_at IS NULL AND failed_at IS NULL"
+        ))
+        .await,
+        1
+    );
+
+    // Fix the cause: the route now exists. The bucket resumes, in order.
+    declare(&amqp_url(), &missing).await;
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(m3) && c.has(m4))
+            .await
+            .unwrap(),
+        "bucket did not resume; log:\n{}",
+        worker.log_text()
+    );
+    // The consumer can see a row before its confirm is recorded.
+    let ids = format!("id IN ({bad}, {m3}, {m4}) AND published_at IS NOT NULL");
+    assert_eq!(env.wait_count(&ids, 3, Duration::from_secs(10)).await, 3);
+    let published: HashMap<i64, chrono::DateTime<chrono::Utc>> =
+        sqlx::query_as("SELECT id, published_at FROM outbox WHERE id = ANY($1)")
+            .bind(vec![bad, m3, m4])
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert!(
+        published[&bad] <= published[&m3] && published[&m3] <= published[&m4],
+        "{published:?}"
+    );
+    let mut fixed = QueueReader::open(&amqp_url(), &missing).await.unwrap();
+    assert!(
+        fixed
+            .read_until(Duration::from_secs(10), |c| c.has(bad))
+            .await
+            .unwrap()
+    );
+    let v = reader
+        .checker
+        .verdict(env.all_ids().await.into_iter().filter(|id| *id != bad));
+    assert!(v.is_clean(), "{v:?}");
+    println!(
+        "unroutable head: {attempts} attempts before the fix; other buckets delivered {}",
+        v.unique
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on() {
+    let env = TestEnv::with(Tuning {
+        max_attempts: 2,
+        ..Tuning::default()
+    })
+    .await;
+    let p = env.partitioner();
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let producer = Producer::default();
+    let k = keys_in_bucket(p, "p05", 2, "park");
+    let pool = &env.store.pool;
+    let bad = producer
+        .enqueue(pool, Message::new(k[0].clone(), "", unique("nowhere"), "x"))
+        .await
+        .unwrap();
+    let next = producer
+        .enqueue(pool, Message::new(k[1].clone(), "", queue.clone(), "y"))
+        .await
+        .unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(next))
+            .await
+            .unwrap()
+    );
+    let (attempts, parked, err): (i32, bool, Option<String>) = sqlx::query_as(
+        "SELECT attempts, failed_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
+    )
+    .bind(bad)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, parked), (2, true), "{err:?}");
+    assert!(err.unwrap().contains("unroutable"));
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others() {
+    let env = TestEnv::with(Tuning {
+        max_attempts: 1,
+        ..Tuning::default()
+    })
+    .await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let pool = &env.store.pool;
+    let producer = Producer::default();
+    let big = producer
+        .enqueue(
+            pool,
+            Message::new("big", "", queue.clone(), vec![0u8; 17 * 1024 * 1024]),
+        )
+        .await
+        .unwrap();
+    let bad_header = producer
+        .enqueue(
+            pool,
+            Message::new("hdr", "", queue.clone(), "x").header("h".repeat(300), 1),
+        )
+        .await
+        .unwrap();
+    let good = producer
+        .enqueue(pool, Message::new("good", "", queue.clone(), "x"))
+        .await
+        .unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(good))
+            .await
+            .unwrap()
+    );
+    env.wait_count("failed_at IS NOT NULL", 2, Duration::from_secs(20))
+        .await;
+    let errors: HashMap<i64, String> =
+        sqlx::query_as("SELECT id, last_error FROM outbox WHERE failed_at IS NOT NULL")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert!(
+        errors[&big].contains("more than outbox.max_payload_bytes"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[&bad_header].contains("invalid headers"),
+        "{errors:?}"
+    );
+    assert!(!reader.checker.has(big) && !reader.checker.has(bad_header));
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+async fn declare(url: &str, queue: &str) {
+    let conn = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    conn.close(200, "bye".into()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_order() {
+    let broker = PrivateBroker::start();
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(broker.url()),
+        confirm_timeout: "3s",
+        ..Tuning::default()
+    })
+    .await;
+    let queue = unique("q");
+    declare(&broker.url(), &queue).await;
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--batch-size", "20"]);
+
+    // A producer writes throughout; the broker goes away in the middle.
+    let db_url = env.db_url.clone();
+    let q = queue.clone();
+    let producing =
+        tokio::spawn(
+            async move { produce_slowly(&db_url, &q, 3_000, Duration::from_secs(8)).await },
+        );
+    env.wait_count("published_at IS NOT NULL", 500, Duration::from_secs(30))
+        .await;
+    let before_stop = env.count("published_at IS NOT NULL").await;
+    broker.run("stop");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = env.count("published_at IS NOT NULL").await;
+    broker.run("start");
+    producing.await.unwrap();
+    let published = env
+        .wait_count("published_at IS NOT NULL", 3_000, Duration::from_secs(90))
+        .await;
+    assert_eq!(
+        published,
+        3_000,
+        "not all published; log:\n{}",
+        worker.log_text()
+    );
+
+    let mut reader = QueueReader::open(&broker.url(), &queue).await.unwrap();
+    let all = reader
+        .read_until(Duration::from_secs(60), |c| c.unique() >= 3_000)
+        .await
+        .unwrap();
+    let _ = reader
+        .read_until(Duration::from_millis(500), |_| false)
+        .await;
+    let v = reader.checker.verdict(env.all_ids().await);
+    println!(
+        "broker restart: published {before_stop} before the stop, {during} while stopped; after restart: distinct {} duplicates {} lost {} unexpected {} order violations {}",
+        v.unique,
+        v.duplicates,
+        v.lost.len(),
+        v.unexpected.len(),
+        v.order_violations.len()
+    );
+    assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+/// `total` messages over 100 keys, spread evenly over `over`.
+async fn produce_slowly(db_url: &str, queue: &str, total: usize, over: Duration) {
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(db_url)
+        .await
+        .unwrap();
+    let producer = Producer::default();
+    let period = over / total as u32;
+    let mut next = tokio::time::Instant::now();
+    for i in 0..total {
+        producer
+            .enqueue(
+                &pool,
+                Message::new(format!("key-{}", i % 100), "", queue, i.to_string()),
+            )
+            .await
+            .unwrap();
+        next += period;
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--batch-size", "20"]);
+    let db_url = env.db_url.clone();
+    let q = queue.clone();
+    let producing =
+        tokio::spawn(
+            async move { produce_slowly(&db_url, &q, 3_000, Duration::from_secs(6)).await },
+        );
+
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&admin_url())
+        .await
+        .unwrap();
+    let mut killed = 0i64;
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND application_name = 'outboxd work') t",
+        )
+        .bind(&env.db_name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        killed += n;
+    }
+    producing.await.unwrap();
+    let all = reader
+        .read_until(Duration::from_secs(90), |c| c.unique() >= 3_000)
+        .await
+        .unwrap();
+    let _ = reader
+        .read_until(Duration::from_millis(500), |_| false)
+        .await;
+    let v = reader.checker.verdict(env.all_ids().await);
+    println!(
+        "db connections killed: {killed} backends terminated; distinct {} duplicates {} lost {} unexpected {} order violations {}",
+        v.unique,
+        v.duplicates,
+        v.lost.len(),
+        v.unexpected.len(),
+        v.order_violations.len()
+    );
+    assert!(
+        killed > 0,
+        "no backend was terminated: the test proved nothing"
+    );
+    assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
+    let env = TestEnv::new().await;
+    assert_eq!(env.config.outbox.idle_backoff_ms, 1000);
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    // Warm up: the worker is connected and idle once one message went through.
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    let first = producer
+        .enqueue(pool, Message::new("warm", "", queue.clone(), "x"))
+        .await
+        .unwrap();
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(first))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let mut latencies = Vec::new();
+    for i in 0..200 {
+        let mut tx = pool.begin().await.unwrap();
+        let id = producer
+            .enqueue(
+                &mut *tx,
+                Message::new(format!("trickle-{}", i % 7), "", queue.clone(), "x"),
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let committed = Instant::now();
+        assert!(
+            reader
+                .read_until(Duration::from_secs(5), |c| c.has(id))
+                .await
+                .unwrap()
+        );
+        latencies.push(committed.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+    let (p50, p99, max) = (pct(0.5), pct(0.99), *latencies.last().unwrap());
+    println!(
+        "trickle latency over 200 messages: p50 {p50:?} p99 {p99:?} max {max:?} (idle_backoff_ms 1000)"
+    );
+    // Polling alone would give a p50 around idle_backoff_ms / 2 = 500 ms.
+    assert!(p50 < Duration::from_millis(100), "p50 {p50:?}");
+    assert!(p99 < Duration::from_millis(500), "p99 {p99:?}");
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_json_prints_one_valid_json_report_and_exits_zero() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    declare(&amqp_url(), &queue).await;
+    let producer = Producer::default();
+    for i in 0..500 {
+        producer
+            .enqueue(
+                &env.store.pool,
+                Message::new(format!("k{}", i % 37), "", queue.clone(), "x"),
+            )
+            .await
+            .unwrap();
+    }
+    let out = env
+        .command(&["work", "--no-leasing", "--once", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(!lines.is_empty());
+    let mut published = 0;
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        for field in [
+            "ts",
+            "published",
+            "failed",
+            "claimed",
+            "buckets",
+            "lag_seconds",
+            "worker_id",
+        ] {
+            assert!(v.get(field).is_some(), "missing {field}: {line}");
+        }
+        published += v["published"].as_u64().unwrap();
+    }
+    assert_eq!(published, 500);
+    assert_eq!(env.count("published_at IS NULL").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    declare(&amqp_url(), &queue).await;
+    let db_url = env.db_url.clone();
+    let q = queue.clone();
+    let producing =
+        tokio::spawn(
+            async move { produce_slowly(&db_url, &q, 1_000, Duration::from_secs(3)).await },
+        );
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    env.wait_count("published_at IS NOT NULL", 100, Duration::from_secs(20))
+        .await;
+    let status = worker.terminate(Duration::from_secs(15));
+    assert!(status.success(), "exit {status:?}\n{}", worker.log_text());
+    producing.await.unwrap();
+    let workers: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_workers")
+        .fetch_one(&env.store.pool)
+        .await
+        .unwrap();
+    assert_eq!(workers, 0, "the worker row is removed on a clean exit");
+    assert_eq!(
+        env.count("claim_token IS NOT NULL").await,
+        0,
+        "no claim is left behind"
+    );
+}
