@@ -20,11 +20,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
-$bin produce --queue "$queue" --keys 200 --rate "${DEMO_RATE:-300}" --tasks 4 | sed -u 's/^/[producer] /' &
+# Process substitution keeps $! the outboxd process (not the prefixing sed),
+# so the cleanup signals reach the processes that must stop cleanly.
+$bin produce --queue "$queue" --keys 200 --rate "${DEMO_RATE:-300}" --tasks 4 > >(sed -u 's/^/[producer] /') &
 pids+=($!)
-$bin consume --queue "$queue" | sed -u 's/^/[consumer] /' &
+$bin consume --queue "$queue" > >(sed -u 's/^/[consumer] /') &
 pids+=($!)
-$bin work --no-leasing --window 5 | sed -u 's/^/[worker]   /' &
+$bin work --no-leasing --window 5 > >(sed -u 's/^/[worker]   /') &
 pids+=($!)
 
 echo "demo running: producer -> outbox table -> outboxd -> RabbitMQ queue '$queue' -> checking consumer. Ctrl-C stops." >&2

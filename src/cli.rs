@@ -96,7 +96,7 @@ pub fn main() -> ExitCode {
             let rendered = e.render().to_string();
             let first = rendered.lines().next().unwrap_or("invalid arguments");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("outboxd: {first} (see outboxd --help)");
+            crate::complain!("outboxd: {first} (see outboxd --help)");
             return ExitCode::from(2);
         }
     };
@@ -106,7 +106,7 @@ pub fn main() -> ExitCode {
     let config = match load_config(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("outboxd: config: {e}");
+            crate::complain!("outboxd: config: {e}");
             return ExitCode::from(2);
         }
     };
@@ -116,14 +116,14 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("outboxd: cannot start the async runtime: {e}");
+            crate::complain!("outboxd: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("outboxd: {e:#}");
+            crate::complain!("outboxd: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -175,7 +175,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             let partitioner = Partitioner::new(config.outbox.partition_count);
             let store = Store::connect(&config, "outboxd migrate").await?;
             let report = schema::migrate(&store.pool, &store.tables, partitioner).await?;
-            println!(
+            crate::say!(
                 "schema at version {} ({} migration(s) applied); partition_count {}{}",
                 report.version,
                 report.applied,
@@ -210,15 +210,15 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Partition { keys } => {
             let p = Partitioner::new(config.outbox.partition_count);
             for key in keys {
-                println!("{}\t{key}", p.label_for(&key));
+                crate::say!("{}\t{key}", p.label_for(&key));
             }
             Ok(())
         }
         Command::Config => {
             let c = &config;
-            println!("database.url = {}", Redacted(&c.database.url));
-            println!("amqp.url = {}", Redacted(&c.amqp.url));
-            println!("{:#?}", redacted_debug(c));
+            crate::say!("database.url = {}", Redacted(&c.database.url));
+            crate::say!("amqp.url = {}", Redacted(&c.amqp.url));
+            crate::say!("{:#?}", redacted_debug(c));
             Ok(())
         }
     }
@@ -240,7 +240,7 @@ fn shutdown_on_signals() -> CancellationToken {
         tracing::info!("shutdown requested");
         t.cancel();
         wait_for_signal().await;
-        eprintln!("outboxd: second signal, exiting immediately");
+        crate::complain!("outboxd: second signal, exiting immediately");
         std::process::exit(130);
     });
     token

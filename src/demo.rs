@@ -119,7 +119,7 @@ pub async fn produce(
             }
             _ = report.tick() => {
                 let n = written.load(Ordering::Relaxed);
-                println!("produced {n} messages ({:.0}/s)", n as f64 / started.elapsed().as_secs_f64());
+                crate::say!("produced {n} messages ({:.0}/s)", n as f64 / started.elapsed().as_secs_f64());
             }
         }
     }
@@ -129,7 +129,7 @@ pub async fn produce(
     } else {
         n
     };
-    println!(
+    crate::say!(
         "produced {n} messages in {:.1}s",
         started.elapsed().as_secs_f64()
     );
@@ -148,14 +148,14 @@ pub async fn consume(
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
-            _ = report.tick() => println!("{}", reader.summary()),
+            _ = report.tick() => crate::say!("{}", reader.summary()),
             more = reader.next() => if !more? { break },
         }
         if args.expect > 0 && reader.checker.unique() as u64 >= args.expect {
             break;
         }
     }
-    println!("{}", reader.summary());
+    crate::say!("{}", reader.summary());
     Ok(())
 }
 

@@ -20,6 +20,25 @@
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
 
+/// Prints a line on stdout. A closed stdout (the reader went away, e.g. a
+/// pipe) is not worth a panic: the line is dropped.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Like [`say!`], on stderr.
+#[macro_export]
+macro_rules! complain {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod amqp;
 pub mod checker;
 pub mod cli;

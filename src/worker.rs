@@ -275,7 +275,7 @@ impl Reporter {
 
     fn finish(&self) {
         if self.human && self.tty {
-            println!();
+            crate::say!();
         }
     }
 }

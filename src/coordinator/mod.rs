@@ -58,8 +58,8 @@ impl Membership {
                     .iter()
                     .map(|w| {
                         format!(
-                            "{} pid {} on {}, {}",
-                            w.worker_id, w.pid, w.hostname, w.mode
+                            "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
+                            w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
                         )
                     })
                     .collect::<Vec<_>>()

@@ -40,6 +40,8 @@ pub struct LiveWorker {
     pub hostname: String,
     pub pid: i32,
     pub mode: String,
+    /// Seconds until its heartbeat expires.
+    pub expires_in: f64,
 }
 
 /// The rendered statements of this module.
@@ -72,7 +74,9 @@ impl WorkersSql {
             remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
             live_others: Sql::render(
                 t,
-                "SELECT worker_id, hostname, pid, mode FROM {workers}
+                "SELECT worker_id, hostname, pid, mode,
+                        extract(epoch FROM heartbeat_until - now())::float8 AS expires_in
+                 FROM {workers}
                  WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",
             ),
         }
