@@ -221,26 +221,24 @@ async fn work_refuses_a_partition_count_that_differs_from_the_database() {
         .unwrap()
         .replace("partition_count = 16", "partition_count = 32");
     std::fs::write(&path, text).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "--config",
-            path.to_str().unwrap(),
-            "work",
-            "--no-leasing",
-            "--once",
-        ])
-        .env_remove("DATABASE_URL")
-        .env_remove("AMQP_URL")
-        .output()
-        .unwrap();
+    // Only the file configures these commands: an inherited DATABASE_URL
+    // would point them at another database.
+    let with_32 = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .arg("--config")
+            .arg(&path)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .output()
+            .unwrap()
+    };
+    let out = with_32(&["work", "--no-leasing", "--once"]);
     assert_one_line_error(
         &out,
         "outbox.partition_count is 32 but the database was set up with 16",
     );
-    let out = std::process::Command::new(BIN)
-        .args(["--config", path.to_str().unwrap(), "migrate"])
-        .output()
-        .unwrap();
+    let out = with_32(&["migrate"]);
     assert_one_line_error(&out, "set up with 16");
 }
 
