@@ -40,6 +40,9 @@ pub const HEADER_ID: &str = "outbox-id";
 pub const HEADER_PARTITION_KEY: &str = "outbox-partition-key";
 /// Header carrying the message key.
 pub const HEADER_MESSAGE_KEY: &str = "outbox-message-key";
+/// Header carrying the lease epoch the message was published under (fleet
+/// mode only): consumers and tests can tell which lease published what.
+pub const HEADER_LEASE_EPOCH: &str = "outbox-lease-epoch";
 
 /// Deepest nesting of JSON headers converted to AMQP tables.
 const MAX_HEADER_DEPTH: usize = 16;
@@ -59,6 +62,10 @@ pub enum PublishError {
     /// claim is handed back and the worker reconnects.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// The bucket's lease can no longer be trusted: nothing more is sent.
+    /// Not the row's fault either.
+    #[error("lease trust deadline reached; stopped publishing this bucket")]
+    LeaseLapsed,
 }
 
 impl PublishError {
@@ -69,8 +76,22 @@ impl PublishError {
 
     /// Whether the failure counts as an attempt at the row.
     pub fn counts_attempt(&self) -> bool {
-        !matches!(self, PublishError::Unavailable(_))
+        !matches!(
+            self,
+            PublishError::Unavailable(_) | PublishError::LeaseLapsed
+        )
     }
+}
+
+/// What a batch is published under.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishLimits {
+    /// Rows with a larger payload fail without being sent.
+    pub max_payload_bytes: u64,
+    /// Nothing is sent at or after this instant (the lease trust deadline).
+    pub stop_sending_at: Option<tokio::time::Instant>,
+    /// Stamped into [`HEADER_LEASE_EPOCH`] when set.
+    pub lease_epoch: Option<i64>,
 }
 
 /// What happened to a batch.
@@ -251,7 +272,7 @@ impl ConfirmChannel {
     pub async fn publish_batch(
         &self,
         rows: &[ClaimedMessage],
-        max_payload_bytes: u64,
+        limits: PublishLimits,
     ) -> BatchOutcome {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut in_flight = Vec::new();
@@ -270,9 +291,16 @@ impl ConfirmChannel {
                 };
             }
             destination = Some(here);
-            let sent = match prepare(row, max_payload_bytes) {
-                Ok(prepared) => self.send(prepared, &row.payload, deadline).await,
-                Err(e) => Err(e),
+            let lapsed = limits
+                .stop_sending_at
+                .is_some_and(|stop| tokio::time::Instant::now() >= stop);
+            let sent = if lapsed {
+                Err(PublishError::LeaseLapsed)
+            } else {
+                match prepare(row, &limits) {
+                    Ok(prepared) => self.send(prepared, &row.payload, deadline).await,
+                    Err(e) => Err(e),
+                }
             };
             match sent {
                 Ok(confirm) => in_flight.push(confirm),
@@ -390,7 +418,8 @@ struct Prepared {
 }
 
 /// Everything about a row that can be checked before it is sent.
-fn prepare(row: &ClaimedMessage, max_payload_bytes: u64) -> Result<Prepared, PublishError> {
+fn prepare(row: &ClaimedMessage, limits: &PublishLimits) -> Result<Prepared, PublishError> {
+    let max_payload_bytes = limits.max_payload_bytes;
     if row.payload.len() as u64 > max_payload_bytes {
         return Err(PublishError::Rejected(format!(
             "payload is {} bytes, more than outbox.max_payload_bytes ({max_payload_bytes})",
@@ -420,6 +449,9 @@ fn prepare(row: &ClaimedMessage, max_payload_bytes: u64) -> Result<Prepared, Pub
         HEADER_MESSAGE_KEY.into(),
         AMQPValue::LongString(row.message_key.as_str().into()),
     );
+    if let Some(epoch) = limits.lease_epoch {
+        headers.insert(HEADER_LEASE_EPOCH.into(), AMQPValue::LongLongInt(epoch));
+    }
     let mut properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_message_id(row.message_id.to_string().into())
@@ -507,6 +539,14 @@ mod tests {
         }
     }
 
+    fn limits(max_payload_bytes: u64) -> PublishLimits {
+        PublishLimits {
+            max_payload_bytes,
+            stop_sending_at: None,
+            lease_epoch: Some(4),
+        }
+    }
+
     #[test]
     fn headers_carry_id_partition_and_key_and_user_values() {
         let p = prepare(
@@ -515,7 +555,7 @@ mod tests {
                 10,
                 "q",
             ),
-            100,
+            &limits(100),
         )
         .unwrap();
         let h = p.properties.headers().as_ref().unwrap();
@@ -525,6 +565,10 @@ mod tests {
             Some(&AMQPValue::LongString("p03".into()))
         );
         assert_eq!(h.inner().get("n"), Some(&AMQPValue::LongLongInt(3)));
+        assert_eq!(
+            h.inner().get(HEADER_LEASE_EPOCH),
+            Some(&AMQPValue::LongLongInt(4))
+        );
         assert!(matches!(
             h.inner().get("nested"),
             Some(AMQPValue::FieldTable(_))
@@ -534,22 +578,26 @@ mod tests {
 
     #[test]
     fn bad_rows_are_rejected_before_sending() {
-        let too_big = prepare(&row(json!({}), 101, "q"), 100).err().unwrap();
+        let too_big = prepare(&row(json!({}), 101, "q"), &limits(100))
+            .err()
+            .unwrap();
         assert!(too_big.is_rows_fault() && too_big.to_string().contains("101 bytes"));
-        let long_rk = prepare(&row(json!({}), 1, &"r".repeat(256)), 100)
+        let long_rk = prepare(&row(json!({}), 1, &"r".repeat(256)), &limits(100))
             .err()
             .unwrap();
         assert!(long_rk.to_string().contains("routing key"));
-        let long_header = prepare(&row(json!({ "h".repeat(300): 1 }), 1, "q"), 100)
+        let long_header = prepare(&row(json!({ "h".repeat(300): 1 }), 1, "q"), &limits(100))
             .err()
             .unwrap();
         assert!(long_header.to_string().contains("invalid headers"));
-        let not_object = prepare(&row(json!([1, 2]), 1, "q"), 100).err().unwrap();
+        let not_object = prepare(&row(json!([1, 2]), 1, "q"), &limits(100))
+            .err()
+            .unwrap();
         assert!(not_object.to_string().contains("expected a JSON object"));
         let mut deep = json!(1);
         for _ in 0..20 {
             deep = json!({ "d": deep });
         }
-        assert!(prepare(&row(deep, 1, "q"), 100).is_err());
+        assert!(prepare(&row(deep, 1, "q"), &limits(100)).is_err());
     }
 }

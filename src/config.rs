@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::coordinator::assignment::Assignment;
 use crate::partitioner::{MAX_PARTITIONS, MIN_PARTITIONS};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://outboxd@127.0.0.1:5432/outboxd";
@@ -144,6 +145,8 @@ pub struct WorkerConfig {
     /// How long SIGTERM waits for in-flight batches before abandoning them.
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_timeout: Duration,
+    /// How buckets are spread over workers: `modulo` or `sticky`.
+    pub assignment: Assignment,
 }
 
 /// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
@@ -197,6 +200,7 @@ impl Default for WorkerConfig {
             lease_renew: DEFAULT_LEASE_RENEW,
             heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            assignment: Assignment::Modulo,
         }
     }
 }

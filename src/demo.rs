@@ -17,7 +17,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::{HEADER_ID, HEADER_MESSAGE_KEY};
+use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
 use crate::checker::Checker;
 use crate::config::{Config, Redacted};
 use crate::producer::{Message, Producer};
@@ -179,6 +179,17 @@ pub struct QueueReader {
     _conn: Connection,
     consumer: lapin::Consumer,
     pub checker: Checker,
+    /// Every delivery in arrival order, when enabled with [`QueueReader::keep_log`].
+    pub log: Option<Vec<Delivered>>,
+}
+
+/// One delivery as the log keeps it.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub id: i64,
+    pub partition_key: String,
+    /// The lease epoch it was published under (fleet mode).
+    pub lease_epoch: Option<i64>,
 }
 
 impl QueueReader {
@@ -207,7 +218,14 @@ impl QueueReader {
             _conn: conn,
             consumer,
             checker: Checker::default(),
+            log: None,
         })
+    }
+
+    /// Keeps every delivery in [`QueueReader::log`].
+    pub fn keep_log(mut self) -> Self {
+        self.log = Some(Vec::new());
+        self
     }
 
     /// Takes one delivery; false when the consumer ended.
@@ -226,6 +244,23 @@ impl QueueReader {
             other => anyhow::bail!("delivery without an {HEADER_MESSAGE_KEY} header: {other:?}"),
         };
         self.checker.observe(&key, id);
+        if let Some(log) = self.log.as_mut() {
+            let partition_key = match headers.inner().get(HEADER_PARTITION_KEY) {
+                Some(AMQPValue::LongString(s)) => {
+                    String::from_utf8_lossy(s.as_bytes()).into_owned()
+                }
+                _ => String::new(),
+            };
+            let lease_epoch = match headers.inner().get(HEADER_LEASE_EPOCH) {
+                Some(AMQPValue::LongLongInt(e)) => Some(*e),
+                _ => None,
+            };
+            log.push(Delivered {
+                id,
+                partition_key,
+                lease_epoch,
+            });
+        }
         delivery.ack(BasicAckOptions::default()).await?;
         Ok(true)
     }

@@ -18,10 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::amqp::Broker;
 use crate::config::Config;
+use crate::coordinator::fleet::{self, Fleet, FleetSettings};
 use crate::coordinator::{JoinError, Membership};
 use crate::partitioner::Partitioner;
 use crate::relay::stats::StatsSnapshot;
@@ -56,10 +58,6 @@ pub enum WorkError {
     Join(#[from] JoinError),
     #[error("{0}")]
     Broker(String),
-    #[error(
-        "fleet mode (leases) is not available in this version of outboxd yet: run `outboxd work --no-leasing` with a single worker"
-    )]
-    FleetUnavailable,
 }
 
 /// One tick's report.
@@ -90,14 +88,16 @@ pub async fn run(
     opts: &WorkOptions,
     cancel: CancellationToken,
 ) -> Result<StatsSnapshot, WorkError> {
-    if !opts.no_leasing {
-        return Err(WorkError::FleetUnavailable);
-    }
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, "outboxd work").await?;
     schema::check(&store.pool, &store.tables, partitioner).await?;
 
-    let membership = Membership::new(WorkerMode::NoLeasing, config.worker.heartbeat_ttl);
+    let mode = if opts.no_leasing {
+        WorkerMode::NoLeasing
+    } else {
+        WorkerMode::Leasing
+    };
+    let membership = Membership::new(mode, config.worker.heartbeat_ttl);
     membership.join(&store).await?;
     let broker = Arc::new(Broker::new(
         &config.amqp,
@@ -109,6 +109,9 @@ pub async fn run(
             return Err(WorkError::Broker(e.to_string()));
         }
         tracing::warn!(error = %e, "RabbitMQ is not reachable yet; the relay keeps retrying");
+    }
+    if mode == WorkerMode::Leasing {
+        announce(&store, fleet::announce::JOIN).await;
     }
 
     let labels = partitioner.labels();
@@ -128,34 +131,71 @@ pub async fn run(
     );
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
 
-    let relay = Relay::new(ctx, wakeups);
+    let relay = Arc::new(Relay::new(ctx, wakeups.clone()));
     let drain = if opts.once {
         Drain::UntilEmpty
     } else {
         Drain::Forever
     };
-    for label in &labels {
-        relay.spawn_bucket(label, None, drain, cancel.child_token());
-    }
-    tracing::info!(buckets = labels.len(), mode = "no-leasing", "draining");
-
-    let mut reporter = Reporter::new(opts, membership.worker_id, labels.len());
-    if opts.once {
-        relay.wait(None).await;
-    } else {
-        let mut ticks = tokio::time::interval(opts.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = ticks.tick() => reporter.tick(&store, &labels, stats.snapshot(), false).await,
+    let shutdown_timeout = config.worker.shutdown_timeout;
+    // `coordination` ends when the worker has stopped draining: after a
+    // graceful shutdown, or when `--once` has drained what was ready.
+    let (owned, mut coordination) = match mode {
+        WorkerMode::NoLeasing => {
+            for label in &labels {
+                relay.spawn_bucket(label, None, drain, cancel.child_token());
             }
+            tracing::info!(buckets = labels.len(), mode = "no-leasing", "draining");
+            let (relay, cancel) = (relay.clone(), cancel.clone());
+            let task = tokio::spawn(async move {
+                if drain == Drain::Forever {
+                    cancel.cancelled().await;
+                    tracing::info!("shutting down: finishing in-flight batches");
+                }
+                let timeout = (drain == Drain::Forever).then_some(shutdown_timeout);
+                if !relay.wait(timeout).await {
+                    tracing::warn!(
+                        ?shutdown_timeout,
+                        "in-flight batches did not finish in time; abandoned (their rows are published again later)"
+                    );
+                }
+            });
+            (watch::channel(labels.clone()).1, task)
         }
-        tracing::info!("shutting down: finishing in-flight batches");
-        if !relay.wait(Some(config.worker.shutdown_timeout)).await {
-            tracing::warn!(timeout = ?config.worker.shutdown_timeout,
-                "in-flight batches did not finish in time; abandoned (their rows are published again later)");
+        WorkerMode::Leasing => {
+            let settings = FleetSettings {
+                lease_ttl: config.worker.lease_ttl,
+                lease_renew: config.worker.lease_renew,
+                heartbeat_ttl: config.worker.heartbeat_ttl,
+                assignment: config.worker.assignment,
+                partitioner,
+            };
+            let fleet = Fleet::new(
+                store.clone(),
+                relay.clone(),
+                membership.worker_id,
+                settings,
+                wakeups.fleet(),
+            );
+            let owned = fleet.owned();
+            (
+                owned,
+                tokio::spawn(fleet.run(drain, cancel.clone(), shutdown_timeout)),
+            )
+        }
+    };
+
+    let mut reporter = Reporter::new(opts, membership.worker_id, mode);
+    let mut ticks = tokio::time::interval(opts.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = &mut coordination => break,
+            _ = ticks.tick(), if !opts.once => {
+                let buckets = owned.borrow().clone();
+                reporter.tick(&store, &buckets, stats.snapshot(), false).await;
+            }
         }
     }
     let totals = stats.snapshot();
@@ -167,8 +207,17 @@ pub async fn run(
     background.cancel();
     let _ = tokio::join!(heartbeat, listener);
     membership.leave(&store).await;
+    if mode == WorkerMode::Leasing {
+        announce(&store, fleet::announce::LEAVE).await;
+    }
     store.pool.close().await;
     Ok(totals)
+}
+
+async fn announce(store: &Store, what: &str) {
+    if let Err(e) = Store::notify(&store.pool, &store.tables.fleet_channel(), what).await {
+        tracing::debug!(error = %e, what, "could not announce to the fleet");
+    }
 }
 
 /// Prints ticks (`--json`) and the rate line (`--window`).
@@ -177,7 +226,7 @@ struct Reporter {
     human: bool,
     tty: bool,
     worker_id: uuid::Uuid,
-    buckets: usize,
+    mode: &'static str,
     last: StatsSnapshot,
     last_at: Instant,
     window: Duration,
@@ -186,14 +235,14 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn new(opts: &WorkOptions, worker_id: uuid::Uuid, buckets: usize) -> Self {
+    fn new(opts: &WorkOptions, worker_id: uuid::Uuid, mode: WorkerMode) -> Self {
         let now = Instant::now();
         Self {
             json: opts.json && !opts.silent,
             human: !opts.json && !opts.silent,
             tty: std::io::stdout().is_terminal(),
             worker_id,
-            buckets,
+            mode: mode.as_str(),
             last: StatsSnapshot::default(),
             last_at: now,
             window: opts.window,
@@ -224,8 +273,8 @@ impl Reporter {
         let tick = Tick {
             ts: chrono::Utc::now(),
             worker_id: self.worker_id,
-            mode: "no-leasing",
-            buckets: self.buckets,
+            mode: self.mode,
+            buckets: labels.len(),
             counts: now_stats.since(&self.last),
             elapsed_ms: now.duration_since(self.last_at).as_millis() as u64,
             pending_buckets: heads
@@ -259,7 +308,7 @@ impl Reporter {
                 d.failed,
                 d.parked,
                 tick.lag_seconds.map_or("?".into(), |l| format!("{l:.1}s")),
-                self.buckets,
+                labels.len(),
                 tick.pending_buckets.map_or("?".into(), |p| p.to_string()),
             );
             if self.tty {

@@ -1,12 +1,18 @@
-//! Fleet coordination: membership (heartbeats) now; target computation and
-//! the lease state machine join here with fleet mode.
+//! Fleet coordination: membership and heartbeats (this file), target
+//! computation ([`assignment`]), the lease and its fencing argument
+//! ([`lease`]), and the per-worker coordination loop ([`fleet`]).
 //!
 //! A worker registers a row in the workers table and keeps
 //! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
 //! slow publish never delays a heartbeat. The row is deleted on a clean exit.
-//! A `--no-leasing` worker registers under a transaction-scoped advisory lock
-//! after checking that no other worker is live, so two workers cannot both
-//! pass that check.
+//! Registration runs under a transaction-scoped advisory lock: a
+//! `--no-leasing` worker joins only when no other worker is live, a fleet
+//! worker only when no `--no-leasing` worker is, and two workers cannot both
+//! pass those checks.
+
+pub mod assignment;
+pub mod fleet;
+pub mod lease;
 
 use std::time::Duration;
 
@@ -23,6 +29,10 @@ pub enum JoinError {
         "refusing to start in --no-leasing mode: {0} other outboxd worker(s) are live ({1}); stop them first, or run without --no-leasing"
     )]
     OthersLive(usize, String),
+    #[error(
+        "refusing to start: a --no-leasing worker is live ({0}); it drains every bucket without leases, so stop it before starting a fleet"
+    )]
+    NoLeasingLive(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -51,21 +61,29 @@ impl Membership {
         let workers = &store.tables.workers;
         let mut tx = store.begin().await?;
         workers.lock_registrations(&mut *tx).await?;
-        if self.mode == WorkerMode::NoLeasing {
-            let others = workers.live_others(&mut *tx, self.worker_id).await?;
-            if !others.is_empty() {
-                let list = others
-                    .iter()
-                    .map(|w| {
-                        format!(
-                            "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
-                            w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                return Err(JoinError::OthersLive(others.len(), list));
+        let others = workers.live_others(&mut *tx, self.worker_id).await?;
+        if self.mode == WorkerMode::Leasing {
+            if let Some(w) = others
+                .iter()
+                .find(|w| w.mode == WorkerMode::NoLeasing.as_str())
+            {
+                return Err(JoinError::NoLeasingLive(format!(
+                    "{} pid {} on {}, heartbeat expires in {:.0}s",
+                    w.worker_id, w.pid, w.hostname, w.expires_in
+                )));
             }
+        } else if !others.is_empty() {
+            let list = others
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
+                        w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(JoinError::OthersLive(others.len(), list));
         }
         workers
             .register(

@@ -28,7 +28,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Drain, RelayContext};
-use crate::amqp::{ConfirmChannel, PublishError};
+use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
+use crate::coordinator::lease::LeaseGrant;
 use crate::store::StoreError;
 use crate::store::outbox::{
     ClaimToken, ClaimedMessage, FailurePolicy, Fence, record_partial_failure,
@@ -36,9 +37,14 @@ use crate::store::outbox::{
 
 /// Drains one bucket until cancelled, or (with [`Drain::UntilEmpty`]) until
 /// nothing in it is ready.
+///
+/// In fleet mode it holds a [`LeaseGrant`]: it claims only while the lease is
+/// trusted, stops sending at the trust deadline, and every write carries the
+/// lease fence (see `coordinator::lease` for the argument).
 pub(crate) struct BucketDrainer {
     pub partition_key: String,
-    pub fence: Option<Fence>,
+    pub lease: Option<LeaseGrant>,
+    fence: Option<Fence>,
     pub ctx: Arc<RelayContext>,
     pub wake: Arc<Notify>,
     pub cancel: CancellationToken,
@@ -49,14 +55,15 @@ pub(crate) struct BucketDrainer {
 impl BucketDrainer {
     pub fn new(
         partition_key: String,
-        fence: Option<Fence>,
+        lease: Option<LeaseGrant>,
         ctx: Arc<RelayContext>,
         wake: Arc<Notify>,
         cancel: CancellationToken,
     ) -> Self {
         Self {
             partition_key,
-            fence,
+            fence: lease.as_ref().map(|l| l.fence),
+            lease,
             ctx,
             wake,
             cancel,
@@ -67,9 +74,21 @@ impl BucketDrainer {
 
     pub async fn run(mut self, drain: Drain) {
         let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        if !self.clear_earlier_claims().await {
+            return;
+        }
         while !self.cancel.is_cancelled() {
             if !self.wait_until_unblocked().await {
                 break;
+            }
+            if !self.trusted() {
+                // The coordinator either renews the lease (trust returns) or
+                // finds it lost and stops this drainer.
+                if drain == Drain::UntilEmpty {
+                    break;
+                }
+                self.sleep(Duration::from_millis(100)).await;
+                continue;
             }
             match self.step().await {
                 Ok(Step::Worked) => db_backoff.reset(),
@@ -93,6 +112,42 @@ impl BucketDrainer {
         }
         if let Some(channel) = self.channel.take() {
             channel.close().await;
+        }
+    }
+
+    fn trusted(&self) -> bool {
+        self.lease.as_ref().is_none_or(|l| l.trust.is_valid())
+    }
+
+    /// A new lease owner first drops the claims earlier owners left behind
+    /// (fenced by its own lease). False when cancelled first.
+    async fn clear_earlier_claims(&self) -> bool {
+        let Some(fence) = self.fence else { return true };
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            match self
+                .ctx
+                .store
+                .tables
+                .outbox
+                .clear_claims(&self.ctx.store.pool, &self.partition_key, fence)
+                .await
+            {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(bucket = %self.partition_key, claims = n, "dropped claims of an earlier lease");
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    let delay = backoff.next();
+                    tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "cannot clear earlier claims");
+                    self.sleep(delay).await;
+                    if self.cancel.is_cancelled() || !self.trusted() {
+                        return false;
+                    }
+                }
+            }
         }
     }
 
@@ -140,9 +195,12 @@ impl BucketDrainer {
         }
         self.ctx.stats.add_claimed(rows.len());
 
-        let outcome = channel
-            .publish_batch(&rows, settings.max_payload_bytes)
-            .await;
+        let limits = PublishLimits {
+            max_payload_bytes: settings.max_payload_bytes,
+            stop_sending_at: self.lease.as_ref().map(|l| l.trust.until()),
+            lease_epoch: self.fence.map(|f| f.epoch),
+        };
+        let outcome = channel.publish_batch(&rows, limits).await;
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
         match outcome.failure {
             None => {
@@ -160,6 +218,10 @@ impl BucketDrainer {
                 channel.close().await;
                 if matches!(failure, PublishError::Unavailable(_)) {
                     self.sleep(Duration::from_millis(200)).await;
+                }
+                if matches!(failure, PublishError::LeaseLapsed) {
+                    // Keep the batch size: this was not the row's fault.
+                    self.careful = false;
                 }
             }
         }
@@ -184,6 +246,7 @@ impl BucketDrainer {
             {
                 Ok(n) => {
                     self.ctx.stats.add_published(n as usize);
+                    self.ctx.stats.add_fenced(ids.len() - n as usize);
                     if (n as usize) < ids.len() {
                         tracing::warn!(bucket = %self.partition_key, confirmed = ids.len(), recorded = n,
                             "some confirmed rows were no longer ours to record (claim or lease lost); they will be published again");
@@ -265,6 +328,12 @@ impl BucketDrainer {
             match result {
                 Ok((published, parked)) => {
                     self.ctx.stats.add_published(published as usize);
+                    self.ctx
+                        .stats
+                        .add_fenced(confirmed.len() - published as usize);
+                    if failure.counts_attempt() && parked.is_none() {
+                        self.ctx.stats.add_fenced(1);
+                    }
                     if failure.counts_attempt() {
                         self.ctx.stats.add_failed(1);
                     }

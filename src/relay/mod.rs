@@ -25,8 +25,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::Broker;
 use crate::config::Config;
+use crate::coordinator::lease::LeaseGrant;
 use crate::store::Store;
-use crate::store::outbox::Fence;
 pub use stats::RelayStats;
 
 /// The relay's share of the configuration.
@@ -72,10 +72,12 @@ pub enum Drain {
     UntilEmpty,
 }
 
-/// Per-bucket wake-up signals fed by `LISTEN`.
+/// Wake-up signals fed by `LISTEN`: one per bucket (new rows), one for the
+/// fleet coordinator (workers joining, leaving, releasing buckets).
 #[derive(Clone, Default)]
 pub struct Wakeups {
     buckets: Arc<HashMap<String, Arc<Notify>>>,
+    fleet: Arc<Notify>,
 }
 
 impl Wakeups {
@@ -87,7 +89,13 @@ impl Wakeups {
                     .map(|l| (l.clone(), Arc::new(Notify::new())))
                     .collect(),
             ),
+            fleet: Arc::new(Notify::new()),
         }
+    }
+
+    /// The coordinator's signal.
+    pub fn fleet(&self) -> Arc<Notify> {
+        self.fleet.clone()
     }
 
     /// The signal of one bucket.
@@ -105,18 +113,21 @@ impl Wakeups {
 
     fn wake_all(&self) {
         self.buckets.values().for_each(|n| n.notify_one());
+        self.fleet.notify_one();
     }
 
-    /// Listens for `<outbox>_enqueued` notifications until cancelled.
-    /// Reconnects by itself; after a reconnect every bucket is woken, since
-    /// notifications sent meanwhile are lost.
+    /// Listens for `<outbox>_enqueued` and `<outbox>_fleet` notifications
+    /// until cancelled. Reconnects by itself; after a reconnect everything is
+    /// woken, since notifications sent meanwhile are lost.
     pub async fn listen(self, store: Store, cancel: CancellationToken) {
         let channel = store.tables.notify_channel();
+        let fleet_channel = store.tables.fleet_channel();
         let mut delay = Duration::from_millis(100);
         while !cancel.is_cancelled() {
             let listener = async {
                 let mut l = PgListener::connect_with(&store.pool).await?;
-                l.listen(&channel).await?;
+                l.listen_all([channel.as_str(), fleet_channel.as_str()])
+                    .await?;
                 Ok::<_, sqlx::Error>(l)
             }
             .await;
@@ -140,6 +151,7 @@ impl Wakeups {
                     n = listener.try_recv() => n,
                 };
                 match next {
+                    Ok(Some(n)) if n.channel() == fleet_channel => self.fleet.notify_one(),
                     Ok(Some(n)) => self.wake(n.payload()),
                     // The connection was lost and re-established.
                     Ok(None) => self.wake_all(),
@@ -173,22 +185,23 @@ impl Relay {
         &self.ctx
     }
 
-    /// Starts draining one bucket until `cancel` fires.
+    /// Starts draining one bucket until `cancel` fires (then the in-flight
+    /// batch is finished) — under `lease` in fleet mode.
     pub fn spawn_bucket(
         &self,
         label: &str,
-        fence: Option<Fence>,
+        lease: Option<LeaseGrant>,
         drain: Drain,
         cancel: CancellationToken,
-    ) {
+    ) -> tokio::task::JoinHandle<()> {
         let drainer = bucket::BucketDrainer::new(
             label.to_string(),
-            fence,
+            lease,
             self.ctx.clone(),
             self.wakeups.of(label),
             cancel,
         );
-        self.tracker.spawn(drainer.run(drain));
+        self.tracker.spawn(drainer.run(drain))
     }
 
     /// Waits for every drainer to finish, at most `timeout`; true when all

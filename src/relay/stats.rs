@@ -12,6 +12,7 @@ pub struct RelayStats {
     parked: AtomicU64,
     claimed: AtomicU64,
     batches: AtomicU64,
+    fenced: AtomicU64,
 }
 
 /// A copy of the counters at one instant.
@@ -27,6 +28,9 @@ pub struct StatsSnapshot {
     pub claimed: u64,
     /// Batches claimed.
     pub batches: u64,
+    /// Writes that matched no row because the claim or the lease had moved
+    /// on (fleet mode: a lease lost while a batch was in flight).
+    pub fenced: u64,
 }
 
 impl RelayStats {
@@ -42,6 +46,10 @@ impl RelayStats {
         self.parked.fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    pub fn add_fenced(&self, n: usize) {
+        self.fenced.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     pub fn add_claimed(&self, n: usize) {
         self.claimed.fetch_add(n as u64, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
@@ -54,6 +62,7 @@ impl RelayStats {
             parked: self.parked.load(Ordering::Relaxed),
             claimed: self.claimed.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
         }
     }
 }
@@ -67,6 +76,7 @@ impl StatsSnapshot {
             parked: self.parked - earlier.parked,
             claimed: self.claimed - earlier.claimed,
             batches: self.batches - earlier.batches,
+            fenced: self.fenced - earlier.fenced,
         }
     }
 }

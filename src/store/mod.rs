@@ -129,6 +129,11 @@ impl Tables {
     pub fn notify_channel(&self) -> String {
         format!("{}_enqueued", self.names.outbox)
     }
+
+    /// The NOTIFY channel workers announce joins, leaves and releases on.
+    pub fn fleet_channel(&self) -> String {
+        format!("{}_fleet", self.names.outbox)
+    }
 }
 
 /// Opens a pool for a worker or a command.
@@ -157,6 +162,21 @@ pub struct Store {
 }
 
 impl Store {
+    /// Sends a NOTIFY (delivered when `exec`'s transaction commits).
+    pub async fn notify<'e, E: sqlx::PgExecutor<'e>>(
+        exec: E,
+        channel: &str,
+        payload: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(exec)
+            .await
+            .doing("sending a notification")?;
+        Ok(())
+    }
+
     /// Starts a transaction.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
         self.pool.begin().await.doing("starting a transaction")

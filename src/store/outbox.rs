@@ -102,6 +102,7 @@ pub struct OutboxSql {
     record_published: Sql,
     record_failure: Sql,
     release: Sql,
+    clear_claims: Sql,
     bucket_heads: Sql,
 }
 
@@ -166,6 +167,15 @@ impl OutboxSql {
         let release = "UPDATE {outbox} SET claim_token = NULL, claimed_until = NULL
                        WHERE claim_token = $1 AND published_at IS NULL"
             .to_string();
+        // A new lease owner drops the claims of earlier owners: their writes
+        // are fenced out anyway, and their claims would only hold the bucket
+        // up until claim_ttl.
+        let clear_claims = format!(
+            "UPDATE {{outbox}} SET claim_token = NULL, claimed_until = NULL
+             WHERE partition_key BETWEEN $1 AND $1 AND published_at IS NULL AND failed_at IS NULL
+               AND claim_token IS NOT NULL AND {fence}",
+            fence = fence("$1", "$2", "$3"),
+        );
         let bucket_heads = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                    coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds
             FROM unnest($1::text[]) AS b(partition_key)
@@ -183,6 +193,7 @@ impl OutboxSql {
             record_published: Sql::render(t, &record_published),
             record_failure: Sql::render(t, &record_failure),
             release: Sql::render(t, &release),
+            clear_claims: Sql::render(t, &clear_claims),
             bucket_heads: Sql::render(t, &bucket_heads),
         }
     }
@@ -307,6 +318,23 @@ impl OutboxSql {
             .execute(exec)
             .await
             .doing("releasing a claim")?
+            .rows_affected())
+    }
+
+    /// Drops every claim in a bucket just leased (fenced by that lease).
+    pub async fn clear_claims<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        partition_key: &str,
+        fence: Fence,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.clear_claims.q())
+            .bind(partition_key)
+            .bind(fence.owner)
+            .bind(fence.epoch)
+            .execute(exec)
+            .await
+            .doing("clearing earlier claims")?
             .rows_affected())
     }
 

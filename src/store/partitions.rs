@@ -1,12 +1,24 @@
-//! The `outbox_partitions` table: one row per bucket.
+//! The `outbox_partitions` table: one row per bucket, carrying its lease.
 //!
-//! In fleet mode each row carries the bucket's lease (`lease_owner`,
-//! `lease_until`, `lease_epoch`); the lease state machine that writes them
-//! lives in the coordinator. This module only guarantees the rows exist.
+//! Each statement here is one round trip and changes a lease only under
+//! the conditions that make the change safe, checked in the same statement:
+//!
+//! - **acquire** takes a bucket only while it is free or its lease has
+//!   expired (`lease_until <= now()`), and bumps `lease_epoch`;
+//! - **renew** extends a lease only where owner *and* epoch still match;
+//! - **release** frees a lease only where owner and epoch still match.
+//!
+//! Acquire and release write a row to `<outbox>_lease_events` in the same
+//! statement, so every change of owner is on record.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
+use uuid::Uuid;
 
-use super::{QueryContext, StoreError, Tables, render};
+use super::{QueryContext, Sql, StoreError, Tables, render};
+use crate::config::TablesConfig;
 
 /// Inserts a row for every bucket label that has none.
 pub async fn ensure_rows<'e, E: PgExecutor<'e>>(
@@ -25,12 +37,197 @@ pub async fn ensure_rows<'e, E: PgExecutor<'e>>(
     .rows_affected())
 }
 
-/// Statements of this module (fleet-mode lease statements join here).
+/// A lease this worker just acquired.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Acquired {
+    pub partition_key: String,
+    pub lease_epoch: i64,
+}
+
+/// One bucket's lease as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LeaseRow {
+    pub partition_key: String,
+    pub lease_owner: Option<Uuid>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub lease_epoch: i64,
+    /// Whether `lease_until` is in the future.
+    pub valid: bool,
+}
+
+/// One recorded lease change.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LeaseEvent {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub partition_key: String,
+    pub action: String,
+    pub worker_id: Uuid,
+    pub old_owner: Option<Uuid>,
+    pub old_epoch: i64,
+    pub new_epoch: i64,
+    pub reason: String,
+}
+
+/// The rendered statements of this module.
 #[derive(Debug)]
-pub struct PartitionsSql {}
+pub struct PartitionsSql {
+    acquire: Sql,
+    renew: Sql,
+    release: Sql,
+    leases: Sql,
+    events_since: Sql,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_millis() as f64
+}
 
 impl PartitionsSql {
-    pub fn new(_tables: &crate::config::TablesConfig) -> Self {
-        Self {}
+    pub fn new(t: &TablesConfig) -> Self {
+        Self {
+            acquire: Sql::render(
+                t,
+                "WITH candidates AS (
+                    SELECT partition_key, lease_owner, lease_epoch FROM {partitions}
+                    WHERE partition_key = ANY($2::text[]) AND (lease_owner IS NULL OR lease_until <= now())
+                    FOR UPDATE SKIP LOCKED
+                 ), acquired AS (
+                    UPDATE {partitions} p
+                    SET lease_owner = $1, lease_until = now() + make_interval(secs => $3::float8 / 1000),
+                        lease_epoch = p.lease_epoch + 1, updated_at = now()
+                    FROM candidates c
+                    WHERE p.partition_key = c.partition_key
+                    RETURNING p.partition_key, c.lease_owner AS old_owner, c.lease_epoch AS old_epoch,
+                              p.lease_epoch AS new_epoch
+                 ), logged AS (
+                    INSERT INTO {outbox}_lease_events
+                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
+                    SELECT partition_key, 'acquire', $1, old_owner, old_epoch, new_epoch,
+                           CASE WHEN old_owner IS NULL THEN 'free: ' || $4
+                                ELSE 'expired lease of ' || old_owner || ': ' || $4 END
+                    FROM acquired
+                 )
+                 SELECT partition_key, new_epoch AS lease_epoch FROM acquired",
+            ),
+            renew: Sql::render(
+                t,
+                "UPDATE {partitions} p
+                 SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
+                 FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
+                 WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
+                 RETURNING p.partition_key",
+            ),
+            release: Sql::render(
+                t,
+                "WITH released AS (
+                    UPDATE {partitions} p
+                    SET lease_owner = NULL, lease_until = NULL, updated_at = now()
+                    FROM unnest($2::text[], $3::bigint[]) AS h(partition_key, epoch)
+                    WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
+                    RETURNING p.partition_key, p.lease_epoch
+                 ), logged AS (
+                    INSERT INTO {outbox}_lease_events
+                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
+                    SELECT partition_key, 'release', $1, $1, lease_epoch, lease_epoch, $4 FROM released
+                 )
+                 SELECT partition_key FROM released",
+            ),
+            leases: Sql::render(
+                t,
+                "SELECT partition_key, lease_owner, lease_until, lease_epoch,
+                        coalesce(lease_until > now(), false) AS valid
+                 FROM {partitions} ORDER BY partition_key",
+            ),
+            events_since: Sql::render(
+                t,
+                "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+                 FROM {outbox}_lease_events WHERE id > $1 ORDER BY id LIMIT $2",
+            ),
+        }
+    }
+
+    /// Takes every bucket of `wanted` that is free or whose lease expired.
+    pub async fn acquire<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        me: Uuid,
+        wanted: &[String],
+        ttl: Duration,
+        reason: &str,
+    ) -> Result<Vec<Acquired>, StoreError> {
+        sqlx::query_as(self.acquire.q())
+            .bind(me)
+            .bind(wanted)
+            .bind(ms(ttl))
+            .bind(reason)
+            .fetch_all(exec)
+            .await
+            .doing("acquiring leases")
+    }
+
+    /// Extends the given leases (bucket, epoch) that are still ours; returns
+    /// the buckets renewed — any other was lost.
+    pub async fn renew<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        me: Uuid,
+        held: &[(String, i64)],
+        ttl: Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
+        sqlx::query_scalar(self.renew.q())
+            .bind(me)
+            .bind(ms(ttl))
+            .bind(keys)
+            .bind(epochs)
+            .fetch_all(exec)
+            .await
+            .doing("renewing leases")
+    }
+
+    /// Frees the given leases (bucket, epoch) that are still ours.
+    pub async fn release<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        me: Uuid,
+        held: &[(String, i64)],
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
+        sqlx::query_scalar(self.release.q())
+            .bind(me)
+            .bind(keys)
+            .bind(epochs)
+            .bind(reason)
+            .fetch_all(exec)
+            .await
+            .doing("releasing leases")
+    }
+
+    /// Every bucket's lease.
+    pub async fn leases<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<Vec<LeaseRow>, StoreError> {
+        sqlx::query_as(self.leases.q())
+            .fetch_all(exec)
+            .await
+            .doing("reading leases")
+    }
+
+    /// Lease events after `after_id`, oldest first.
+    pub async fn events_since<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<LeaseEvent>, StoreError> {
+        sqlx::query_as(self.events_since.q())
+            .bind(after_id)
+            .bind(limit)
+            .fetch_all(exec)
+            .await
+            .doing("reading lease events")
     }
 }

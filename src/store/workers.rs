@@ -25,7 +25,7 @@ pub enum WorkerMode {
 }
 
 impl WorkerMode {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             WorkerMode::Leasing => "leasing",
             WorkerMode::NoLeasing => "no-leasing",
@@ -51,6 +51,8 @@ pub struct WorkersSql {
     heartbeat: Sql,
     remove: Sql,
     live_others: Sql,
+    live_leasing: Sql,
+    remove_dead: Sql,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -72,6 +74,15 @@ impl WorkersSql {
                  WHERE worker_id = $1",
             ),
             remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
+            live_leasing: Sql::render(
+                t,
+                "SELECT worker_id FROM {workers}
+                 WHERE heartbeat_until > now() AND mode = 'leasing' ORDER BY worker_id",
+            ),
+            remove_dead: Sql::render(
+                t,
+                "DELETE FROM {workers} WHERE heartbeat_until < now() - make_interval(secs => $1::float8 / 1000)",
+            ),
             live_others: Sql::render(
                 t,
                 "SELECT worker_id, hostname, pid, mode,
@@ -147,6 +158,33 @@ impl WorkersSql {
             .await
             .doing("removing the worker row")?;
         Ok(())
+    }
+
+    /// Ids of the live fleet-mode workers, sorted: the input of target
+    /// computation.
+    pub async fn live_leasing<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        sqlx::query_scalar(self.live_leasing.q())
+            .fetch_all(exec)
+            .await
+            .doing("listing live workers")
+    }
+
+    /// Deletes rows whose heartbeat expired more than `grace` ago (workers
+    /// that died without cleaning up). Returns how many.
+    pub async fn remove_dead<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        grace: Duration,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.remove_dead.q())
+            .bind(ms(grace))
+            .execute(exec)
+            .await
+            .doing("removing dead worker rows")?
+            .rows_affected())
     }
 
     /// Live workers other than `me`.

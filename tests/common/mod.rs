@@ -66,6 +66,10 @@ pub struct Tuning {
     pub confirm_timeout: &'static str,
     pub amqp_url: Option<String>,
     pub migrate: bool,
+    pub lease_ttl: &'static str,
+    pub lease_renew: &'static str,
+    pub heartbeat_ttl: &'static str,
+    pub assignment: &'static str,
 }
 
 impl Default for Tuning {
@@ -79,6 +83,10 @@ impl Default for Tuning {
             confirm_timeout: "5s",
             amqp_url: None,
             migrate: true,
+            lease_ttl: "15s",
+            lease_renew: "6s",
+            heartbeat_ttl: "20s",
+            assignment: "modulo",
         }
     }
 }
@@ -111,13 +119,18 @@ impl TestEnv {
              [amqp]\nurl = \"{amqp}\"\nconfirm_timeout = \"{ct}\"\nreconnect_backoff_max = \"1s\"\n\
              [outbox]\npartition_count = {pc}\nidle_backoff_ms = {ib}\nclaim_ttl = \"15s\"\n\
              retry_backoff_initial = \"{rbi}\"\nretry_backoff = \"{rb}\"\nmax_attempts = {ma}\n\
-             [worker]\nshutdown_timeout = \"10s\"\n",
+             [worker]\nshutdown_timeout = \"10s\"\nlease_ttl = \"{lt}\"\nlease_renew = \"{lr}\"\n\
+             heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\n",
             ct = t.confirm_timeout,
             pc = t.partition_count,
             ib = t.idle_backoff_ms,
             rbi = t.retry_backoff_initial,
             rb = t.retry_backoff,
             ma = t.max_attempts,
+            lt = t.lease_ttl,
+            lr = t.lease_renew,
+            ht = t.heartbeat_ttl,
+            asg = t.assignment,
         );
         let config_path = dir.join("outboxd.toml");
         std::fs::write(&config_path, &toml).unwrap();

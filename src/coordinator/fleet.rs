@@ -1,0 +1,394 @@
+//! The fleet coordinator of one worker: targets, leases, drainers.
+//!
+//! Each cycle (on a `NOTIFY` from a joining, leaving or releasing peer, or
+//! every `POLL` while something is pending, every `IDLE_POLL` otherwise):
+//!
+//! 1. read the sorted live fleet-mode workers and compute this worker's
+//!    target buckets ([`assignment`](super::assignment));
+//! 2. every `lease_renew`, renew every held lease (owner *and* epoch must
+//!    match); a lease that did not renew is lost: its drainer is stopped and
+//!    its trust revoked;
+//! 3. stop the drainers of held buckets that are no longer targets; once a
+//!    drainer has finished its in-flight batch, release the lease and
+//!    announce it, so the new target owner takes it at once;
+//! 4. acquire the target buckets not held (free or expired leases), and start
+//!    a drainer for each under its [`LeaseGrant`].
+//!
+//! Steady state is quiet: renewals only, no lease changes. On shutdown every
+//! drainer finishes its batch, every lease is released in one statement and
+//! the peers are told, so they take the buckets over within a cycle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::assignment::{Assignment, targets};
+use super::lease::{LeaseGrant, Trust, trust_deadline};
+use crate::partitioner::Partitioner;
+use crate::relay::{Drain, Relay};
+use crate::store::Store;
+use crate::store::outbox::Fence;
+
+/// How often a cycle runs while targets are not all held or buckets are
+/// being handed over.
+const POLL: Duration = Duration::from_millis(250);
+/// How often a cycle runs at steady state: a membership check, which bounds
+/// how late a dead peer's buckets are retargeted after its heartbeat expired.
+const IDLE_POLL: Duration = Duration::from_millis(500);
+
+/// The coordinator's share of the configuration.
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    pub lease_ttl: Duration,
+    pub lease_renew: Duration,
+    pub heartbeat_ttl: Duration,
+    pub assignment: Assignment,
+    pub partitioner: Partitioner,
+}
+
+/// Announcements on the fleet channel.
+pub mod announce {
+    pub const JOIN: &str = "join";
+    pub const LEAVE: &str = "leave";
+    pub const RELEASE: &str = "release";
+}
+
+struct Held {
+    epoch: i64,
+    trust: Arc<Trust>,
+    cancel: CancellationToken,
+    handle: JoinHandle<()>,
+    /// Why the drainer was told to stop, once it was.
+    stopping: Option<Stop>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// No longer a target: release once the drainer finished.
+    Rebalance,
+    /// The renew failed: the lease is not ours; nothing to release.
+    Lost,
+}
+
+/// One worker's coordinator.
+pub struct Fleet {
+    store: Store,
+    relay: Arc<Relay>,
+    me: Uuid,
+    settings: FleetSettings,
+    wake: Arc<Notify>,
+    owned: watch::Sender<Vec<String>>,
+    held: BTreeMap<String, Held>,
+}
+
+impl Fleet {
+    pub fn new(
+        store: Store,
+        relay: Arc<Relay>,
+        me: Uuid,
+        settings: FleetSettings,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            store,
+            relay,
+            me,
+            settings,
+            wake,
+            owned: watch::channel(Vec::new()).0,
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// The buckets this worker drains, updated every cycle.
+    pub fn owned(&self) -> watch::Receiver<Vec<String>> {
+        self.owned.subscribe()
+    }
+
+    /// Coordinates until `cancel` fires, then hands every bucket back.
+    /// With [`Drain::UntilEmpty`] (`--once`): one acquisition round, drain
+    /// what is ready, release, return.
+    pub async fn run(
+        mut self,
+        drain: Drain,
+        cancel: CancellationToken,
+        shutdown_timeout: Duration,
+    ) {
+        let mut next_renew = Instant::now() + self.settings.lease_renew;
+        let mut next_cleanup = Instant::now();
+        loop {
+            let busy = self.cycle(drain, &mut next_renew, &mut next_cleanup).await;
+            self.owned.send_replace(self.held.keys().cloned().collect());
+            if drain == Drain::UntilEmpty {
+                self.renew_until_drained(&cancel, &mut next_renew).await;
+                break;
+            }
+            let pause = if busy { POLL } else { IDLE_POLL };
+            let until = (Instant::now() + pause).min(next_renew);
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+        self.shutdown(drain, shutdown_timeout).await;
+    }
+
+    /// `--once`: keeps the leases renewed until every drainer has drained
+    /// what was ready (or `cancel` fires).
+    async fn renew_until_drained(&mut self, cancel: &CancellationToken, next_renew: &mut Instant) {
+        while self.held.values().any(|h| !h.handle.is_finished()) {
+            let until = (Instant::now() + Duration::from_millis(20)).min(*next_renew);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => {}
+            }
+            if Instant::now() >= *next_renew {
+                *next_renew = self.renew().await;
+            }
+        }
+    }
+
+    /// One cycle; true while anything is still in motion.
+    async fn cycle(
+        &mut self,
+        drain: Drain,
+        next_renew: &mut Instant,
+        next_cleanup: &mut Instant,
+    ) -> bool {
+        let store = self.store.clone();
+        let (workers, pool) = (&store.tables.workers, &store.pool);
+        let target_set: Option<BTreeSet<String>> = match workers.live_leasing(pool).await {
+            Ok(live) => Some(
+                targets(
+                    self.settings.assignment,
+                    &live,
+                    self.me,
+                    self.settings.partitioner.count(),
+                )
+                .into_iter()
+                .map(|b| self.settings.partitioner.label(b))
+                .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the fleet membership; keeping current leases");
+                None
+            }
+        };
+
+        if Instant::now() >= *next_renew {
+            *next_renew = self.renew().await;
+        }
+        if let Some(targets) = &target_set {
+            for (bucket, h) in self.held.iter_mut() {
+                if h.stopping.is_none() && !targets.contains(bucket) {
+                    tracing::info!(%bucket, epoch = h.epoch, "no longer a target; handing over after the in-flight batch");
+                    h.cancel.cancel();
+                    h.stopping = Some(Stop::Rebalance);
+                }
+            }
+        }
+        self.reap_and_release("rebalance").await;
+
+        let mut pending = self.held.values().any(|h| h.stopping.is_some());
+        if let Some(targets) = target_set {
+            let wanted: Vec<String> = targets
+                .into_iter()
+                .filter(|b| !self.held.contains_key(b))
+                .collect();
+            if !wanted.is_empty() {
+                self.acquire(&wanted, drain).await;
+                pending |= wanted.iter().any(|b| !self.held.contains_key(b));
+            }
+        }
+        if Instant::now() >= *next_cleanup {
+            *next_cleanup = Instant::now() + self.settings.lease_renew;
+            match workers.remove_dead(pool, self.settings.heartbeat_ttl).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "removed rows of workers that died"),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "dead-row cleanup failed"),
+            }
+        }
+        pending
+    }
+
+    /// Renews every held lease; returns when the next renew is due.
+    async fn renew(&mut self) -> Instant {
+        let renewing: Vec<(String, i64)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.stopping != Some(Stop::Lost))
+            .map(|(b, h)| (b.clone(), h.epoch))
+            .collect();
+        let started = Instant::now();
+        if renewing.is_empty() {
+            return started + self.settings.lease_renew;
+        }
+        let partitions = &self.store.tables.partitions;
+        match partitions
+            .renew(
+                &self.store.pool,
+                self.me,
+                &renewing,
+                self.settings.lease_ttl,
+            )
+            .await
+        {
+            Ok(renewed) => {
+                let renewed: BTreeSet<String> = renewed.into_iter().collect();
+                let deadline = trust_deadline(started, self.settings.lease_ttl);
+                for (bucket, h) in self.held.iter_mut() {
+                    if renewed.contains(bucket) {
+                        h.trust.set(deadline);
+                    } else if h.stopping != Some(Stop::Lost) {
+                        tracing::warn!(%bucket, epoch = h.epoch, "lease lost (renew matched nothing); stopping its drainer");
+                        h.trust.revoke();
+                        h.cancel.cancel();
+                        h.stopping = Some(Stop::Lost);
+                    }
+                }
+                started + self.settings.lease_renew
+            }
+            Err(e) => {
+                // Trust is not extended: drainers stop at their deadline
+                // unless a retry succeeds first.
+                tracing::warn!(error = %e, "renewing leases failed; retrying");
+                started + Duration::from_millis(500).min(self.settings.lease_renew)
+            }
+        }
+    }
+
+    /// Removes finished drainers; releases the leases of those stopped for
+    /// a rebalance and announces the release.
+    async fn reap_and_release(&mut self, reason: &str) {
+        let finished: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.stopping.is_some() && h.handle.is_finished())
+            .map(|(b, _)| b.clone())
+            .collect();
+        let mut release = Vec::new();
+        for bucket in finished {
+            let h = self.held.remove(&bucket).expect("present");
+            if h.stopping == Some(Stop::Rebalance) {
+                release.push((bucket, h.epoch));
+            }
+        }
+        self.release(&release, reason).await;
+    }
+
+    async fn release(&self, leases: &[(String, i64)], reason: &str) {
+        if leases.is_empty() {
+            return;
+        }
+        let partitions = &self.store.tables.partitions;
+        match partitions
+            .release(&self.store.pool, self.me, leases, reason)
+            .await
+        {
+            Ok(released) => {
+                tracing::info!(buckets = ?released, reason, "leases released");
+                if let Err(e) = Store::notify(
+                    &self.store.pool,
+                    &self.store.tables.fleet_channel(),
+                    announce::RELEASE,
+                )
+                .await
+                {
+                    tracing::debug!(error = %e, "could not announce the release");
+                }
+            }
+            // Not fatal: the leases expire after lease_ttl.
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing leases failed; they expire after lease_ttl")
+            }
+        }
+    }
+
+    async fn acquire(&mut self, wanted: &[String], drain: Drain) {
+        let started = Instant::now();
+        let partitions = &self.store.tables.partitions;
+        let acquired = match partitions
+            .acquire(
+                &self.store.pool,
+                self.me,
+                wanted,
+                self.settings.lease_ttl,
+                "target",
+            )
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "acquiring leases failed");
+                return;
+            }
+        };
+        let deadline = trust_deadline(started, self.settings.lease_ttl);
+        for a in acquired {
+            tracing::info!(bucket = %a.partition_key, epoch = a.lease_epoch, "lease acquired");
+            let trust = Arc::new(Trust::new(deadline));
+            let cancel = CancellationToken::new();
+            let grant = LeaseGrant {
+                fence: Fence {
+                    owner: self.me,
+                    epoch: a.lease_epoch,
+                },
+                trust: trust.clone(),
+            };
+            let handle =
+                self.relay
+                    .spawn_bucket(&a.partition_key, Some(grant), drain, cancel.clone());
+            self.held.insert(
+                a.partition_key,
+                Held {
+                    epoch: a.lease_epoch,
+                    trust,
+                    cancel,
+                    handle,
+                    stopping: None,
+                },
+            );
+        }
+    }
+
+    /// Stops every drainer (in-flight batches finish, bounded by
+    /// `timeout`), then releases every lease still ours in one statement.
+    async fn shutdown(mut self, drain: Drain, timeout: Duration) {
+        for h in self.held.values_mut() {
+            h.cancel.cancel();
+            h.stopping.get_or_insert(Stop::Rebalance);
+        }
+        let deadline = Instant::now() + timeout;
+        while self.held.values().any(|h| !h.handle.is_finished()) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.held.values().any(|h| !h.handle.is_finished()) {
+            tracing::warn!(
+                ?timeout,
+                "in-flight batches did not finish in time; abandoned (their rows are published again later)"
+            );
+        }
+        let leases: Vec<(String, i64)> = std::mem::take(&mut self.held)
+            .into_iter()
+            .filter(|(_, h)| h.stopping != Some(Stop::Lost))
+            .map(|(b, h)| {
+                h.handle.abort();
+                (b, h.epoch)
+            })
+            .collect();
+        let reason = if drain == Drain::UntilEmpty {
+            "once: drained"
+        } else {
+            "shutdown"
+        };
+        self.release(&leases, reason).await;
+        self.owned.send_replace(Vec::new());
+    }
+}

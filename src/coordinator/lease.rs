@@ -1,0 +1,133 @@
+//! A bucket lease as one worker sees it, and why it is safe.
+//!
+//! ```text
+//!                 acquire (free or expired; epoch + 1)
+//!    ┌──────┐ ─────────────────────────────────────────▶ ┌──────┐
+//!    │ free │                                             │ held │──┐ renew every lease_renew
+//!    └──────┘ ◀──── release (owner and epoch match) ───── └──────┘◀─┘ (owner and epoch match)
+//!        ▲                                                 │   │
+//!        │ lease_until passes, another worker acquires     │   │ renew matched nothing,
+//!        └──────────────── (epoch + 1) ◀───────────────────┘   │ or the trust deadline passed
+//!                                                              ▼
+//!                                                        ┌──────────┐
+//!                                                        │ lost     │ drainer stops; every later
+//!                                                        │ (local)  │ write of it matches 0 rows
+//!                                                        └──────────┘
+//! ```
+//!
+//! **Fencing argument (G3).** A worker may publish bucket `b` only while it
+//! trusts its lease `(b, owner, epoch)`:
+//!
+//! 1. *Trust deadline.* A renew that *started* at local monotonic instant `t`
+//!    and succeeded proves the database set `lease_until >= t + lease_ttl` (the
+//!    database ran the statement after `t`). The worker trusts the lease until
+//!    `t + lease_ttl - margin` and sends nothing for `b` past that instant —
+//!    each publish checks it. Monotonic time keeps running while a process is
+//!    stopped, so a worker resumed after SIGSTOP finds its trust expired.
+//! 2. *Takeover only after expiry.* Another worker acquires `b` only when
+//!    `lease_until <= now()` on the database clock, i.e. after the first
+//!    worker's trust ended (up to the margin, which absorbs clock-rate drift
+//!    and the time between a check and a send).
+//! 3. *Fenced writes.* Every claim and every `published_at` / failure write
+//!    carries `(partition_key, lease_owner, lease_epoch)` in its `WHERE`; the
+//!    takeover bumped the epoch, so anything the old owner still writes
+//!    matches 0 rows. The new owner also drops the old owner's claims, so
+//!    they do not hold the bucket up until `claim_ttl`.
+//!
+//! Hence at most one worker publishes a bucket at a time, and a row's state
+//! is only ever recorded by the worker that held the bucket's lease.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::store::outbox::Fence;
+
+/// Until when a lease may be trusted, on the local monotonic clock. Shared
+/// by the coordinator (which extends it on every successful renew) and the
+/// bucket's drainer (which checks it before every claim and every send).
+#[derive(Debug)]
+pub struct Trust {
+    base: Instant,
+    until_nanos: AtomicU64,
+}
+
+impl Trust {
+    pub fn new(until: Instant) -> Self {
+        let base = Instant::now();
+        let t = Self {
+            base,
+            until_nanos: AtomicU64::new(0),
+        };
+        t.set(until);
+        t
+    }
+
+    /// Moves the deadline (renewals only ever push it later).
+    pub fn set(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.base).as_nanos() as u64;
+        self.until_nanos.fetch_max(nanos, Ordering::AcqRel);
+    }
+
+    /// Ends trust now (the lease is known lost).
+    pub fn revoke(&self) {
+        self.until_nanos.store(0, Ordering::Release);
+    }
+
+    pub fn until(&self) -> Instant {
+        self.base + Duration::from_nanos(self.until_nanos.load(Ordering::Acquire))
+    }
+
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.until()
+    }
+}
+
+/// What a drainer publishes under in fleet mode.
+#[derive(Debug, Clone)]
+pub struct LeaseGrant {
+    pub fence: Fence,
+    pub trust: Arc<Trust>,
+}
+
+/// The trust deadline after a lease statement that started at `started`.
+pub fn trust_deadline(started: Instant, lease_ttl: Duration) -> Instant {
+    started + lease_ttl.saturating_sub(safety_margin(lease_ttl))
+}
+
+/// A tenth of the TTL, at least 500 ms: room for clock-rate drift and for
+/// the gap between checking the deadline and a frame leaving the socket.
+pub fn safety_margin(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 10).max(Duration::from_millis(500))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn trust_only_moves_forward_until_revoked() {
+        let now = Instant::now();
+        let t = Trust::new(now + Duration::from_secs(10));
+        assert!(t.is_valid());
+        t.set(now + Duration::from_secs(5));
+        assert_eq!(t.until(), now + Duration::from_secs(10));
+        t.revoke();
+        assert!(!t.is_valid());
+    }
+
+    #[test]
+    fn the_deadline_keeps_a_margin_before_the_lease_ends() {
+        let start = Instant::now();
+        assert_eq!(
+            trust_deadline(start, Duration::from_secs(15)),
+            start + Duration::from_millis(13_500)
+        );
+        assert_eq!(
+            trust_deadline(start, Duration::from_secs(3)),
+            start + Duration::from_millis(2_500)
+        );
+    }
+}
