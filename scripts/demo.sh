@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: private PostgreSQL and RabbitMQ, the schema, a producer writing
-# orders for 200 keys, the relay, and a consumer that checks per-key order.
-# Runs until Ctrl-C (or for DEMO_SECONDS seconds when that is set).
+# orders for 200 keys, a fleet of DEMO_WORKERS relay workers (default 3)
+# sharing the 16 buckets through leases, and a consumer that checks per-key
+# order. Runs until Ctrl-C (or for DEMO_SECONDS seconds when that is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,10 +27,12 @@ $bin produce --queue "$queue" --keys 200 --rate "${DEMO_RATE:-300}" --tasks 4 > 
 pids+=($!)
 $bin consume --queue "$queue" > >(sed -u 's/^/[consumer] /') &
 pids+=($!)
-$bin work --no-leasing --window 5 > >(sed -u 's/^/[worker]   /') &
-pids+=($!)
+for i in $(seq 1 "${DEMO_WORKERS:-3}"); do
+  $bin work --window 5 > >(sed -u "s/^/[worker $i] /") &
+  pids+=($!)
+done
 
-echo "demo running: producer -> outbox table -> outboxd -> RabbitMQ queue '$queue' -> checking consumer. Ctrl-C stops." >&2
+echo "demo running: producer -> outbox table -> ${DEMO_WORKERS:-3} outboxd workers -> RabbitMQ queue '$queue' -> checking consumer. Ctrl-C stops." >&2
 if [ -n "${DEMO_SECONDS:-}" ]; then
   sleep "$DEMO_SECONDS"
 else
