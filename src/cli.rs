@@ -39,6 +39,12 @@ pub enum Command {
     Migrate,
     /// Relay outbox rows to RabbitMQ
     Work(WorkArgs),
+    /// Serve the web dashboard (reads the database: shows the whole fleet)
+    Ui {
+        /// Address to listen on [default: dashboard.listen, 127.0.0.1:8080]
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
     /// Demo producer: enqueue order events for many keys
     Produce(demo::ProduceArgs),
     /// Demo consumer: read a queue and check per-key order and loss
@@ -77,6 +83,9 @@ pub struct WorkArgs {
     /// Rows per batch (overrides outbox.batch_size)
     #[arg(long, value_name = "N")]
     pub batch_size: Option<u32>,
+    /// Also serve the dashboard on ADDR (e.g. 127.0.0.1:8080)
+    #[arg(long, value_name = "ADDR")]
+    pub ui: Option<String>,
 }
 
 /// Parses the command line, runs the command, returns the exit code.
@@ -135,9 +144,11 @@ fn init_tracing(silent: bool) {
     let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
         .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=warn")))
         .unwrap_or_else(|_| EnvFilter::new(default));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }
@@ -163,6 +174,15 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     }) = &cli.command
     {
         config.outbox.batch_size = *n;
+    }
+    let listen = match &cli.command {
+        Command::Work(WorkArgs { ui: Some(addr), .. }) | Command::Ui { listen: Some(addr) } => {
+            Some(addr)
+        }
+        _ => None,
+    };
+    if let Some(addr) = listen {
+        config.dashboard.listen = addr.clone();
     }
     config.validate()?;
     Ok(config)
@@ -196,9 +216,24 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
                 silent: args.silent,
                 interval: Duration::from_millis(args.interval_ms),
                 window: Duration::from_secs(args.window),
+                ui: args.ui.is_some(),
             };
             let cancel = shutdown_on_signals();
             worker::run(&config, &opts, cancel).await?;
+            Ok(())
+        }
+        Command::Ui { .. } => {
+            let store = Store::connect(&config, "outboxd ui").await?;
+            schema::check(
+                &store.pool,
+                &store.tables,
+                Partitioner::new(config.outbox.partition_count),
+            )
+            .await?;
+            let addr = config.dashboard.listen.parse().expect("validated");
+            let listener = crate::dashboard::bind(addr).await?;
+            let state = dashboard_state(&config, store, None);
+            crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())
         }
         Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
@@ -224,10 +259,28 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
     }
 }
 
+/// The dashboard's state for a configuration.
+pub fn dashboard_state(
+    config: &Config,
+    store: Store,
+    process: Option<std::sync::Arc<crate::relay::RelayStats>>,
+) -> std::sync::Arc<crate::dashboard::DashboardState> {
+    std::sync::Arc::new(crate::dashboard::DashboardState {
+        store,
+        path: config.dashboard.path.clone(),
+        auth: crate::dashboard::auth::Auth::new(&config.dashboard.token),
+        process,
+        partition_count: config.outbox.partition_count,
+    })
+}
+
 fn redacted_debug(c: &Config) -> Config {
     let mut c = c.clone();
     c.database.url = Redacted(&c.database.url).to_string();
     c.amqp.url = Redacted(&c.amqp.url).to_string();
+    if !c.dashboard.token.is_empty() {
+        c.dashboard.token = "***".into();
+    }
     c
 }
 

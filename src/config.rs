@@ -39,6 +39,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_OUTBOX_TABLE: &str = "outbox";
 pub const DEFAULT_PARTITIONS_TABLE: &str = "outbox_partitions";
 pub const DEFAULT_WORKERS_TABLE: &str = "outbox_workers";
+pub const DEFAULT_DASHBOARD_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_DASHBOARD_PATH: &str = "/outbox";
 
 /// Largest batch a worker may claim at once.
 pub const MAX_BATCH_SIZE: u32 = 10_000;
@@ -76,6 +78,30 @@ pub struct Config {
     pub outbox: OutboxConfig,
     pub worker: WorkerConfig,
     pub tables: TablesConfig,
+    pub dashboard: DashboardConfig,
+}
+
+/// `[dashboard]`: the web monitor (`outboxd ui`, `outboxd work --ui`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardConfig {
+    /// Address to bind; loopback unless deliberately opened.
+    pub listen: String,
+    /// URL path prefix of the pages and the API.
+    pub path: String,
+    /// When set, every request but /healthz needs it (Bearer header or the
+    /// login form's session cookie).
+    pub token: String,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_DASHBOARD_LISTEN.into(),
+            path: DEFAULT_DASHBOARD_PATH.into(),
+            token: String::new(),
+        }
+    }
 }
 
 /// `[database]`: the PostgreSQL database holding the outbox.
@@ -347,6 +373,38 @@ impl Config {
         }
         positive("worker.heartbeat_ttl", w.heartbeat_ttl)?;
         positive("worker.shutdown_timeout", w.shutdown_timeout)?;
+
+        let d = &self.dashboard;
+        if d.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "dashboard.listen",
+                format!("('{}') must be an address like 127.0.0.1:8080", d.listen),
+            ));
+        }
+        let path_ok = d.path.starts_with('/')
+            && d.path.len() > 1
+            && !d.path.ends_with('/')
+            && d.path[1..].split('/').all(|seg| {
+                !seg.is_empty()
+                    && seg
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            });
+        if !path_ok {
+            return Err(invalid(
+                "dashboard.path",
+                format!(
+                    "('{}') must look like /outbox: a leading slash, no trailing slash, letters, digits, - and _",
+                    d.path
+                ),
+            ));
+        }
+        if !d.token.is_empty() && d.token.len() < 16 {
+            return Err(invalid(
+                "dashboard.token",
+                "must be at least 16 characters (or empty to disable)",
+            ));
+        }
 
         validate_identifier("tables.outbox", &self.tables.outbox, MAX_OUTBOX_TABLE_LEN)?;
         validate_identifier("tables.partitions", &self.tables.partitions, 63)?;

@@ -12,10 +12,11 @@
 //! - [`config`]: the typed configuration, its defaults and validation.
 //! - [`partitioner`]: message key → bucket (CRC-32), pure.
 //! - [`store`]: all SQL — schema/migrations, outbox, partitions, workers.
-//! - [`coordinator`]: membership and heartbeats (leases join in fleet mode).
+//! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
 //! - [`amqp`]: the broker connection, confirm channels, batch publishing.
 //! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
+//! - [`dashboard`]: the axum web monitor, JSON API, `/metrics`, `/healthz`.
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
@@ -44,6 +45,7 @@ pub mod checker;
 pub mod cli;
 pub mod config;
 pub mod coordinator;
+pub mod dashboard;
 pub mod demo;
 pub mod partitioner;
 pub mod producer;

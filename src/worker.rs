@@ -47,6 +47,8 @@ pub struct WorkOptions {
     pub interval: Duration,
     /// Period of the human-readable rate line.
     pub window: Duration,
+    /// Also serve the dashboard (on `dashboard.listen`).
+    pub ui: bool,
 }
 
 /// Why a worker stopped with an error.
@@ -58,6 +60,8 @@ pub enum WorkError {
     Join(#[from] JoinError),
     #[error("{0}")]
     Broker(String),
+    #[error(transparent)]
+    Dashboard(#[from] crate::dashboard::DashboardError),
 }
 
 /// One tick's report.
@@ -92,6 +96,14 @@ pub async fn run(
     let store = Store::connect(config, "outboxd work").await?;
     schema::check(&store.pool, &store.tables, partitioner).await?;
 
+    // Bound before joining, so a taken port stops start-up cleanly.
+    let ui_listener = match opts.ui {
+        true => {
+            Some(crate::dashboard::bind(config.dashboard.listen.parse().expect("validated")).await?)
+        }
+        false => None,
+    };
+
     let mode = if opts.no_leasing {
         WorkerMode::NoLeasing
     } else {
@@ -124,12 +136,17 @@ pub async fn run(
     });
     let wakeups = Wakeups::new(&labels);
     let background = CancellationToken::new();
-    let heartbeat = tokio::spawn(
-        membership
-            .clone()
-            .heartbeat_loop(store.clone(), background.clone()),
-    );
+    let heartbeat = tokio::spawn(membership.clone().heartbeat_loop(
+        store.clone(),
+        stats.clone(),
+        background.clone(),
+    ));
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
+
+    let dashboard = ui_listener.map(|listener| {
+        let state = crate::cli::dashboard_state(config, store.clone(), Some(stats.clone()));
+        tokio::spawn(crate::dashboard::serve(listener, state, background.clone()))
+    });
 
     let relay = Arc::new(Relay::new(ctx, wakeups.clone()));
     let drain = if opts.once {
@@ -189,16 +206,20 @@ pub async fn run(
     let mut ticks = tokio::time::interval(opts.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
+    let mut throughput = ThroughputRecorder::default();
     loop {
         tokio::select! {
             _ = &mut coordination => break,
             _ = ticks.tick(), if !opts.once => {
+                let now = stats.snapshot();
+                throughput.record(&store, now).await;
                 let buckets = owned.borrow().clone();
-                reporter.tick(&store, &buckets, stats.snapshot(), false).await;
+                reporter.tick(&store, &buckets, now, false).await;
             }
         }
     }
     let totals = stats.snapshot();
+    throughput.record(&store, totals).await;
     if opts.once {
         reporter.tick(&store, &labels, totals, true).await;
     }
@@ -206,12 +227,47 @@ pub async fn run(
 
     background.cancel();
     let _ = tokio::join!(heartbeat, listener);
+    if let Some(ui) = dashboard
+        && let Ok(Err(e)) = ui.await
+    {
+        tracing::error!(error = %e, "the dashboard stopped with an error");
+    }
     membership.leave(&store).await;
     if mode == WorkerMode::Leasing {
         announce(&store, fleet::announce::LEAVE).await;
     }
     store.pool.close().await;
     Ok(totals)
+}
+
+/// Adds this worker's counts to the per-minute throughput table once per
+/// tick, and prunes old minutes now and then.
+#[derive(Default)]
+struct ThroughputRecorder {
+    recorded: StatsSnapshot,
+    ticks: u64,
+}
+
+impl ThroughputRecorder {
+    async fn record(&mut self, store: &Store, now: StatsSnapshot) {
+        let delta = now.since(&self.recorded);
+        if delta.published > 0 || delta.failed > 0 {
+            match store
+                .tables
+                .stats
+                .record(&store.pool, delta.published, delta.failed)
+                .await
+            {
+                Ok(()) => self.recorded = now,
+                // Kept for the next tick: nothing is lost while the database is away.
+                Err(e) => tracing::debug!(error = %e, "recording throughput failed"),
+            }
+        }
+        if self.ticks.is_multiple_of(3600) {
+            let _ = store.tables.stats.prune(&store.pool).await;
+        }
+        self.ticks += 1;
+    }
 }
 
 async fn announce(store: &Store, what: &str) {

@@ -14,12 +14,14 @@ pub mod assignment;
 pub mod fleet;
 pub mod lease;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::store::workers::WorkerMode;
+use crate::relay::RelayStats;
+use crate::store::workers::{WorkerCounts, WorkerMode};
 use crate::store::{Store, StoreError};
 
 /// Why a worker may not join.
@@ -104,17 +106,33 @@ impl Membership {
 
     /// Heartbeats every third of the TTL until cancelled. Survives database
     /// outages (retrying faster), and re-registers if the row vanished.
-    pub async fn heartbeat_loop(self, store: Store, cancel: CancellationToken) {
+    /// Each heartbeat also reports the worker's totals and recent rate
+    /// (read by the dashboard).
+    pub async fn heartbeat_loop(
+        self,
+        store: Store,
+        stats: Arc<RelayStats>,
+        cancel: CancellationToken,
+    ) {
         let period = self.heartbeat_ttl / 3;
         let mut delay = period;
+        let (mut last, mut last_at) = (stats.snapshot(), Instant::now());
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
+            let now = stats.snapshot();
+            let elapsed = last_at.elapsed().as_secs_f64().max(1e-3);
+            let counts = WorkerCounts {
+                published_total: now.published,
+                failed_total: now.failed,
+                published_rate: now.since(&last).published as f64 / elapsed,
+            };
+            (last, last_at) = (now, Instant::now());
             let workers = &store.tables.workers;
             match workers
-                .heartbeat(&store.pool, self.worker_id, self.heartbeat_ttl)
+                .heartbeat(&store.pool, self.worker_id, self.heartbeat_ttl, counts)
                 .await
             {
                 Ok(true) => delay = period,

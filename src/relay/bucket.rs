@@ -168,6 +168,7 @@ impl BucketDrainer {
         let settings = &self.ctx.settings;
         let limit = if self.careful { 1 } else { settings.batch_size };
         let token = ClaimToken::new();
+        let claim_started = std::time::Instant::now();
         let rows = self
             .ctx
             .store
@@ -182,6 +183,10 @@ impl BucketDrainer {
                 self.fence,
             )
             .await;
+        self.ctx
+            .stats
+            .claim_latency
+            .observe(claim_started.elapsed());
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
@@ -200,7 +205,12 @@ impl BucketDrainer {
             stop_sending_at: self.lease.as_ref().map(|l| l.trust.until()),
             lease_epoch: self.fence.map(|f| f.epoch),
         };
+        let publish_started = std::time::Instant::now();
         let outcome = channel.publish_batch(&rows, limits).await;
+        self.ctx
+            .stats
+            .publish_latency
+            .observe(publish_started.elapsed());
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
         match outcome.failure {
             None => {

@@ -1,12 +1,63 @@
-//! Counters of one worker process, read by the tick reporter.
+//! Counters and latency histograms of one worker process, read by the tick
+//! reporter, the heartbeat and `/metrics`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde::Serialize;
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// A fixed-bucket latency histogram, lock-free.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; LATENCY_BUCKETS.len()],
+    overflow: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        match LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+            Some(i) => self.counts[i].fetch_add(1, Ordering::Relaxed),
+            None => self.overflow.fetch_add(1, Ordering::Relaxed),
+        };
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bucket (Prometheus `le` semantics), the total
+    /// count and the sum in seconds.
+    pub fn cumulative(&self) -> (Vec<u64>, u64, f64) {
+        let mut acc = 0;
+        let buckets = self
+            .counts
+            .iter()
+            .map(|c| {
+                acc += c.load(Ordering::Relaxed);
+                acc
+            })
+            .collect();
+        let total = acc + self.overflow.load(Ordering::Relaxed);
+        (
+            buckets,
+            total,
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+}
 
 /// Totals since the worker started.
 #[derive(Debug, Default)]
 pub struct RelayStats {
+    /// Time of one claim statement.
+    pub claim_latency: Histogram,
+    /// Time from the first send of a batch to its last confirm.
+    pub publish_latency: Histogram,
     published: AtomicU64,
     failed: AtomicU64,
     parked: AtomicU64,

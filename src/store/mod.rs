@@ -10,10 +10,12 @@
 //! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
 //! - [`partitions`]: one row per bucket (leases, in fleet mode).
 //! - [`workers`]: membership rows and heartbeats.
+//! - [`stats`]: per-minute throughput for the dashboard.
 
 pub mod outbox;
 pub mod partitions;
 pub mod schema;
+pub mod stats;
 pub mod workers;
 
 use std::sync::Arc;
@@ -113,6 +115,7 @@ pub struct Tables {
     pub outbox: Arc<outbox::OutboxSql>,
     pub partitions: Arc<partitions::PartitionsSql>,
     pub workers: Arc<workers::WorkersSql>,
+    pub stats: Arc<stats::StatsSql>,
 }
 
 impl Tables {
@@ -122,6 +125,7 @@ impl Tables {
             outbox: Arc::new(outbox::OutboxSql::new(names)),
             partitions: Arc::new(partitions::PartitionsSql::new(names)),
             workers: Arc::new(workers::WorkersSql::new(names)),
+            stats: Arc::new(stats::StatsSql::new(names)),
         }
     }
 

@@ -71,6 +71,51 @@ pub struct FailurePolicy {
     pub backoff_max_ms: f64,
 }
 
+/// Which messages a view lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Not yet published, not parked; oldest first.
+    Pending,
+    /// Published; newest first.
+    Published,
+    /// Parked after max_attempts; newest first.
+    Failed,
+}
+
+const SUMMARY_COLUMNS: &str =
+    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
+    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
+    octet_length(o.payload) AS payload_bytes";
+
+/// A message in a list.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct MessageSummary {
+    pub id: i64,
+    pub partition_key: String,
+    pub message_key: String,
+    pub exchange: String,
+    pub routing_key: String,
+    pub message_id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub available_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub failed_at: Option<DateTime<Utc>>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub payload_bytes: i32,
+}
+
+/// One message with everything.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MessageDetail {
+    #[sqlx(flatten)]
+    pub summary: MessageSummary,
+    pub headers: Json,
+    pub content_type: Option<String>,
+    pub payload: Vec<u8>,
+}
+
 /// The head of one bucket: its oldest pending row, if any.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BucketHead {
@@ -104,6 +149,14 @@ pub struct OutboxSql {
     release: Sql,
     clear_claims: Sql,
     bucket_heads: Sql,
+    list_pending: Sql,
+    list_pending_key: Sql,
+    list_published: Sql,
+    list_published_key: Sql,
+    list_failed: Sql,
+    list_failed_key: Sql,
+    detail: Sql,
+    requeue: Sql,
 }
 
 impl OutboxSql {
@@ -194,6 +247,85 @@ impl OutboxSql {
             record_failure: Sql::render(t, &record_failure),
             release: Sql::render(t, &release),
             clear_claims: Sql::render(t, &clear_claims),
+            // Pending, oldest first: a merge of per-bucket range scans of
+            // the pending index (bounded by buckets × limit rows).
+            list_pending: Sql::render(
+                t,
+                &format!(
+                    "SELECT m.* FROM {{partitions}} p CROSS JOIN LATERAL (
+                        SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                        WHERE o.partition_key BETWEEN p.partition_key AND p.partition_key
+                          AND o.published_at IS NULL AND o.failed_at IS NULL AND o.id > $1
+                        ORDER BY o.partition_key, o.id LIMIT $2) m
+                     ORDER BY m.id LIMIT $2"
+                ),
+            ),
+            list_pending_key: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.message_key = $3 AND o.published_at IS NULL AND o.failed_at IS NULL AND o.id > $1
+                     ORDER BY o.id LIMIT $2"
+                ),
+            ),
+            list_published: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.published_at IS NOT NULL AND o.id < $1 ORDER BY o.id DESC LIMIT $2"
+                ),
+            ),
+            list_published_key: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.message_key = $3 AND o.published_at IS NOT NULL AND o.id < $1
+                     ORDER BY o.id DESC LIMIT $2"
+                ),
+            ),
+            list_failed: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.failed_at IS NOT NULL AND o.id < $1 ORDER BY o.id DESC LIMIT $2"
+                ),
+            ),
+            list_failed_key: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.message_key = $3 AND o.failed_at IS NOT NULL AND o.id < $1
+                     ORDER BY o.id DESC LIMIT $2"
+                ),
+            ),
+            detail: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload FROM {{outbox}} o WHERE o.id = $1"
+                ),
+            ),
+            // Requeue: parked rows become pending again with a fresh attempt
+            // count. A requeued row keeps its id, so it is again ahead of every
+            // later pending row of its bucket. Audited and announced in the
+            // same statement.
+            requeue: Sql::render(
+                t,
+                "WITH requeued AS (
+                    UPDATE {outbox}
+                    SET failed_at = NULL, attempts = 0, available_at = now(),
+                        claim_token = NULL, claimed_until = NULL
+                    WHERE failed_at IS NOT NULL AND published_at IS NULL
+                      AND (id = ANY($1::bigint[]) OR partition_key = ANY($2::text[]))
+                    RETURNING id, partition_key
+                 ), audit AS (
+                    INSERT INTO {outbox}_audit (actor, action, detail)
+                    SELECT $3, 'requeue', jsonb_build_object('ids', jsonb_agg(id ORDER BY id), 'buckets', $2::text[])
+                    FROM requeued HAVING count(*) > 0
+                 )
+                 SELECT r.id FROM requeued r
+                 CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', r.partition_key)) n
+                 ORDER BY r.id",
+            ),
             bucket_heads: Sql::render(t, &bucket_heads),
         }
     }
@@ -319,6 +451,64 @@ impl OutboxSql {
             .await
             .doing("releasing a claim")?
             .rows_affected())
+    }
+
+    /// A page of messages in `state`, optionally of one key. `cursor` is the
+    /// last id of the previous page (pending pages go up, others down).
+    pub async fn list<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        state: MessageState,
+        message_key: Option<&str>,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let (sql, default_cursor) = match (state, message_key.is_some()) {
+            (MessageState::Pending, false) => (&self.list_pending, 0),
+            (MessageState::Pending, true) => (&self.list_pending_key, 0),
+            (MessageState::Published, false) => (&self.list_published, i64::MAX),
+            (MessageState::Published, true) => (&self.list_published_key, i64::MAX),
+            (MessageState::Failed, false) => (&self.list_failed, i64::MAX),
+            (MessageState::Failed, true) => (&self.list_failed_key, i64::MAX),
+        };
+        let mut q = sqlx::query_as(sql.q())
+            .bind(cursor.unwrap_or(default_cursor))
+            .bind(limit);
+        if let Some(key) = message_key {
+            q = q.bind(key);
+        }
+        q.fetch_all(exec).await.doing("listing messages")
+    }
+
+    /// One message, everything included.
+    pub async fn detail<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        id: i64,
+    ) -> Result<Option<MessageDetail>, StoreError> {
+        sqlx::query_as(self.detail.q())
+            .bind(id)
+            .fetch_optional(exec)
+            .await
+            .doing("reading a message")
+    }
+
+    /// Requeues parked messages (by id, or every parked one of `buckets`);
+    /// returns the ids requeued. `actor` goes to the audit record.
+    pub async fn requeue<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        ids: &[i64],
+        buckets: &[String],
+        actor: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        sqlx::query_scalar(self.requeue.q())
+            .bind(ids)
+            .bind(buckets)
+            .bind(actor)
+            .fetch_all(exec)
+            .await
+            .doing("requeueing messages")
     }
 
     /// Drops every claim in a bucket just leased (fenced by that lease).

@@ -55,8 +55,30 @@ pub struct LeaseRow {
     pub valid: bool,
 }
 
+/// One bucket as the dashboard shows it.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct BucketView {
+    pub partition_key: String,
+    pub lease_owner: Option<Uuid>,
+    pub lease_epoch: i64,
+    /// Seconds the lease stays valid (negative: expired).
+    pub lease_ttl_seconds: Option<f64>,
+    /// Pending rows, counted up to the cap (`pending_capped` when reached).
+    pub pending: i64,
+    pub pending_capped: bool,
+    /// Parked rows, counted up to the cap.
+    pub parked: i64,
+    pub head_id: Option<i64>,
+    /// Age in seconds of the oldest pending row.
+    pub lag_seconds: f64,
+    pub head_attempts: Option<i32>,
+    /// The head's last error while it keeps failing: the bucket is blocked.
+    pub head_error: Option<String>,
+    pub head_retry_at: Option<DateTime<Utc>>,
+}
+
 /// One recorded lease change.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct LeaseEvent {
     pub id: i64,
     pub at: DateTime<Utc>,
@@ -77,6 +99,7 @@ pub struct PartitionsSql {
     release: Sql,
     leases: Sql,
     events_since: Sql,
+    overview: Sql,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -138,6 +161,30 @@ impl PartitionsSql {
                 "SELECT partition_key, lease_owner, lease_until, lease_epoch,
                         coalesce(lease_until > now(), false) AS valid
                  FROM {partitions} ORDER BY partition_key",
+            ),
+            // Every count is capped (`LIMIT $1` inside), so the cost is
+            // bounded by buckets × cap whatever the table size.
+            overview: Sql::render(
+                t,
+                "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
+                        extract(epoch FROM p.lease_until - now())::float8 AS lease_ttl_seconds,
+                        c.n AS pending, c.n >= $1 AS pending_capped,
+                        (SELECT count(*) FROM (SELECT 1 FROM {outbox} o
+                            WHERE o.partition_key = p.partition_key AND o.failed_at IS NOT NULL LIMIT $1) f) AS parked,
+                        h.id AS head_id,
+                        coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds,
+                        h.attempts AS head_attempts,
+                        CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
+                        CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
+                 FROM {partitions} p
+                 CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM {outbox} o
+                     WHERE o.partition_key BETWEEN p.partition_key AND p.partition_key
+                       AND o.published_at IS NULL AND o.failed_at IS NULL LIMIT $1) x) c
+                 LEFT JOIN LATERAL (SELECT id, created_at, attempts, last_error, available_at FROM {outbox} o
+                     WHERE o.partition_key BETWEEN p.partition_key AND p.partition_key
+                       AND o.published_at IS NULL AND o.failed_at IS NULL
+                     ORDER BY o.partition_key, o.id LIMIT 1) h ON true
+                 ORDER BY p.partition_key",
             ),
             events_since: Sql::render(
                 t,
@@ -214,6 +261,19 @@ impl PartitionsSql {
             .fetch_all(exec)
             .await
             .doing("reading leases")
+    }
+
+    /// Every bucket with its lease, capped pending/parked counts and head.
+    pub async fn overview<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        cap: i64,
+    ) -> Result<Vec<BucketView>, StoreError> {
+        sqlx::query_as(self.overview.q())
+            .bind(cap)
+            .fetch_all(exec)
+            .await
+            .doing("reading the bucket overview")
     }
 
     /// Lease events after `after_id`, oldest first.

@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
@@ -44,9 +46,40 @@ pub struct LiveWorker {
     pub expires_in: f64,
 }
 
+/// A worker as the dashboard shows it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct WorkerView {
+    pub worker_id: Uuid,
+    pub hostname: String,
+    pub pid: i32,
+    pub version: String,
+    pub mode: String,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// Seconds until the heartbeat expires (negative: expired, not yet
+    /// cleaned up — the worker is gone).
+    pub heartbeat_ttl_seconds: f64,
+    pub live: bool,
+    /// Buckets it holds a valid lease on.
+    pub buckets: i64,
+    pub published_total: i64,
+    pub failed_total: i64,
+    /// Rows per second over its last heartbeat period.
+    pub published_rate: f64,
+}
+
+/// What a heartbeat reports besides being alive.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkerCounts {
+    pub published_total: u64,
+    pub failed_total: u64,
+    pub published_rate: f64,
+}
+
 /// The rendered statements of this module.
 #[derive(Debug)]
 pub struct WorkersSql {
+    list: Sql,
     register: Sql,
     heartbeat: Sql,
     remove: Sql,
@@ -70,8 +103,19 @@ impl WorkersSql {
             heartbeat: Sql::render(
                 t,
                 "UPDATE {workers} SET heartbeat_at = now(),
-                     heartbeat_until = now() + make_interval(secs => $2::float8 / 1000)
+                     heartbeat_until = now() + make_interval(secs => $2::float8 / 1000),
+                     published_total = $3, failed_total = $4, published_rate = $5
                  WHERE worker_id = $1",
+            ),
+            list: Sql::render(
+                t,
+                "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
+                        extract(epoch FROM w.heartbeat_until - now())::float8 AS heartbeat_ttl_seconds,
+                        w.heartbeat_until > now() AS live,
+                        (SELECT count(*) FROM {partitions} p
+                         WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
+                        w.published_total, w.failed_total, w.published_rate
+                 FROM {workers} w ORDER BY w.worker_id",
             ),
             remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
             live_leasing: Sql::render(
@@ -135,15 +179,30 @@ impl WorkersSql {
         exec: E,
         worker_id: Uuid,
         ttl: Duration,
+        counts: WorkerCounts,
     ) -> Result<bool, StoreError> {
         Ok(sqlx::query(self.heartbeat.q())
             .bind(worker_id)
             .bind(ms(ttl))
+            .bind(counts.published_total as i64)
+            .bind(counts.failed_total as i64)
+            .bind(counts.published_rate)
             .execute(exec)
             .await
             .doing("heartbeating")?
             .rows_affected()
             == 1)
+    }
+
+    /// Every worker row, live or expired, for the dashboard.
+    pub async fn list<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<Vec<WorkerView>, StoreError> {
+        sqlx::query_as(self.list.q())
+            .fetch_all(exec)
+            .await
+            .doing("listing workers")
     }
 
     /// Deletes this worker's row (clean exit).

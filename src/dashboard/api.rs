@@ -1,0 +1,263 @@
+//! The JSON API under `<path>/api/`: the same data the pages show.
+//!
+//! | method and path | answer |
+//! |---|---|
+//! | `GET api/summary` | workers, buckets, last hour's throughput, totals (what the page polls) |
+//! | `GET api/workers` | every worker row with heartbeat TTL, buckets held, totals, rate |
+//! | `GET api/partitions` | every bucket: lease, pending/parked counts, lag, blocked head |
+//! | `GET api/throughput` | published / failed per minute, last 60 minutes |
+//! | `GET api/messages?state=pending\|published\|failed&key=K&cursor=ID&limit=N` | a page of messages |
+//! | `GET api/messages/{id}` | one message: headers, payload preview, attempts, last error |
+//! | `GET api/lease-events?after=ID` | lease changes, oldest first |
+//! | `POST api/requeue` `{"ids":[…]}` or `{"bucket":"p03"}` | requeue parked messages |
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::{DashboardState, auth};
+use crate::store::outbox::{MessageState, MessageSummary};
+use crate::store::partitions::{BucketView, LeaseEvent};
+use crate::store::stats::Minute;
+use crate::store::workers::WorkerView;
+
+/// Pending and parked counts per bucket stop at this number ("10000+").
+pub const COUNT_CAP: i64 = 10_000;
+const MAX_PAGE: i64 = 200;
+const PREVIEW_BYTES: usize = 4096;
+
+#[derive(Serialize)]
+pub struct Throughput {
+    pub minutes: Vec<Minute>,
+    pub published_last_hour: i64,
+    pub failed_last_hour: i64,
+    /// Published in the last complete minute.
+    pub current_per_minute: i64,
+}
+
+#[derive(Serialize)]
+pub struct Totals {
+    pub workers_live: usize,
+    pub buckets: usize,
+    pub buckets_owned: usize,
+    pub pending: i64,
+    pub pending_capped: bool,
+    pub parked: i64,
+    pub blocked_buckets: usize,
+    pub max_lag_seconds: f64,
+}
+
+#[derive(Serialize)]
+pub struct Summary {
+    pub now: DateTime<Utc>,
+    pub partition_count: u32,
+    pub workers: Vec<WorkerView>,
+    pub partitions: Vec<BucketView>,
+    pub throughput: Throughput,
+    pub totals: Totals,
+}
+
+pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summary>, ApiError> {
+    let (workers, partitions, throughput) = tokio::try_join!(
+        st.store.tables.workers.list(&st.store.pool),
+        st.store
+            .tables
+            .partitions
+            .overview(&st.store.pool, COUNT_CAP),
+        throughput_of(&st),
+    )?;
+    let totals = Totals {
+        workers_live: workers.iter().filter(|w| w.live).count(),
+        buckets: partitions.len(),
+        buckets_owned: partitions
+            .iter()
+            .filter(|p| p.lease_owner.is_some() && p.lease_ttl_seconds.is_some_and(|t| t > 0.0))
+            .count(),
+        pending: partitions.iter().map(|p| p.pending).sum(),
+        pending_capped: partitions.iter().any(|p| p.pending_capped),
+        parked: partitions.iter().map(|p| p.parked).sum(),
+        blocked_buckets: partitions.iter().filter(|p| p.head_error.is_some()).count(),
+        max_lag_seconds: partitions.iter().map(|p| p.lag_seconds).fold(0.0, f64::max),
+    };
+    Ok(Json(Summary {
+        now: Utc::now(),
+        partition_count: st.partition_count,
+        workers,
+        partitions,
+        throughput,
+        totals,
+    }))
+}
+
+async fn throughput_of(st: &DashboardState) -> Result<Throughput, crate::store::StoreError> {
+    let minutes = st.store.tables.stats.last_hour(&st.store.pool).await?;
+    let current_per_minute = minutes.iter().rev().nth(1).map_or(0, |m| m.published);
+    Ok(Throughput {
+        published_last_hour: minutes.iter().map(|m| m.published).sum(),
+        failed_last_hour: minutes.iter().map(|m| m.failed).sum(),
+        current_per_minute,
+        minutes,
+    })
+}
+
+pub async fn workers(
+    State(st): State<Arc<DashboardState>>,
+) -> Result<Json<Vec<WorkerView>>, ApiError> {
+    Ok(Json(st.store.tables.workers.list(&st.store.pool).await?))
+}
+
+pub async fn partitions(
+    State(st): State<Arc<DashboardState>>,
+) -> Result<Json<Vec<BucketView>>, ApiError> {
+    Ok(Json(
+        st.store
+            .tables
+            .partitions
+            .overview(&st.store.pool, COUNT_CAP)
+            .await?,
+    ))
+}
+
+pub async fn throughput(
+    State(st): State<Arc<DashboardState>>,
+) -> Result<Json<Throughput>, ApiError> {
+    Ok(Json(throughput_of(&st).await?))
+}
+
+#[derive(Deserialize)]
+pub struct MessagesQuery {
+    pub state: Option<MessageState>,
+    /// A message key, or `#<id>` / a number to find one message by id.
+    pub key: Option<String>,
+    pub cursor: Option<i64>,
+    pub limit: Option<i64>,
+}
+
+#[derive(Serialize)]
+pub struct MessagesPage {
+    pub state: MessageState,
+    pub messages: Vec<MessageSummary>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<i64>,
+}
+
+pub async fn messages(
+    State(st): State<Arc<DashboardState>>,
+    Query(q): Query<MessagesQuery>,
+) -> Result<Json<MessagesPage>, ApiError> {
+    let state = q.state.unwrap_or(MessageState::Pending);
+    let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let key = q.key.as_deref().map(str::trim).filter(|k| !k.is_empty());
+    // "#123" (or a bare number that is no key) finds a message by id.
+    if let Some(id) = key
+        .and_then(|k| k.strip_prefix('#'))
+        .and_then(|k| k.parse::<i64>().ok())
+    {
+        let found = st.store.tables.outbox.detail(&st.store.pool, id).await?;
+        return Ok(Json(MessagesPage {
+            state,
+            messages: found.map(|d| d.summary).into_iter().collect(),
+            next_cursor: None,
+        }));
+    }
+    let messages = st
+        .store
+        .tables
+        .outbox
+        .list(&st.store.pool, state, key, q.cursor, limit)
+        .await?;
+    let next_cursor = (messages.len() as i64 == limit)
+        .then(|| messages.last().map(|m| m.id))
+        .flatten();
+    Ok(Json(MessagesPage {
+        state,
+        messages,
+        next_cursor,
+    }))
+}
+
+pub async fn message(
+    State(st): State<Arc<DashboardState>>,
+    Path(id): Path<i64>,
+) -> Result<Json<Value>, ApiError> {
+    let d = st
+        .store
+        .tables
+        .outbox
+        .detail(&st.store.pool, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let shown = &d.payload[..d.payload.len().min(PREVIEW_BYTES)];
+    let (encoding, preview) = match std::str::from_utf8(shown) {
+        Ok(text) => ("utf-8", text.to_string()),
+        // A cut in the middle of a character is still text.
+        Err(e) if e.valid_up_to() + 4 > shown.len() => {
+            ("utf-8", String::from_utf8_lossy(shown).into_owned())
+        }
+        Err(_) => ("hex", shown.iter().map(|b| format!("{b:02x}")).collect()),
+    };
+    let mut v = serde_json::to_value(&d.summary).expect("summary serialises");
+    let obj = v.as_object_mut().expect("an object");
+    obj.insert("headers".into(), d.headers.clone());
+    obj.insert("content_type".into(), json!(d.content_type));
+    obj.insert(
+        "payload_preview".into(),
+        json!({ "encoding": encoding, "text": preview, "truncated": d.payload.len() > PREVIEW_BYTES }),
+    );
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    pub after: Option<i64>,
+}
+
+pub async fn lease_events(
+    State(st): State<Arc<DashboardState>>,
+    Query(q): Query<EventsQuery>,
+) -> Result<Json<Vec<LeaseEvent>>, ApiError> {
+    Ok(Json(
+        st.store
+            .tables
+            .partitions
+            .events_since(&st.store.pool, q.after.unwrap_or(0), 500)
+            .await?,
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct RequeueRequest {
+    #[serde(default)]
+    pub ids: Vec<i64>,
+    pub bucket: Option<String>,
+}
+
+pub async fn requeue(
+    State(st): State<Arc<DashboardState>>,
+    headers: HeaderMap,
+    Json(req): Json<RequeueRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let buckets: Vec<String> = req.bucket.into_iter().collect();
+    if req.ids.is_empty() && buckets.is_empty() {
+        return Err(ApiError::BadRequest("give ids or a bucket".into()));
+    }
+    let actor = match (&st.auth, auth::session_cookie(&headers)) {
+        (None, _) => "dashboard (no token configured)".to_string(),
+        (Some(_), Some(_)) => "dashboard session".to_string(),
+        (Some(_), None) => "dashboard API (bearer token)".to_string(),
+    };
+    let requeued = st
+        .store
+        .tables
+        .outbox
+        .requeue(&st.store.pool, &req.ids, &buckets, &actor)
+        .await?;
+    tracing::info!(ids = ?requeued, buckets = ?buckets, actor, "requeued parked messages");
+    Ok(Json(json!({ "requeued": requeued })))
+}

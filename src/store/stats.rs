@@ -1,0 +1,88 @@
+//! The `<outbox>_throughput` table: published and failed attempts per
+//! minute. Workers add their counts once per tick; the dashboard reads the
+//! last hour as 60 rows, never counting the outbox table itself.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgExecutor;
+
+use super::{QueryContext, Sql, StoreError};
+use crate::config::TablesConfig;
+
+/// One minute of throughput.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Minute {
+    pub minute: DateTime<Utc>,
+    pub published: i64,
+    pub failed: i64,
+}
+
+/// The rendered statements of this module.
+#[derive(Debug)]
+pub struct StatsSql {
+    record: Sql,
+    last_hour: Sql,
+    prune: Sql,
+}
+
+impl StatsSql {
+    pub fn new(t: &TablesConfig) -> Self {
+        Self {
+            record: Sql::render(
+                t,
+                "INSERT INTO {outbox}_throughput AS t (minute, published, failed)
+                 VALUES (date_trunc('minute', now()), $1, $2)
+                 ON CONFLICT (minute) DO UPDATE
+                 SET published = t.published + excluded.published, failed = t.failed + excluded.failed",
+            ),
+            last_hour: Sql::render(
+                t,
+                "SELECT m AS minute, coalesce(t.published, 0) AS published, coalesce(t.failed, 0) AS failed
+                 FROM generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                                      date_trunc('minute', now()), interval '1 minute') AS m
+                 LEFT JOIN {outbox}_throughput t ON t.minute = m
+                 ORDER BY m",
+            ),
+            prune: Sql::render(
+                t,
+                "DELETE FROM {outbox}_throughput WHERE minute < now() - interval '7 days'",
+            ),
+        }
+    }
+
+    /// Adds counts to the current minute.
+    pub async fn record<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        published: u64,
+        failed: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(self.record.q())
+            .bind(published as i64)
+            .bind(failed as i64)
+            .execute(exec)
+            .await
+            .doing("recording throughput")?;
+        Ok(())
+    }
+
+    /// The last 60 minutes, oldest first, zeros included.
+    pub async fn last_hour<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<Vec<Minute>, StoreError> {
+        sqlx::query_as(self.last_hour.q())
+            .fetch_all(exec)
+            .await
+            .doing("reading throughput")
+    }
+
+    /// Drops minutes older than a week.
+    pub async fn prune<'e, E: PgExecutor<'e>>(&self, exec: E) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.prune.q())
+            .execute(exec)
+            .await
+            .doing("pruning throughput")?
+            .rows_affected())
+    }
+}
