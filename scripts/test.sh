@@ -7,6 +7,24 @@ cd "$(dirname "$0")/.."
 
 eval "$(bash scripts/services.sh up)"
 
+# The dashboard's browser test: Debian's Chromium, Node.js, and the pinned
+# playwright-core from tests/browser/package-lock.json (no browser download).
+need=()
+[ -x /usr/bin/chromium ] || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "test.sh: apt-get install ${need[*]}" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  else
+    echo "test.sh: missing ${need[*]}; install them (the browser test needs them)" >&2
+  fi
+fi
+if [ ! -d tests/browser/node_modules/playwright-core ]; then
+  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error >&2)
+fi
+
 # Each test creates its own database named t_<random>; drop those of earlier runs.
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
 [ -x "$pg_bin/psql" ] || pg_bin=$(dirname "$(command -v psql)")

@@ -358,3 +358,136 @@ pub fn read_repo_file(rel: &str) -> String {
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// A response of [`http`].
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// A minimal HTTP/1.1 client for the dashboard tests (one request per
+/// connection, `Connection: close`).
+pub async fn http(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> HttpResponse {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let u = url::Url::parse(url).unwrap();
+    let host = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap());
+    let path = match u.query() {
+        Some(q) => format!("{}?{q}", u.path()),
+        None => u.path().to_string(),
+    };
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let mut stream = tokio::net::TcpStream::connect(&host).await.unwrap();
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect::<Vec<_>>();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Starts `outboxd ui` on a free port; returns the process and its base URL
+/// (e.g. `http://127.0.0.1:41234`), read from its log.
+pub fn spawn_ui(env: &TestEnv, config: &Path) -> (WorkerProcess, String) {
+    let log = env.dir.join(format!("{}.log", unique("ui")));
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .args(["ui", "--listen", "127.0.0.1:0"])
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env("OUTBOXD_LOG", "info,sqlx=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let p = WorkerProcess {
+        child: Some(child),
+        log,
+    };
+    let url = wait_for_dashboard_url(&p);
+    (p, url)
+}
+
+/// The `http://host:port` a process's dashboard listens on, from its log.
+pub fn wait_for_dashboard_url(p: &WorkerProcess) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = p.log_text();
+        if let Some(i) = text.find("url=http://") {
+            let rest = &text[i + 4..];
+            let end = rest
+                .find('/')
+                .map(|_| rest[7..].find('/').unwrap() + 7)
+                .unwrap();
+            return rest[..end].to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dashboard never listened; log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

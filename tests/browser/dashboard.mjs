@@ -1,0 +1,71 @@
+// Drives the dashboard in headless Chromium (Debian's, via playwright-core).
+// Run by tests/dashboard_browser.rs, which sets up a real fleet and checks
+// the database afterwards. Input in the environment:
+//   DASH_URL       page URL, e.g. http://127.0.0.1:41234/outbox/
+//   DASH_EXPECT    JSON: { workers: [ids], owners: {bucket: owner id}, parkedId }
+//   DASH_SCREENSHOT  optional PNG path
+// Prints one JSON line of observations; exits non-zero on the first failed check.
+import { chromium } from "playwright-core";
+
+const url = process.env.DASH_URL;
+const expect = JSON.parse(process.env.DASH_EXPECT);
+const fail = (msg) => { console.error("FAIL: " + msg); process.exit(1); };
+const check = (cond, msg) => { if (!cond) fail(msg); };
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const seen = {};
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
+  let navigations = 0;
+  page.on("framenavigated", (f) => { if (f === page.mainFrame()) navigations += 1; });
+  const dialogs = [];
+  page.on("dialog", async (d) => { dialogs.push(d.message()); await d.accept(); });
+  page.setDefaultTimeout(20000);
+
+  await page.goto(url);
+  // Workers: every live worker of the fleet, by id, with its real bucket count.
+  await page.waitForFunction((n) => document.querySelectorAll("#workers tbody tr[data-worker]:not(.gone)").length === n, expect.workers.length);
+  const rows = await page.$$eval("#workers tbody tr[data-worker]", (trs) => trs.map((tr) => ({ id: tr.dataset.worker, buckets: Number(tr.querySelector(".buckets").textContent) })));
+  for (const id of expect.workers) check(rows.some((r) => r.id === id), `worker ${id} not shown`);
+  check(rows.reduce((a, r) => a + r.buckets, 0) === 16, `bucket counts ${JSON.stringify(rows)} do not add up to 16`);
+  check(await page.textContent("#kpi-workers") === String(expect.workers.length), "workers KPI");
+  seen.workers = rows;
+
+  // Leases: each bucket's owner as in the database.
+  const owners = await page.$$eval("#partitions tbody tr", (trs) => Object.fromEntries(trs.map((tr) => [tr.dataset.bucket, tr.children[1].getAttribute("title")])));
+  for (const [bucket, owner] of Object.entries(expect.owners)) check(owners[bucket] === owner, `bucket ${bucket}: page says ${owners[bucket]}, database ${owner}`);
+  seen.buckets = Object.keys(owners).length;
+
+  // Throughput: real numbers and bars.
+  await page.waitForFunction(() => Number(document.querySelector("#kpi-hour").textContent.replace(/,/g, "")) > 0);
+  seen.published_last_hour_first = Number((await page.textContent("#kpi-hour")).replace(/,/g, ""));
+  check(await page.$$eval("#chart rect.bar", (r) => r.length) === 60, "chart bars");
+
+  // Live: the number changes without a reload (a producer is running).
+  const before = navigations;
+  await page.waitForFunction((v) => Number(document.querySelector("#kpi-hour").textContent.replace(/,/g, "")) > v, seen.published_last_hour_first);
+  seen.published_last_hour_later = Number((await page.textContent("#kpi-hour")).replace(/,/g, ""));
+  check(navigations === before, "the page reloaded");
+
+  if (process.env.DASH_SCREENSHOT) await page.screenshot({ path: process.env.DASH_SCREENSHOT, fullPage: false });
+
+  // Requeue the parked message through the UI.
+  await page.click('.tabs button[data-state="failed"]');
+  const button = `button.requeue-one[data-id="${expect.parkedId}"]`;
+  await page.waitForSelector(button);
+  await page.click(button);
+  // confirm() is answered yes; then the page alerts the result.
+  const deadline = Date.now() + 20000;
+  while (!dialogs.some((m) => m.startsWith("Requeued")) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  check(dialogs.some((m) => m.startsWith("Requeue message")), `no confirmation asked: ${JSON.stringify(dialogs)}`);
+  check(dialogs.includes("Requeued 1 message(s)."), `requeue not confirmed: ${JSON.stringify(dialogs)}`);
+  await page.waitForFunction((id) => !document.querySelector(`#messages tr[data-id="${id}"]`), expect.parkedId);
+  seen.dialogs = dialogs;
+  console.log(JSON.stringify(seen));
+} finally {
+  await browser.close();
+}

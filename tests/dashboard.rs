@@ -1,0 +1,441 @@
+//! The dashboard's JSON API against the database state, and its access
+//! control, with a real `outboxd ui` process.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use outboxd::producer::{Message, Producer};
+use outboxd::store::workers::WorkerMode;
+use serde_json::Value;
+use uuid::Uuid;
+
+const TOKEN: &str = "test-token-0123456789";
+/// What a URL with a password would contain (user:password@host).
+const SECRET: &str = ":outboxd@";
+
+struct Fixture {
+    env: TestEnv,
+    worker: Uuid,
+    pending: Vec<i64>,
+    published: Vec<i64>,
+    parked: Vec<i64>,
+    blocked_head: i64,
+}
+
+async fn fixture() -> Fixture {
+    let env = TestEnv::new().await;
+    let pool = &env.store.pool;
+    let producer = Producer::default();
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let id = producer
+            .enqueue(
+                pool,
+                Message::new(
+                    format!("k{}", i % 10),
+                    "orders",
+                    "order.created",
+                    format!("{{\"n\":{i}}}"),
+                )
+                .content_type("application/json")
+                .header("tenant", "acme"),
+            )
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let published = ids[..5].to_vec();
+    let parked = ids[5..7].to_vec();
+    let blocked_head = ids[7];
+    sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
+        .bind(&published)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET failed_at = now(), attempts = 3, last_error = 'unroutable: returned by the broker (312 NO_ROUTE)' WHERE id = ANY($1)")
+        .bind(&parked)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET attempts = 2, last_error = 'boom', available_at = now() + interval '1 hour' WHERE id = $1")
+        .bind(blocked_head)
+        .execute(pool)
+        .await
+        .unwrap();
+    let worker = Uuid::new_v4();
+    let t = &env.store.tables;
+    t.workers
+        .register(
+            pool,
+            worker,
+            "host-a",
+            WorkerMode::Leasing,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let mine: Vec<String> = ["p00", "p01", "p02", "p03"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    t.partitions
+        .acquire(pool, worker, &mine, Duration::from_secs(60), "test")
+        .await
+        .unwrap();
+    t.stats.record(pool, 7, 1).await.unwrap();
+    let pending = ids[7..].to_vec();
+    Fixture {
+        env,
+        worker,
+        pending,
+        published,
+        parked,
+        blocked_head,
+    }
+}
+
+async fn get(url: &str) -> HttpResponse {
+    http("GET", url, &[], None).await
+}
+
+fn ids_of(page: &Value) -> Vec<i64> {
+    page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_i64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_answers_what_the_database_holds() {
+    let f = fixture().await;
+    let env = &f.env;
+    let (mut ui, base) = spawn_ui(env, &env.config_path);
+    let api = format!("{base}/outbox/api");
+
+    let r = get(&format!("{base}/healthz")).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+
+    // Workers.
+    let w = get(&format!("{api}/workers")).await.json();
+    let w = w.as_array().unwrap();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0]["worker_id"], f.worker.to_string());
+    assert_eq!(w[0]["live"], true);
+    assert_eq!(w[0]["buckets"], 4);
+    let ttl = w[0]["heartbeat_ttl_seconds"].as_f64().unwrap();
+    assert!(ttl > 0.0 && ttl <= 60.0, "{ttl}");
+
+    // Partitions: counts and leases match the table.
+    let parts = get(&format!("{api}/partitions")).await.json();
+    let parts = parts.as_array().unwrap();
+    assert_eq!(parts.len(), 16);
+    for p in parts {
+        let key = p["partition_key"].as_str().unwrap();
+        let pending = env
+            .count(&format!(
+                "partition_key = '{key}' AND published_at IS NULL AND failed_at IS NULL"
+            ))
+            .await;
+        let parked = env
+            .count(&format!(
+                "partition_key = '{key}' AND failed_at IS NOT NULL"
+            ))
+            .await;
+        assert_eq!(p["pending"], pending, "{key}");
+        assert_eq!(p["parked"], parked, "{key}");
+        let owned = ["p00", "p01", "p02", "p03"].contains(&key);
+        assert_eq!(p["lease_owner"] == f.worker.to_string(), owned, "{key}");
+    }
+    let blocked_bucket: String =
+        sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
+            .bind(f.blocked_head)
+            .fetch_one(&env.store.pool)
+            .await
+            .unwrap();
+    let blocked = parts
+        .iter()
+        .find(|p| p["partition_key"] == blocked_bucket)
+        .unwrap();
+    assert_eq!(blocked["head_id"], f.blocked_head);
+    assert_eq!(blocked["head_error"], "boom");
+
+    // Messages: each view, in its order, and search by key and by id.
+    let page = get(&format!("{api}/messages?state=pending&limit=100"))
+        .await
+        .json();
+    assert_eq!(ids_of(&page), f.pending);
+    let page = get(&format!("{api}/messages?state=published")).await.json();
+    assert_eq!(
+        ids_of(&page),
+        f.published.iter().rev().copied().collect::<Vec<_>>()
+    );
+    let page = get(&format!("{api}/messages?state=failed")).await.json();
+    assert_eq!(
+        ids_of(&page),
+        f.parked.iter().rev().copied().collect::<Vec<_>>()
+    );
+    let page = get(&format!("{api}/messages?state=pending&key=k3"))
+        .await
+        .json();
+    let k3: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE message_key = 'k3' AND published_at IS NULL AND failed_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&env.store.pool)
+    .await
+    .unwrap();
+    assert_eq!(ids_of(&page), k3);
+    let page = get(&format!("{api}/messages?key=%23{}", f.parked[0]))
+        .await
+        .json();
+    assert_eq!(ids_of(&page), vec![f.parked[0]]);
+    // Paging: two pages of 10 are the first 20.
+    let p1 = get(&format!("{api}/messages?state=pending&limit=10"))
+        .await
+        .json();
+    let cursor = p1["next_cursor"].as_i64().unwrap();
+    let p2 = get(&format!(
+        "{api}/messages?state=pending&limit=10&cursor={cursor}"
+    ))
+    .await
+    .json();
+    assert_eq!(
+        [ids_of(&p1), ids_of(&p2)].concat(),
+        f.pending[..20].to_vec()
+    );
+
+    // One message in detail.
+    let m = get(&format!("{api}/messages/{}", f.parked[0])).await.json();
+    assert_eq!(m["headers"]["tenant"], "acme");
+    assert_eq!(m["payload_preview"]["text"], "{\"n\":5}");
+    assert_eq!(m["attempts"], 3);
+    assert!(m["last_error"].as_str().unwrap().contains("unroutable"));
+    assert_eq!(get(&format!("{api}/messages/999999999")).await.status, 404);
+
+    // Throughput: 60 minutes, this minute's counts.
+    let t = get(&format!("{api}/throughput")).await.json();
+    let minutes = t["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert_eq!(minutes[59]["published"], 7);
+    assert_eq!(t["failed_last_hour"], 1);
+
+    let s = get(&format!("{api}/summary")).await.json();
+    assert_eq!(s["totals"]["parked"], 2);
+    assert_eq!(s["totals"]["blocked_buckets"], 1);
+    assert_eq!(s["totals"]["pending"], f.pending.len() as i64);
+
+    // Requeue: POST only, with the action header; audited.
+    assert_eq!(get(&format!("{api}/requeue")).await.status, 405);
+    let body = format!("{{\"ids\":[{}]}}", f.parked[0]);
+    let json = [("Content-Type", "application/json")];
+    let r = http("POST", &format!("{api}/requeue"), &json, Some(&body)).await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    let r = http(
+        "POST",
+        &format!("{api}/requeue"),
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Outboxd-Action", "1"),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["requeued"], serde_json::json!([f.parked[0]]));
+    assert_eq!(
+        env.count(&format!(
+            "id = {} AND failed_at IS NULL AND attempts = 0",
+            f.parked[0]
+        ))
+        .await,
+        1
+    );
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_audit WHERE action = 'requeue'")
+            .fetch_one(&env.store.pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, 1);
+
+    // Metrics.
+    let m = get(&format!("{base}/metrics")).await;
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("outboxd_workers_live 1"), "{}", m.body);
+    assert!(
+        m.body
+            .contains("outboxd_bucket_lag_seconds{bucket=\"p00\"}")
+    );
+    assert!(m.body.contains(&format!(
+        "outboxd_leases_held{{worker=\"{}\",host=\"host-a\"}} 4",
+        f.worker
+    )));
+
+    // Pages and assets, and no secret anywhere.
+    let page = get(&format!("{base}/outbox/")).await;
+    assert!(page.status == 200 && page.body.contains("<title>outboxd</title>"));
+    assert_eq!(get(&format!("{base}/outbox/app.js")).await.status, 200);
+    for body in [
+        &page.body,
+        &m.body,
+        &get(&format!("{api}/summary")).await.body,
+    ] {
+        assert!(!body.contains(SECRET), "a password leaked");
+    }
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+    assert!(
+        !ui.log_text().contains(SECRET),
+        "a password leaked into the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_everything_but_healthz_is_refused_without_it() {
+    let f = fixture().await;
+    let env = &f.env;
+    let config = env.dir.join("token.toml");
+    let text = std::fs::read_to_string(&env.config_path).unwrap();
+    std::fs::write(&config, format!("{text}[dashboard]\ntoken = \"{TOKEN}\"\n")).unwrap();
+    let (mut ui, base) = spawn_ui(env, &config);
+    let api = format!("{base}/outbox/api");
+    let bearer = format!("Bearer {TOKEN}");
+
+    assert_eq!(get(&format!("{base}/healthz")).await.status, 200);
+    for path in [
+        "/outbox/api/summary",
+        "/outbox/api/workers",
+        "/outbox/api/messages",
+        "/metrics",
+    ] {
+        let r = get(&format!("{base}{path}")).await;
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        let r = http(
+            "GET",
+            &format!("{base}{path}"),
+            &[("Authorization", "Bearer wrong-token-00000000")],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 401, "{path}");
+        let r = http(
+            "GET",
+            &format!("{base}{path}"),
+            &[("Authorization", &bearer)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}");
+    }
+    // Pages send the browser to the login form.
+    let r = get(&format!("{base}/outbox/")).await;
+    assert_eq!(
+        (r.status, r.header("location")),
+        (303, Some("/outbox/login"))
+    );
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let r = http(
+        "POST",
+        &format!("{base}/outbox/login"),
+        &form,
+        Some("token=nope"),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let r = http(
+        "POST",
+        &format!("{base}/outbox/login"),
+        &form,
+        Some(&format!("token={TOKEN}")),
+    )
+    .await;
+    assert_eq!(r.status, 303);
+    let cookie = r.header("set-cookie").unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_string();
+
+    let r = http(
+        "GET",
+        &format!("{api}/summary"),
+        &[("Cookie", &session)],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // A cookie alone cannot act: the action header is needed (no CSRF).
+    let body = format!("{{\"bucket\":\"{}\"}}", "p00");
+    let r = http(
+        "POST",
+        &format!("{api}/requeue"),
+        &[("Cookie", &session), ("Content-Type", "application/json")],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let r = http(
+        "POST",
+        &format!("{api}/requeue"),
+        &[
+            ("Cookie", &session),
+            ("Content-Type", "application/json"),
+            ("X-Outboxd-Action", "1"),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // An API client with the token may act directly.
+    let body = format!("{{\"ids\":[{}]}}", f.parked[1]);
+    let r = http(
+        "POST",
+        &format!("{api}/requeue"),
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Without any credential an action is 401, never performed.
+    let r = http(
+        "POST",
+        &format!("{api}/requeue"),
+        &[
+            ("X-Outboxd-Action", "1"),
+            ("Content-Type", "application/json"),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    // Logging out ends the session.
+    let r = http(
+        "POST",
+        &format!("{base}/outbox/logout"),
+        &[("Cookie", &session)],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 303);
+    let r = http(
+        "GET",
+        &format!("{api}/summary"),
+        &[("Cookie", &session)],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+    assert!(
+        !ui.log_text().contains(TOKEN),
+        "the token leaked into the log"
+    );
+}

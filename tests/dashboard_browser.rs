@@ -1,0 +1,177 @@
+//! The dashboard in a real headless browser (Debian's Chromium, driven by
+//! tests/browser/dashboard.mjs through playwright-core) against a real
+//! 3-worker fleet with a producer running: workers, leases and throughput
+//! show the database's values, a value changes live without a reload, and a
+//! parked message is requeued through the UI — then published for real.
+//!
+//! `scripts/test.sh` installs Chromium, Node.js and the script's package.
+//! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use outboxd::coordinator::assignment::{Assignment, owner_index};
+use outboxd::demo::QueueReader;
+use outboxd::producer::{Message, Producer};
+
+fn prerequisites() -> (String, std::path::PathBuf) {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let script = repo_dir().join("tests/browser/dashboard.mjs");
+    let module = repo_dir().join("tests/browser/node_modules/playwright-core");
+    let node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        node && std::path::Path::new(&chromium).exists() && module.exists(),
+        "the browser test needs node, {chromium} and tests/browser/node_modules: run it through scripts/test.sh, which installs them"
+    );
+    (chromium, script)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui() {
+    let (chromium, script) = prerequisites();
+    let env = TestEnv::with(Tuning {
+        max_attempts: 1,
+        lease_ttl: "3s",
+        lease_renew: "1s",
+        heartbeat_ttl: "3s",
+        ..Tuning::default()
+    })
+    .await;
+    let pool = &env.store.pool;
+    let queue = unique("q");
+    let missing = unique("missing");
+    // The consumer keeps the demo queue short.
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let producer = Producer::default();
+    let parked = producer
+        .enqueue(
+            pool,
+            Message::new("parked-key", "", missing.clone(), "parked payload"),
+        )
+        .await
+        .unwrap();
+
+    let mut workers = vec![env.spawn_worker(&["--silent", "--ui", "127.0.0.1:0"])];
+    workers.extend((0..2).map(|_| env.spawn_worker(&["--silent"])));
+    let base = wait_for_dashboard_url(&workers[0]);
+
+    // The fleet settles and the unroutable message is parked.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live = env.store.tables.workers.live_leasing(pool).await.unwrap();
+        let leases = env.store.tables.partitions.leases(pool).await.unwrap();
+        // Converged: every bucket held by the owner the modulo rule names.
+        let settled = live.len() == 3
+            && leases.iter().enumerate().all(|(b, l)| {
+                l.valid
+                    && l.lease_owner == Some(live[owner_index(Assignment::Modulo, &live, b as u32)])
+            });
+        if settled
+            && env
+                .count(&format!("id = {parked} AND failed_at IS NOT NULL"))
+                .await
+                == 1
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fleet did not settle or the message was not parked"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Steady traffic for the live check.
+    let db_url = env.db_url.clone();
+    let q = queue.clone();
+    let traffic = tokio::spawn(async move {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&db_url)
+            .await
+            .unwrap();
+        let producer = Producer::default();
+        for i in 0..3000 {
+            producer
+                .enqueue(
+                    &pool,
+                    Message::new(format!("key-{}", i % 40), "", q.as_str(), "x"),
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let draining = tokio::spawn(async move {
+        let _ = reader.read_until(Duration::from_secs(120), |_| false).await;
+    });
+    // Fix the cause, so the requeued message can be published.
+    let _fixed = QueueReader::open(&amqp_url(), &missing).await.unwrap();
+
+    let workers_expected = env.store.tables.workers.live_leasing(pool).await.unwrap();
+    let owners: BTreeMap<String, String> = env
+        .store
+        .tables
+        .partitions
+        .leases(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.partition_key, l.lease_owner.unwrap().to_string()))
+        .collect();
+    let expect =
+        serde_json::json!({ "workers": workers_expected, "owners": owners, "parkedId": parked });
+    let mut cmd = Command::new("node");
+    cmd.arg(&script)
+        .env("DASH_URL", format!("{base}/outbox/"))
+        .env("DASH_EXPECT", expect.to_string())
+        .env("CHROMIUM", &chromium);
+    if let Ok(path) = std::env::var("OUTBOXD_SCREENSHOT") {
+        cmd.env("DASH_SCREENSHOT", path);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("browser: {stdout}");
+    assert!(
+        out.status.success(),
+        "browser checks failed:\n{stderr}\n{stdout}\nworker log:\n{}",
+        workers[0].log_text()
+    );
+
+    // The requeue really happened: audited, and the message went out.
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND detail->'ids' @> to_jsonb($1::bigint)",
+    )
+    .bind(parked)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1);
+    let published = env
+        .wait_count(
+            &format!("id = {parked} AND published_at IS NOT NULL"),
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+    assert_eq!(published, 1, "the requeued message was not published");
+    traffic.abort();
+    draining.abort();
+    for w in &mut workers {
+        assert!(
+            w.terminate(Duration::from_secs(15)).success(),
+            "{}",
+            w.log_text()
+        );
+    }
+}
