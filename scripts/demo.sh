@@ -2,7 +2,8 @@
 # The demo: private PostgreSQL and RabbitMQ, the schema, a producer writing
 # orders for 200 keys, a fleet of DEMO_WORKERS relay workers (default 3)
 # sharing the 16 buckets through leases, and a consumer that checks per-key
-# order. Runs until Ctrl-C (or for DEMO_SECONDS seconds when that is set).
+# order, with the dashboard on http://127.0.0.1:8080/outbox/ (DEMO_UI=ADDR
+# to change). Runs until Ctrl-C (or for DEMO_SECONDS seconds when set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,12 +28,17 @@ $bin produce --queue "$queue" --keys 200 --rate "${DEMO_RATE:-300}" --tasks 4 > 
 pids+=($!)
 $bin consume --queue "$queue" > >(sed -u 's/^/[consumer] /') &
 pids+=($!)
+ui=${DEMO_UI:-127.0.0.1:8080}
 for i in $(seq 1 "${DEMO_WORKERS:-3}"); do
-  $bin work --window 5 > >(sed -u "s/^/[worker $i] /") &
+  # The first worker also serves the dashboard (it shows the whole fleet).
+  ui_flag=()
+  [ "$i" = 1 ] && ui_flag=(--ui "$ui")
+  $bin work --window 5 "${ui_flag[@]}" > >(sed -u "s/^/[worker $i] /") &
   pids+=($!)
 done
 
-echo "demo running: producer -> outbox table -> ${DEMO_WORKERS:-3} outboxd workers -> RabbitMQ queue '$queue' -> checking consumer. Ctrl-C stops." >&2
+echo "demo running: producer -> outbox table -> ${DEMO_WORKERS:-3} outboxd workers -> RabbitMQ queue '$queue' -> checking consumer." >&2
+echo "dashboard: http://$ui/outbox/   (Ctrl-C stops everything)" >&2
 if [ -n "${DEMO_SECONDS:-}" ]; then
   sleep "$DEMO_SECONDS"
 else

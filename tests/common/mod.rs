@@ -443,7 +443,7 @@ fn dechunk(mut s: &str) -> String {
             break;
         }
         out.push_str(&rest[..n]);
-        s = &rest[n..].trim_start_matches("\r\n");
+        s = rest[n..].trim_start_matches("\r\n");
     }
     out
 }
