@@ -232,7 +232,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             .await?;
             let addr = config.dashboard.listen.parse().expect("validated");
             let listener = crate::dashboard::bind(addr).await?;
-            let state = dashboard_state(&config, store, None);
+            let state = crate::dashboard::DashboardState::new(&config, store, None);
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())
         }
@@ -257,21 +257,6 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// The dashboard's state for a configuration.
-pub fn dashboard_state(
-    config: &Config,
-    store: Store,
-    process: Option<std::sync::Arc<crate::relay::RelayStats>>,
-) -> std::sync::Arc<crate::dashboard::DashboardState> {
-    std::sync::Arc::new(crate::dashboard::DashboardState {
-        store,
-        path: config.dashboard.path.clone(),
-        auth: crate::dashboard::auth::Auth::new(&config.dashboard.token),
-        process,
-        partition_count: config.outbox.partition_count,
-    })
 }
 
 fn redacted_debug(c: &Config) -> Config {

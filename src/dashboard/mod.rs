@@ -50,6 +50,20 @@ pub struct DashboardState {
     pub partition_count: u32,
 }
 
+impl DashboardState {
+    /// The state for a configuration; `process` is the serving worker's
+    /// counters, if it is a worker.
+    pub fn new(config: &crate::config::Config, store: Store, process: Option<Arc<RelayStats>>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            path: config.dashboard.path.clone(),
+            auth: auth::Auth::new(&config.dashboard.token),
+            process,
+            partition_count: config.outbox.partition_count,
+        })
+    }
+}
+
 /// Why the dashboard could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum DashboardError {
