@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -57,7 +57,11 @@ struct Bench {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let run = |section: &str| only.as_deref().is_none_or(|o| o == section);
     let out = args
         .iter()
@@ -65,7 +69,9 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| "target/outboxd-bench.json".into());
-    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run scripts/bench.sh"));
+    let env = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run scripts/bench.sh"))
+    };
     let dir = std::env::temp_dir().join(format!("outboxd-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut b = Bench {
@@ -90,7 +96,10 @@ async fn main() {
         b.rebalance().await;
     }
 
-    println!("\n{:<58} {:>16} {:>22}", "measure", "value", "baseline / target");
+    println!(
+        "\n{:<58} {:>16} {:>22}",
+        "measure", "value", "baseline / target"
+    );
     println!("{}", "-".repeat(98));
     for (m, v, t) in &b.table {
         println!("{m:<58} {v:>16} {t:>22}");
@@ -98,7 +107,11 @@ async fn main() {
     if let Some(parent) = Path::new(&out).parent() {
         std::fs::create_dir_all(parent).ok();
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&Value::Object(b.results)).unwrap()).unwrap();
+    std::fs::write(
+        &out,
+        serde_json::to_string_pretty(&Value::Object(b.results)).unwrap(),
+    )
+    .unwrap();
     println!("\nresults written to {out}");
 }
 
@@ -135,10 +148,12 @@ impl Bench {
     /// A fresh, migrated database and a config file for it.
     async fn fresh(&self, name: &str, worker_toml: &str) -> (Store, PathBuf, String) {
         let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
         sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await
@@ -153,7 +168,9 @@ impl Bench {
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();
-        schema::migrate(&store.pool, &store.tables, Partitioner::new(16)).await.unwrap();
+        schema::migrate(&store.pool, &store.tables, Partitioner::new(16))
+            .await
+            .unwrap();
         (store, path, url.to_string())
     }
 
@@ -161,7 +178,9 @@ impl Bench {
     /// `queue`, bucket labels computed by the Rust partitioner.
     async fn seed(&self, store: &Store, n: usize, queue: &str, published: bool) {
         let p = Partitioner::new(16);
-        let labels: Vec<String> = (0..KEYS).map(|k| p.label_for(&format!("key-{k}"))).collect();
+        let labels: Vec<String> = (0..KEYS)
+            .map(|k| p.label_for(&format!("key-{k}")))
+            .collect();
         let chunk = 250_000;
         let mut start = 0;
         while start < n {
@@ -184,16 +203,27 @@ impl Bench {
             .unwrap();
             start = end;
         }
-        sqlx::query("VACUUM ANALYZE outbox").execute(&store.pool).await.unwrap();
+        sqlx::query("VACUUM ANALYZE outbox")
+            .execute(&store.pool)
+            .await
+            .unwrap();
     }
 
     async fn declare_purged(&self, queue: &str) {
-        let conn = Connection::connect(&self.amqp_url, ConnectionProperties::default()).await.unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), FieldTable::default())
+        let conn = Connection::connect(&self.amqp_url, ConnectionProperties::default())
             .await
             .unwrap();
-        ch.queue_purge(queue.into(), QueuePurgeOptions::default()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        ch.queue_purge(queue.into(), QueuePurgeOptions::default())
+            .await
+            .unwrap();
         conn.close(200, "bye".into()).await.ok();
     }
 
@@ -229,20 +259,26 @@ impl Bench {
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
             let start = Instant::now();
-            let mut children: Vec<Child> = (0..workers).map(|_| self.spawn(&config, &["--silent"])).collect();
+            let mut children: Vec<Child> = (0..workers)
+                .map(|_| self.spawn(&config, &["--silent"]))
+                .collect();
             let mut peak_rss_kb = 0u64;
             loop {
-                let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-                    .fetch_one(&store.pool)
-                    .await
-                    .unwrap();
+                let left: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                        .fetch_one(&store.pool)
+                        .await
+                        .unwrap();
                 for c in &children {
                     peak_rss_kb = peak_rss_kb.max(vm_hwm_kb(c.id()));
                 }
                 if left == 0 {
                     break;
                 }
-                assert!(start.elapsed() < Duration::from_secs(600), "drain did not finish");
+                assert!(
+                    start.elapsed() < Duration::from_secs(600),
+                    "drain did not finish"
+                );
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
             let took = start.elapsed();
@@ -260,8 +296,13 @@ impl Bench {
             );
             if workers == 1 {
                 let mb = peak_rss_kb as f64 / 1024.0;
-                self.row("peak RSS of the worker (1-worker run)", format!("{mb:.1} MB"), "target <= 50 MB".into());
-                self.results.insert("memory".into(), json!({ "peak_rss_mb": mb }));
+                self.row(
+                    "peak RSS of the worker (1-worker run)",
+                    format!("{mb:.1} MB"),
+                    "target <= 50 MB".into(),
+                );
+                self.results
+                    .insert("memory".into(), json!({ "peak_rss_mb": mb }));
             }
             per_workers.insert(
                 workers.to_string(),
@@ -279,7 +320,11 @@ impl Bench {
     /// confirms awaited per batch), no database.
     async fn ceiling(&self, queue: &str, n: usize) -> f64 {
         self.declare_purged(queue).await;
-        let conn = Arc::new(Connection::connect(&self.amqp_url, ConnectionProperties::default()).await.unwrap());
+        let conn = Arc::new(
+            Connection::connect(&self.amqp_url, ConnectionProperties::default())
+                .await
+                .unwrap(),
+        );
         let start = Instant::now();
         let channels = 16;
         let mut tasks = Vec::new();
@@ -287,7 +332,9 @@ impl Bench {
             let (conn, queue) = (conn.clone(), queue.to_string());
             tasks.push(tokio::spawn(async move {
                 let ch = conn.create_channel().await.unwrap();
-                ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+                ch.confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .unwrap();
                 let payload = vec![b'x'; PAYLOAD];
                 let mine = n / channels + usize::from(c < n % channels);
                 let mut sent = 0;
@@ -296,7 +343,10 @@ impl Bench {
                     let mut confirms = Vec::with_capacity(batch);
                     for i in 0..batch {
                         let mut headers = FieldTable::default();
-                        headers.insert("outbox-id".into(), AMQPValue::LongLongInt((sent + i) as i64));
+                        headers.insert(
+                            "outbox-id".into(),
+                            AMQPValue::LongLongInt((sent + i) as i64),
+                        );
                         let props = BasicProperties::default()
                             .with_delivery_mode(2)
                             .with_message_id(uuid::Uuid::new_v4().to_string().into())
@@ -306,9 +356,15 @@ impl Bench {
                             ..BasicPublishOptions::default()
                         };
                         confirms.push(
-                            ch.basic_publish("".into(), queue.as_str().into(), options, &payload, props)
-                                .await
-                                .unwrap(),
+                            ch.basic_publish(
+                                "".into(),
+                                queue.as_str().into(),
+                                options,
+                                &payload,
+                                props,
+                            )
+                            .await
+                            .unwrap(),
                         );
                     }
                     for c in confirms {
@@ -336,9 +392,20 @@ impl Bench {
         let mut out = serde_json::Map::new();
         for rate in [100u64, 1000] {
             let secs = if self.quick { 3 } else { 10 };
-            let lat = trickle(&db_url, &self.amqp_url, queue, rate, Duration::from_secs(secs)).await;
+            let lat = trickle(
+                &db_url,
+                &self.amqp_url,
+                queue,
+                rate,
+                Duration::from_secs(secs),
+            )
+            .await;
             let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
-            let target = if rate == 100 { "target p99 <= 20 ms" } else { "" };
+            let target = if rate == 100 {
+                "target p99 <= 20 ms"
+            } else {
+                ""
+            };
             self.row(
                 &format!("commit-to-queue latency at {rate} msg/s (p50 / p99 / max)"),
                 format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
@@ -361,7 +428,11 @@ impl Bench {
         let (store, _, _) = self.fresh("outboxd_bench_bl", "").await;
         self.seed(&store, 10_000, "q", false).await;
         let base = claim_record_cost(&store).await;
-        self.row("claim + record of 100 rows at 10k pending", format!("{:.2} ms", ms(base)), "baseline".into());
+        self.row(
+            "claim + record of 100 rows at 10k pending",
+            format!("{:.2} ms", ms(base)),
+            "baseline".into(),
+        );
         out.insert("pending_10k_ms".into(), json!(ms(base)));
 
         self.seed(&store, big, "q", false).await;
@@ -395,20 +466,36 @@ impl Bench {
     // ---------------------------------------------------------------- 4
     async fn rebalance(&mut self) {
         let mut out = serde_json::Map::new();
-        for (how, signal) in [("graceful leave (SIGTERM)", "TERM"), ("kill (SIGKILL)", "KILL")] {
+        for (how, signal) in [
+            ("graceful leave (SIGTERM)", "TERM"),
+            ("kill (SIGKILL)", "KILL"),
+        ] {
             let (store, config, db_url) = self.fresh("outboxd_bench_rb", "").await;
             let queue = "bench-rebalance";
             self.declare_purged(queue).await;
-            let mut workers: Vec<Child> = (0..3).map(|_| self.spawn(&config, &["--silent"])).collect();
+            let mut workers: Vec<Child> =
+                (0..3).map(|_| self.spawn(&config, &["--silent"])).collect();
             wait_all_owned(&store, 3, Duration::from_secs(30)).await;
             let rate = 2000.0;
-            let producing = tokio::spawn(produce_at(db_url.clone(), queue.to_string(), rate, Duration::from_secs(40)));
+            let producing = tokio::spawn(produce_at(
+                db_url.clone(),
+                queue.to_string(),
+                rate,
+                Duration::from_secs(40),
+            ));
             tokio::time::sleep(Duration::from_secs(3)).await;
             let mut victim = workers.remove(0);
-            let sampler = tokio::spawn(sample_published(store.clone(), Duration::from_millis(250), Duration::from_secs(30)));
+            let sampler = tokio::spawn(sample_published(
+                store.clone(),
+                Duration::from_millis(250),
+                Duration::from_secs(30),
+            ));
             tokio::time::sleep(Duration::from_secs(2)).await;
             let at = Instant::now();
-            let _ = Command::new("kill").arg(format!("-{signal}")).arg(victim.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(victim.id().to_string())
+                .status();
             wait_all_owned(&store, 2, Duration::from_secs(60)).await;
             let reowned = at.elapsed();
             let _ = victim.wait();
@@ -417,7 +504,11 @@ impl Bench {
             // Throughput per 250 ms window: the steady rate before the event
             // and the lowest window after it.
             let event = Duration::from_secs(2);
-            let before: Vec<f64> = samples.iter().filter(|(t, _)| *t < event).map(|s| s.1).collect();
+            let before: Vec<f64> = samples
+                .iter()
+                .filter(|(t, _)| *t < event)
+                .map(|s| s.1)
+                .collect();
             let after: Vec<f64> = samples
                 .iter()
                 .filter(|(t, _)| *t >= event && *t < event + reowned + Duration::from_secs(2))
@@ -425,8 +516,16 @@ impl Bench {
                 .collect();
             let steady = before.iter().sum::<f64>() / before.len().max(1) as f64;
             let dip = after.iter().copied().fold(f64::INFINITY, f64::min);
-            let target = if signal == "TERM" { "target <= 2 s" } else { "bound lease_ttl + lease_renew = 21 s" };
-            self.row(&format!("buckets re-owned after {how}"), format!("{:.2} s", reowned.as_secs_f64()), target.into());
+            let target = if signal == "TERM" {
+                "target <= 2 s"
+            } else {
+                "bound lease_ttl + lease_renew = 21 s"
+            };
+            self.row(
+                &format!("buckets re-owned after {how}"),
+                format!("{:.2} s", reowned.as_secs_f64()),
+                target.into(),
+            );
             self.row(
                 &format!("throughput around the {how}: steady / lowest 250 ms"),
                 format!("{steady:.0} / {dip:.0} msg/s"),
@@ -455,7 +554,10 @@ fn vm_hwm_kb(pid: u32) -> u64 {
 }
 
 fn terminate(c: &mut Child) {
-    let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(c.id().to_string())
+        .status();
     let deadline = Instant::now() + Duration::from_secs(20);
     while c.try_wait().unwrap().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -476,10 +578,19 @@ async fn claim_record_cost(store: &Store) -> Duration {
         let bucket = &labels[i % 16];
         let token = ClaimToken::new();
         let start = Instant::now();
-        let rows = t.claim(&mut *conn, bucket, 100, token, 15_000, None).await.unwrap();
-        assert_eq!(rows.len(), 100, "the backlog ran dry: the measure would be of empty claims");
+        let rows = t
+            .claim(&mut *conn, bucket, 100, token, 15_000, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.len(),
+            100,
+            "the backlog ran dry: the measure would be of empty claims"
+        );
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        t.record_published(&mut *conn, &ids, token, bucket, None).await.unwrap();
+        t.record_published(&mut *conn, &ids, token, bucket, None)
+            .await
+            .unwrap();
         if i >= 16 {
             times.push(start.elapsed()); // the first round of each bucket warms caches and plans
         }
@@ -490,12 +601,27 @@ async fn claim_record_cost(store: &Store) -> Duration {
 
 /// Enqueues at `rate` msg/s for `over`, one transaction each, measuring
 /// commit-to-delivery latency at a consumer in this process.
-async fn trickle(db_url: &str, amqp_url: &str, queue: &str, rate: u64, over: Duration) -> Vec<Duration> {
-    let conn = Connection::connect(amqp_url, ConnectionProperties::default()).await.unwrap();
+async fn trickle(
+    db_url: &str,
+    amqp_url: &str,
+    queue: &str,
+    rate: u64,
+    over: Duration,
+) -> Vec<Duration> {
+    let conn = Connection::connect(amqp_url, ConnectionProperties::default())
+        .await
+        .unwrap();
     let ch = conn.create_channel().await.unwrap();
-    ch.basic_qos(1000, BasicQosOptions::default()).await.unwrap();
+    ch.basic_qos(1000, BasicQosOptions::default())
+        .await
+        .unwrap();
     let mut consumer = ch
-        .basic_consume(queue.into(), "bench".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue.into(),
+            "bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     let committed: Arc<std::sync::Mutex<HashMap<i64, Instant>>> = Default::default();
@@ -503,14 +629,26 @@ async fn trickle(db_url: &str, amqp_url: &str, queue: &str, rate: u64, over: Dur
     let (db, c2) = (db_url.to_string(), committed.clone());
     let queue2 = queue.to_string();
     let producing = tokio::spawn(async move {
-        let pool = PgPoolOptions::new().max_connections(4).connect(&db).await.unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&db)
+            .await
+            .unwrap();
         let producer = Producer::default();
         let period = Duration::from_secs_f64(1.0 / rate as f64);
         let mut next = tokio::time::Instant::now();
         for i in 0..n {
             let mut tx = pool.begin().await.unwrap();
             let id = producer
-                .enqueue(&mut *tx, Message::new(format!("key-{}", i % 200), "", queue2.as_str(), vec![b'x'; PAYLOAD]))
+                .enqueue(
+                    &mut *tx,
+                    Message::new(
+                        format!("key-{}", i % 200),
+                        "",
+                        queue2.as_str(),
+                        vec![b'x'; PAYLOAD],
+                    ),
+                )
                 .await
                 .unwrap();
             tx.commit().await.unwrap();
@@ -523,9 +661,17 @@ async fn trickle(db_url: &str, amqp_url: &str, queue: &str, rate: u64, over: Dur
     let mut early: HashMap<i64, Instant> = HashMap::new();
     let deadline = Instant::now() + over + Duration::from_secs(30);
     while latencies.len() < n && Instant::now() < deadline {
-        let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await else { continue };
+        let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await
+        else {
+            continue;
+        };
         let got = Instant::now();
-        let id = match d.properties.headers().as_ref().and_then(|h| h.inner().get("outbox-id").cloned()) {
+        let id = match d
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("outbox-id").cloned())
+        {
             Some(AMQPValue::LongLongInt(i)) => i,
             _ => continue,
         };
@@ -548,7 +694,11 @@ async fn trickle(db_url: &str, amqp_url: &str, queue: &str, rate: u64, over: Dur
 }
 
 async fn produce_at(db_url: String, queue: String, rate: f64, over: Duration) {
-    let pool = PgPoolOptions::new().max_connections(4).connect(&db_url).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&db_url)
+        .await
+        .unwrap();
     let producer = Arc::new(Producer::default());
     let period = Duration::from_secs_f64(10.0 / rate);
     let mut next = tokio::time::Instant::now();
@@ -559,7 +709,15 @@ async fn produce_at(db_url: String, queue: String, rate: f64, over: Duration) {
         let mut tx = pool.begin().await.unwrap();
         for _ in 0..10 {
             producer
-                .enqueue(&mut *tx, Message::new(format!("key-{}", i % 500), "", queue.as_str(), vec![b'x'; PAYLOAD]))
+                .enqueue(
+                    &mut *tx,
+                    Message::new(
+                        format!("key-{}", i % 500),
+                        "",
+                        queue.as_str(),
+                        vec![b'x'; PAYLOAD],
+                    ),
+                )
                 .await
                 .unwrap();
             i += 1;
@@ -595,12 +753,24 @@ async fn sample_published(store: Store, every: Duration, over: Duration) -> Vec<
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {
     let start = Instant::now();
     loop {
-        let live = store.tables.workers.live_leasing(&store.pool).await.unwrap();
+        let live = store
+            .tables
+            .workers
+            .live_leasing(&store.pool)
+            .await
+            .unwrap();
         let leases = store.tables.partitions.leases(&store.pool).await.unwrap();
-        if live.len() == workers && leases.iter().all(|l| l.valid && l.lease_owner.is_some_and(|o| live.contains(&o))) {
+        if live.len() == workers
+            && leases
+                .iter()
+                .all(|l| l.valid && l.lease_owner.is_some_and(|o| live.contains(&o)))
+        {
             return;
         }
-        assert!(start.elapsed() < timeout, "buckets not owned by {workers} workers within {timeout:?}");
+        assert!(
+            start.elapsed() < timeout,
+            "buckets not owned by {workers} workers within {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

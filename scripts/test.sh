@@ -37,5 +37,6 @@ export RUST_BACKTRACE=${RUST_BACKTRACE:-0}
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else
-  cargo test --workspace --no-fail-fast "$@"
+  # Without nextest, one test at a time: the fleet tests time heartbeats.
+  cargo test --workspace --no-fail-fast "$@" -- --test-threads=1
 fi

@@ -45,6 +45,18 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The counts on one line.
+    pub fn summary(&self) -> String {
+        format!(
+            "distinct {} duplicates {} lost {} unexpected {} order violations {}",
+            self.unique,
+            self.duplicates,
+            self.lost.len(),
+            self.unexpected.len(),
+            self.order_violations.len()
+        )
+    }
+
     /// No loss, nothing unexpected, no order violation.
     pub fn is_clean(&self) -> bool {
         self.lost.is_empty() && self.unexpected.is_empty() && self.order_violations.is_empty()

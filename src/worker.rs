@@ -144,7 +144,8 @@ pub async fn run(
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
 
     let dashboard = ui_listener.map(|listener| {
-        let state = crate::dashboard::DashboardState::new(config, store.clone(), Some(stats.clone()));
+        let state =
+            crate::dashboard::DashboardState::new(config, store.clone(), Some(stats.clone()));
         tokio::spawn(crate::dashboard::serve(listener, state, background.clone()))
     });
 

@@ -15,7 +15,6 @@ use outboxd::demo::QueueReader;
 use outboxd::producer::{Message, Producer};
 use outboxd::store::outbox::{ClaimToken, Fence};
 use outboxd::store::partitions::LeaseRow;
-use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 const LEASE_TTL: Duration = Duration::from_secs(3);
@@ -114,34 +113,6 @@ async fn worker_id_of(env: &TestEnv, w: &WorkerProcess) -> Uuid {
     }
 }
 
-/// Enqueues `total` messages over 200 keys spread evenly over `over`.
-async fn produce_over(db_url: String, queue: String, total: usize, over: Duration) {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&db_url)
-        .await
-        .unwrap();
-    let producer = Producer::default();
-    let period = over / total as u32;
-    let mut next = tokio::time::Instant::now();
-    for i in 0..total {
-        producer
-            .enqueue(
-                &pool,
-                Message::new(
-                    format!("key-{}", i % 200),
-                    "",
-                    queue.as_str(),
-                    i.to_string(),
-                ),
-            )
-            .await
-            .unwrap();
-        next += period;
-        tokio::time::sleep_until(next).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet() {
     let env = TestEnv::with(fleet_tuning()).await;
@@ -174,10 +145,11 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order() {
     let env = TestEnv::with(fleet_tuning()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producing = tokio::spawn(produce_over(
+    let producing = tokio::spawn(produce_evenly(
         env.db_url.clone(),
         queue.clone(),
         6_000,
+        200,
         Duration::from_secs(15),
     ));
 
@@ -202,22 +174,11 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order() {
     let stop_took = stop.elapsed();
     producing.await.unwrap();
 
-    let all = reader
-        .read_until(Duration::from_secs(60), |c| c.unique() >= 6_000)
-        .await
-        .unwrap();
-    let _ = reader
-        .read_until(Duration::from_millis(500), |_| false)
-        .await;
-    let v = reader.checker.verdict(env.all_ids().await);
+    let (all, v) = read_and_judge(&mut reader, &env, 6_000, Duration::from_secs(60)).await;
     println!(
         "scale 1->4->2: converged 1 in {t1:?}, 4 in {t4:?}, 2 in {t2:?} (both leavers exited in {stop_took:?}); \
-         distinct {} duplicates {} lost {} unexpected {} order violations {}; lease events {}",
-        v.unique,
-        v.duplicates,
-        v.lost.len(),
-        v.unexpected.len(),
-        v.order_violations.len(),
+         {}; lease events {}",
+        v.summary(),
         event_count(&env).await
     );
     assert!(all && v.is_clean(), "{v:?}");
@@ -233,10 +194,11 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut workers: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
     wait_converged(&env, 3, Duration::from_secs(15)).await;
-    let producing = tokio::spawn(produce_over(
+    let producing = tokio::spawn(produce_evenly(
         env.db_url.clone(),
         queue.clone(),
         4_000,
+        200,
         Duration::from_secs(8),
     ));
     env.wait_count("published_at IS NOT NULL", 500, Duration::from_secs(20))
@@ -280,14 +242,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
     let reowned = killed.elapsed();
     drop(victim);
     producing.await.unwrap();
-    let all = reader
-        .read_until(Duration::from_secs(60), |c| c.unique() >= 4_000)
-        .await
-        .unwrap();
-    let _ = reader
-        .read_until(Duration::from_millis(500), |_| false)
-        .await;
-    let v = reader.checker.verdict(env.all_ids().await);
+    let (all, v) = read_and_judge(&mut reader, &env, 4_000, Duration::from_secs(60)).await;
     println!(
         "SIGKILL: {} buckets re-owned after {reowned:?} (bound lease_ttl + lease_renew = {:?}); \
          distinct {} duplicates {} lost {} unexpected {} order violations {}",
@@ -328,10 +283,11 @@ async fn a_stopped_worker_loses_its_buckets_and_publishes_nothing_for_them_after
         .map(|_| env.spawn_worker(&["--json", "--interval-ms", "200"]))
         .collect();
     wait_converged(&env, 3, Duration::from_secs(15)).await;
-    let producing = tokio::spawn(produce_over(
+    let producing = tokio::spawn(produce_evenly(
         env.db_url.clone(),
         queue.clone(),
         4_000,
+        200,
         Duration::from_secs(10),
     ));
     env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(20))

@@ -373,7 +373,7 @@ async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_or
     let q = queue.clone();
     let producing =
         tokio::spawn(
-            async move { produce_slowly(&db_url, &q, 3_000, Duration::from_secs(8)).await },
+            async move { produce_evenly(db_url, q, 3_000, 100, Duration::from_secs(8)).await },
         );
     env.wait_count("published_at IS NOT NULL", 500, Duration::from_secs(30))
         .await;
@@ -401,47 +401,13 @@ async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_or
     );
 
     let mut reader = QueueReader::open(&broker.url(), &queue).await.unwrap();
-    let all = reader
-        .read_until(Duration::from_secs(60), |c| c.unique() >= 3_000)
-        .await
-        .unwrap();
-    let _ = reader
-        .read_until(Duration::from_millis(500), |_| false)
-        .await;
-    let v = reader.checker.verdict(env.all_ids().await);
+    let (all, v) = read_and_judge(&mut reader, &env, 3_000, Duration::from_secs(60)).await;
     println!(
-        "broker restart: {before_stop} published when the stop began, {stopped} when it completed, {still_stopped} after 2s down; after restart: distinct {} duplicates {} lost {} unexpected {} order violations {}",
-        v.unique,
-        v.duplicates,
-        v.lost.len(),
-        v.unexpected.len(),
-        v.order_violations.len()
+        "broker restart: {before_stop} published when the stop began, {stopped} when it completed, {still_stopped} after 2s down; after restart: {}",
+        v.summary()
     );
     assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
     assert!(worker.terminate(Duration::from_secs(15)).success());
-}
-
-/// `total` messages over 100 keys, spread evenly over `over`.
-async fn produce_slowly(db_url: &str, queue: &str, total: usize, over: Duration) {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(db_url)
-        .await
-        .unwrap();
-    let producer = Producer::default();
-    let period = over / total as u32;
-    let mut next = tokio::time::Instant::now();
-    for i in 0..total {
-        producer
-            .enqueue(
-                &pool,
-                Message::new(format!("key-{}", i % 100), "", queue, i.to_string()),
-            )
-            .await
-            .unwrap();
-        next += period;
-        tokio::time::sleep_until(next).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -454,7 +420,7 @@ async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order()
     let q = queue.clone();
     let producing =
         tokio::spawn(
-            async move { produce_slowly(&db_url, &q, 3_000, Duration::from_secs(6)).await },
+            async move { produce_evenly(db_url, q, 3_000, 100, Duration::from_secs(6)).await },
         );
 
     let admin = PgPoolOptions::new()
@@ -476,21 +442,10 @@ async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order()
         killed += n;
     }
     producing.await.unwrap();
-    let all = reader
-        .read_until(Duration::from_secs(90), |c| c.unique() >= 3_000)
-        .await
-        .unwrap();
-    let _ = reader
-        .read_until(Duration::from_millis(500), |_| false)
-        .await;
-    let v = reader.checker.verdict(env.all_ids().await);
+    let (all, v) = read_and_judge(&mut reader, &env, 3_000, Duration::from_secs(90)).await;
     println!(
-        "db connections killed: {killed} backends terminated; distinct {} duplicates {} lost {} unexpected {} order violations {}",
-        v.unique,
-        v.duplicates,
-        v.lost.len(),
-        v.unexpected.len(),
-        v.order_violations.len()
+        "db connections killed: {killed} backends terminated; {}",
+        v.summary()
     );
     assert!(
         killed > 0,
@@ -612,7 +567,7 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row() {
     let q = queue.clone();
     let producing =
         tokio::spawn(
-            async move { produce_slowly(&db_url, &q, 1_000, Duration::from_secs(3)).await },
+            async move { produce_evenly(db_url, q, 1_000, 100, Duration::from_secs(3)).await },
         );
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("published_at IS NOT NULL", 100, Duration::from_secs(20))

@@ -53,7 +53,11 @@ pub struct DashboardState {
 impl DashboardState {
     /// The state for a configuration; `process` is the serving worker's
     /// counters, if it is a worker.
-    pub fn new(config: &crate::config::Config, store: Store, process: Option<Arc<RelayStats>>) -> Arc<Self> {
+    pub fn new(
+        config: &crate::config::Config,
+        store: Store,
+        process: Option<Arc<RelayStats>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             path: config.dashboard.path.clone(),

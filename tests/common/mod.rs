@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use outboxd::checker::Verdict;
 use outboxd::config::Config;
+use outboxd::demo::QueueReader;
 use outboxd::partitioner::Partitioner;
+use outboxd::producer::{Message, Producer};
 use outboxd::store::{Store, schema};
 use sqlx::{Connection, PgConnection};
 
@@ -489,5 +492,59 @@ pub fn wait_for_dashboard_url(p: &WorkerProcess) -> String {
             "dashboard never listened; log:\n{text}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads until `expected` distinct messages arrived (false if `timeout`
+/// passed first), then half a second more so late extras would show, and
+/// judges everything against the committed rows.
+pub async fn read_and_judge(
+    reader: &mut QueueReader,
+    env: &TestEnv,
+    expected: usize,
+    timeout: Duration,
+) -> (bool, Verdict) {
+    let all = reader
+        .read_until(timeout, |c| c.unique() >= expected)
+        .await
+        .unwrap();
+    let _ = reader
+        .read_until(Duration::from_millis(500), |_| false)
+        .await;
+    (all, reader.checker.verdict(env.all_ids().await))
+}
+
+/// Enqueues `total` messages over `keys` keys spread evenly over `over`, one
+/// transaction each.
+pub async fn produce_evenly(
+    db_url: String,
+    queue: String,
+    total: usize,
+    keys: usize,
+    over: Duration,
+) {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&db_url)
+        .await
+        .unwrap();
+    let producer = Producer::default();
+    let period = over / total as u32;
+    let mut next = tokio::time::Instant::now();
+    for i in 0..total {
+        producer
+            .enqueue(
+                &pool,
+                Message::new(
+                    format!("key-{}", i % keys),
+                    "",
+                    queue.as_str(),
+                    i.to_string(),
+                ),
+            )
+            .await
+            .unwrap();
+        next += period;
+        tokio::time::sleep_until(next).await;
     }
 }
