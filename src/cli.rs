@@ -119,10 +119,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.worker.threads > 0 {
+        runtime.worker_threads(config.worker.threads);
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             crate::complain!("outboxd: cannot start the async runtime: {e}");

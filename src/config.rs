@@ -36,6 +36,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(6);
 pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(20);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_THREADS: usize = 1;
 pub const DEFAULT_OUTBOX_TABLE: &str = "outbox";
 pub const DEFAULT_PARTITIONS_TABLE: &str = "outbox_partitions";
 pub const DEFAULT_WORKERS_TABLE: &str = "outbox_workers";
@@ -173,6 +174,11 @@ pub struct WorkerConfig {
     pub shutdown_timeout: Duration,
     /// How buckets are spread over workers: `modulo` or `sticky`.
     pub assignment: Assignment,
+    /// Async runtime threads of one process; 0 = one per core. One is
+    /// fastest where the database and the broker share the machine: the
+    /// relay's work is hand-offs between tasks, and a second thread mostly
+    /// adds cross-core wake-ups (measured in BENCHMARKS.md).
+    pub threads: usize,
 }
 
 /// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
@@ -227,6 +233,7 @@ impl Default for WorkerConfig {
             heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             assignment: Assignment::Modulo,
+            threads: DEFAULT_THREADS,
         }
     }
 }
@@ -373,6 +380,12 @@ impl Config {
         }
         positive("worker.heartbeat_ttl", w.heartbeat_ttl)?;
         positive("worker.shutdown_timeout", w.shutdown_timeout)?;
+        if w.threads > 256 {
+            return Err(invalid(
+                "worker.threads",
+                format!("({}) must be at most 256 (0 = one per core)", w.threads),
+            ));
+        }
 
         let d = &self.dashboard;
         if d.listen.parse::<std::net::SocketAddr>().is_err() {
