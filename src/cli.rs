@@ -45,6 +45,13 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
+    /// Workers, leases, per-bucket pending and lag, blocked heads (the dashboard in a terminal)
+    Status(crate::ops::StatusArgs),
+    /// Parked (failed) messages: list, requeue, drop
+    Failed {
+        #[command(subcommand)]
+        command: crate::ops::FailedCommand,
+    },
     /// Demo producer: enqueue order events for many keys
     Produce(demo::ProduceArgs),
     /// Demo consumer: read a queue and check per-key order and loss
@@ -237,6 +244,8 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())
         }
+        Command::Status(args) => crate::ops::status(&config, &args).await,
+        Command::Failed { command } => crate::ops::failed(&config, &command).await,
         Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
             .await
             .context("produce"),

@@ -20,6 +20,7 @@
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
+//! - [`ops`]: operator commands `outboxd status` and `outboxd failed`.
 
 /// Prints a line on stdout. A closed stdout (the reader went away, e.g. a
 /// pipe) is not worth a panic: the line is dropped.
@@ -47,6 +48,7 @@ pub mod config;
 pub mod coordinator;
 pub mod dashboard;
 pub mod demo;
+pub mod ops;
 pub mod partitioner;
 pub mod producer;
 pub mod relay;

@@ -26,6 +26,7 @@ use crate::store::outbox::{MessageState, MessageSummary};
 use crate::store::partitions::{BucketView, LeaseEvent};
 use crate::store::stats::Minute;
 use crate::store::workers::WorkerView;
+use crate::store::{Store, StoreError};
 
 /// Pending and parked counts per bucket stop at this number ("10000+").
 pub const COUNT_CAP: i64 = 10_000;
@@ -64,13 +65,15 @@ pub struct Summary {
 }
 
 pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summary>, ApiError> {
+    Ok(Json(load_summary(&st.store, st.partition_count).await?))
+}
+
+/// Everything the page shows at once (also what `outboxd status` prints).
+pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary, StoreError> {
     let (workers, partitions, throughput) = tokio::try_join!(
-        st.store.tables.workers.list(&st.store.pool),
-        st.store
-            .tables
-            .partitions
-            .overview(&st.store.pool, COUNT_CAP),
-        throughput_of(&st),
+        store.tables.workers.list(&store.pool),
+        store.tables.partitions.overview(&store.pool, COUNT_CAP),
+        throughput_of(store),
     )?;
     let totals = Totals {
         workers_live: workers.iter().filter(|w| w.live).count(),
@@ -85,18 +88,18 @@ pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summa
         blocked_buckets: partitions.iter().filter(|p| p.head_error.is_some()).count(),
         max_lag_seconds: partitions.iter().map(|p| p.lag_seconds).fold(0.0, f64::max),
     };
-    Ok(Json(Summary {
+    Ok(Summary {
         now: Utc::now(),
-        partition_count: st.partition_count,
+        partition_count,
         workers,
         partitions,
         throughput,
         totals,
-    }))
+    })
 }
 
-async fn throughput_of(st: &DashboardState) -> Result<Throughput, crate::store::StoreError> {
-    let minutes = st.store.tables.stats.last_hour(&st.store.pool).await?;
+async fn throughput_of(store: &Store) -> Result<Throughput, StoreError> {
+    let minutes = store.tables.stats.last_hour(&store.pool).await?;
     let current_per_minute = minutes.iter().rev().nth(1).map_or(0, |m| m.published);
     Ok(Throughput {
         published_last_hour: minutes.iter().map(|m| m.published).sum(),
@@ -127,7 +130,7 @@ pub async fn partitions(
 pub async fn throughput(
     State(st): State<Arc<DashboardState>>,
 ) -> Result<Json<Throughput>, ApiError> {
-    Ok(Json(throughput_of(&st).await?))
+    Ok(Json(throughput_of(&st.store).await?))
 }
 
 #[derive(Deserialize)]

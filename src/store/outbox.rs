@@ -157,6 +157,8 @@ pub struct OutboxSql {
     list_failed_key: Sql,
     detail: Sql,
     requeue: Sql,
+    parked_in_bucket: Sql,
+    drop_parked: Sql,
 }
 
 impl OutboxSql {
@@ -297,6 +299,31 @@ impl OutboxSql {
                      WHERE o.message_key = $3 AND o.failed_at IS NOT NULL AND o.id < $1
                      ORDER BY o.id DESC LIMIT $2"
                 ),
+            ),
+            parked_in_bucket: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE o.partition_key = $2 AND o.failed_at IS NOT NULL
+                     ORDER BY o.partition_key, o.id LIMIT $1"
+                ),
+            ),
+            // Dropping is never silent: what was dropped, by whom and why
+            // goes to the audit table in the same statement.
+            drop_parked: Sql::render(
+                t,
+                "WITH dropped AS (
+                    DELETE FROM {outbox}
+                    WHERE id = ANY($1::bigint[]) AND failed_at IS NOT NULL AND published_at IS NULL
+                    RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
+                              attempts, last_error
+                 ), audit AS (
+                    INSERT INTO {outbox}_audit (actor, action, detail)
+                    SELECT $2, 'drop', jsonb_build_object('reason', $3::text,
+                           'messages', jsonb_agg(to_jsonb(d) ORDER BY d.id))
+                    FROM dropped d HAVING count(*) > 0
+                 )
+                 SELECT id FROM dropped ORDER BY id",
             ),
             detail: Sql::render(
                 t,
@@ -491,6 +518,39 @@ impl OutboxSql {
             .fetch_optional(exec)
             .await
             .doing("reading a message")
+    }
+
+    /// Parked messages of one bucket, oldest first.
+    pub async fn parked_in_bucket<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        partition_key: &str,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        sqlx::query_as(self.parked_in_bucket.q())
+            .bind(limit)
+            .bind(partition_key)
+            .fetch_all(exec)
+            .await
+            .doing("listing parked messages")
+    }
+
+    /// Deletes parked messages, recording them with `actor` and `reason` in
+    /// the audit table; returns the ids dropped (only parked rows are).
+    pub async fn drop_parked<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        sqlx::query_scalar(self.drop_parked.q())
+            .bind(ids)
+            .bind(actor)
+            .bind(reason)
+            .fetch_all(exec)
+            .await
+            .doing("dropping parked messages")
     }
 
     /// Requeues parked messages (by id, or every parked one of `buckets`);

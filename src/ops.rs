@@ -1,0 +1,257 @@
+//! Operator commands for terminals and scripts: `outboxd status` (the
+//! dashboard's summary as text or JSON) and `outboxd failed` (list, requeue
+//! and drop parked messages). Everything they change is audited.
+
+use clap::{Args, Subcommand};
+
+use crate::config::Config;
+use crate::dashboard::api::{Summary, load_summary};
+use crate::partitioner::Partitioner;
+use crate::store::{Store, schema};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the summary as JSON (the dashboard's api/summary)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FailedCommand {
+    /// List parked messages, newest first (or a bucket's, oldest first)
+    List {
+        #[arg(long, value_name = "BUCKET")]
+        bucket: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue parked messages: they become the head of their bucket again
+    Requeue {
+        /// Message ids
+        ids: Vec<i64>,
+        /// Every parked message of this bucket
+        #[arg(long, value_name = "BUCKET", conflicts_with = "all")]
+        bucket: Option<String>,
+        /// Every parked message
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete parked messages for good (recorded in the audit table)
+    Drop {
+        /// Message ids
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Confirm: dropped messages are never published
+        #[arg(long)]
+        yes: bool,
+        /// Why, for the audit record
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+async fn open(config: &Config, name: &str) -> anyhow::Result<(Store, Partitioner)> {
+    let partitioner = Partitioner::new(config.outbox.partition_count);
+    let store = Store::connect(config, name).await?;
+    schema::check(&store.pool, &store.tables, partitioner).await?;
+    Ok((store, partitioner))
+}
+
+/// Who runs the command, for audit records.
+fn actor() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("cli {user}@{}", host.trim())
+}
+
+pub async fn status(config: &Config, args: &StatusArgs) -> anyhow::Result<()> {
+    let (store, p) = open(config, "outboxd status").await?;
+    let s = load_summary(&store, p.count()).await?;
+    if args.json {
+        say!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print_status(&s);
+    }
+    Ok(())
+}
+
+fn short(id: Option<uuid::Uuid>) -> String {
+    id.map_or("-".into(), |u| u.to_string()[..8].to_string())
+}
+
+fn print_status(s: &Summary) {
+    let t = &s.totals;
+    say!(
+        "workers {} live | buckets {}/{} owned | pending {}{} | parked {} | blocked {} | oldest pending {:.1}s | published last hour {}",
+        t.workers_live,
+        t.buckets_owned,
+        t.buckets,
+        t.pending,
+        if t.pending_capped { "+" } else { "" },
+        t.parked,
+        t.blocked_buckets,
+        t.max_lag_seconds,
+        s.throughput.published_last_hour
+    );
+    say!(
+        "\n{:<10} {:<16} {:>7} {:<10} {:>9} {:>8} {:>9} {:>11}",
+        "WORKER",
+        "HOST",
+        "PID",
+        "MODE",
+        "HB TTL",
+        "BUCKETS",
+        "RATE/S",
+        "PUBLISHED"
+    );
+    for w in &s.workers {
+        say!(
+            "{:<10} {:<16} {:>7} {:<10} {:>9} {:>8} {:>9.1} {:>11}",
+            short(Some(w.worker_id)),
+            w.hostname,
+            w.pid,
+            w.mode,
+            if w.live {
+                format!("{:.1}s", w.heartbeat_ttl_seconds)
+            } else {
+                "gone".into()
+            },
+            w.buckets,
+            w.published_rate,
+            w.published_total
+        );
+    }
+    say!(
+        "\n{:<7} {:<10} {:>6} {:>9} {:>9} {:>9} {:>7}  STATUS",
+        "BUCKET",
+        "OWNER",
+        "EPOCH",
+        "LEASE",
+        "PENDING",
+        "LAG",
+        "PARKED"
+    );
+    for b in &s.partitions {
+        let owned = b.lease_owner.is_some() && b.lease_ttl_seconds.is_some_and(|t| t > 0.0);
+        let status = match (&b.head_error, owned, b.pending) {
+            (Some(e), _, _) => format!("BLOCKED: {e}"),
+            (None, false, n) if n > 0 => "unowned".into(),
+            (None, _, n) if n > 0 => "draining".into(),
+            _ => "idle".into(),
+        };
+        say!(
+            "{:<7} {:<10} {:>6} {:>9} {:>9} {:>9} {:>7}  {}",
+            b.partition_key,
+            short(b.lease_owner),
+            b.lease_epoch,
+            if owned {
+                format!("{:.1}s", b.lease_ttl_seconds.unwrap_or(0.0))
+            } else {
+                "-".into()
+            },
+            format!("{}{}", b.pending, if b.pending_capped { "+" } else { "" }),
+            if b.head_id.is_some() {
+                format!("{:.1}s", b.lag_seconds)
+            } else {
+                "-".into()
+            },
+            b.parked,
+            status
+        );
+    }
+}
+
+pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> {
+    let (store, p) = open(config, "outboxd failed").await?;
+    let outbox = &store.tables.outbox;
+    match cmd {
+        FailedCommand::List {
+            bucket,
+            limit,
+            json,
+        } => {
+            let rows = match bucket {
+                Some(b) => {
+                    anyhow::ensure!(
+                        p.parse_label(b).is_some(),
+                        "'{b}' is not a bucket of this deployment (p00…)"
+                    );
+                    outbox.parked_in_bucket(&store.pool, b, *limit).await?
+                }
+                None => {
+                    outbox
+                        .list(
+                            &store.pool,
+                            crate::store::outbox::MessageState::Failed,
+                            None,
+                            None,
+                            *limit,
+                        )
+                        .await?
+                }
+            };
+            if *json {
+                say!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                say!(
+                    "{:>10} {:<7} {:<24} {:>8}  LAST ERROR",
+                    "ID",
+                    "BUCKET",
+                    "KEY",
+                    "ATTEMPTS"
+                );
+                for m in &rows {
+                    say!(
+                        "{:>10} {:<7} {:<24} {:>8}  {}",
+                        m.id,
+                        m.partition_key,
+                        m.message_key,
+                        m.attempts,
+                        m.last_error.as_deref().unwrap_or("")
+                    );
+                }
+                say!("{} parked message(s)", rows.len());
+            }
+        }
+        FailedCommand::Requeue { ids, bucket, all } => {
+            let buckets: Vec<String> = match (bucket, all) {
+                (Some(b), _) => {
+                    anyhow::ensure!(
+                        p.parse_label(b).is_some(),
+                        "'{b}' is not a bucket of this deployment (p00…)"
+                    );
+                    vec![b.clone()]
+                }
+                (None, true) => p.labels(),
+                (None, false) => Vec::new(),
+            };
+            anyhow::ensure!(
+                !ids.is_empty() || !buckets.is_empty(),
+                "give message ids, --bucket B or --all"
+            );
+            let done = outbox.requeue(&store.pool, ids, &buckets, &actor()).await?;
+            say!("requeued {} message(s): {:?}", done.len(), done);
+        }
+        FailedCommand::Drop { ids, yes, reason } => {
+            if !yes {
+                complain!(
+                    "outboxd: dropping deletes messages that will never be published; add --yes to confirm"
+                );
+                std::process::exit(2);
+            }
+            let done = outbox
+                .drop_parked(&store.pool, ids, &actor(), reason)
+                .await?;
+            let skipped: Vec<i64> = ids.iter().filter(|i| !done.contains(i)).copied().collect();
+            say!("dropped {} message(s): {:?}", done.len(), done);
+            if !skipped.is_empty() {
+                say!("not dropped (not parked, or no such id): {skipped:?}");
+            }
+        }
+    }
+    Ok(())
+}

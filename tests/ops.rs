@@ -1,0 +1,200 @@
+//! `outboxd status` and `outboxd failed`, run as real commands.
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::*;
+use outboxd::demo::QueueReader;
+use outboxd::producer::{Message, Producer};
+
+fn run(env: &TestEnv, args: &[&str]) -> Output {
+    env.command(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+async fn park(env: &TestEnv, ids: &[i64], error: &str) {
+    sqlx::query(
+        "UPDATE outbox SET failed_at = now(), attempts = 5, last_error = $2 WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .bind(error)
+    .execute(&env.store.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn status_prints_the_summary_as_text_and_json() {
+    let env = TestEnv::new().await;
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(
+            producer
+                .enqueue(pool, Message::new(format!("k{i}"), "", "q", "x"))
+                .await
+                .unwrap(),
+        );
+    }
+    park(&env, &ids[..2], "unroutable").await;
+    sqlx::query("UPDATE outbox SET attempts = 1, last_error = 'boom' WHERE id = $1")
+        .bind(ids[5])
+        .execute(pool)
+        .await
+        .unwrap();
+    let blocked: String = sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
+        .bind(ids[5])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+
+    let out = run(&env, &["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["totals"]["pending"], 10);
+    assert_eq!(v["totals"]["parked"], 2);
+    assert_eq!(v["totals"]["blocked_buckets"], 1);
+    assert_eq!(v["partitions"].as_array().unwrap().len(), 16);
+
+    let out = run(&env, &["status"]);
+    let text = stdout(&out);
+    assert!(out.status.success());
+    assert!(
+        text.starts_with("workers 0 live | buckets 0/16 owned | pending 10 | parked 2 | blocked 1"),
+        "{text}"
+    );
+    let line = text.lines().find(|l| l.starts_with(&blocked)).unwrap();
+    assert!(line.ends_with("BLOCKED: boom"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    // One key: its first message is parked, the next two are still pending.
+    let first = producer
+        .enqueue(pool, Message::new("order-7", "", queue.clone(), "1"))
+        .await
+        .unwrap();
+    let later = [
+        producer
+            .enqueue(pool, Message::new("order-7", "", queue.clone(), "2"))
+            .await
+            .unwrap(),
+        producer
+            .enqueue(pool, Message::new("order-7", "", queue.clone(), "3"))
+            .await
+            .unwrap(),
+    ];
+    park(&env, &[first], "unroutable: fixed since").await;
+    let bucket = env.partitioner().label_for("order-7");
+
+    let out = run(&env, &["failed", "list", "--bucket", &bucket]);
+    assert!(
+        stdout(&out).contains(&format!("{first:>10} {bucket}")),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(&env, &["failed", "list", "--bucket", "p99"]);
+    assert!(!out.status.success());
+    let out = run(&env, &["failed", "requeue", &first.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout(&out).contains("requeued 1 message(s)"));
+
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    let (all, v) = read_and_judge(&mut reader, &env, 3, Duration::from_secs(20)).await;
+    assert!(all && v.is_clean(), "{v:?}");
+    // First deliveries in id order for the key: the requeued one first.
+    assert_eq!(v.order_violations.len(), 0);
+    assert!(
+        reader.checker.has(first) && reader.checker.has(later[0]) && reader.checker.has(later[1])
+    );
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND actor LIKE 'cli %'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1);
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test]
+async fn drop_needs_yes_takes_only_parked_rows_and_is_audited() {
+    let env = TestEnv::new().await;
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    let parked = producer
+        .enqueue(pool, Message::new("k", "", "q", "x"))
+        .await
+        .unwrap();
+    let pending = producer
+        .enqueue(pool, Message::new("k2", "", "q", "y"))
+        .await
+        .unwrap();
+    park(&env, &[parked], "too large").await;
+
+    let out = run(&env, &["failed", "drop", &parked.to_string()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        env.count(&format!("id = {parked}")).await,
+        1,
+        "nothing dropped without --yes"
+    );
+
+    let out = run(
+        &env,
+        &[
+            "failed",
+            "drop",
+            &parked.to_string(),
+            &pending.to_string(),
+            "--yes",
+            "--reason",
+            "bad payload",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    assert!(
+        text.contains("dropped 1 message(s)")
+            && text.contains(&format!(
+                "not dropped (not parked, or no such id): [{pending}]"
+            )),
+        "{text}"
+    );
+    assert_eq!(env.count(&format!("id = {parked}")).await, 0);
+    assert_eq!(
+        env.count(&format!("id = {pending}")).await,
+        1,
+        "a pending row is never dropped"
+    );
+    let (reason, dropped_id): (String, i64) = sqlx::query_as(
+        "SELECT detail->>'reason', (detail->'messages'->0->>'id')::bigint FROM outbox_audit WHERE action = 'drop'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((reason.as_str(), dropped_id), ("bad payload", parked));
+}
