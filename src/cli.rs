@@ -52,6 +52,8 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::ops::FailedCommand,
     },
+    /// Delete published rows older than a cut-off (in small batches)
+    Purge(crate::ops::PurgeArgs),
     /// Demo producer: enqueue order events for many keys
     Produce(demo::ProduceArgs),
     /// Demo consumer: read a queue and check per-key order and loss
@@ -245,6 +247,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(args) => crate::ops::status(&config, &args).await,
+        Command::Purge(args) => crate::ops::purge(&config, &args).await,
         Command::Failed { command } => crate::ops::failed(&config, &command).await,
         Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
             .await

@@ -32,6 +32,7 @@ pub const DEFAULT_RETRY_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 0;
 pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(6);
 pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(20);
@@ -157,6 +158,10 @@ pub struct OutboxConfig {
     pub max_attempts: u32,
     /// Rows with a larger payload fail without being sent.
     pub max_payload_bytes: u64,
+    /// Published rows older than this are deleted by the workers; "0s"
+    /// keeps them forever.
+    #[serde(deserialize_with = "de_duration")]
+    pub retention: Duration,
 }
 
 /// `[worker]`: membership and leases (fleet mode).
@@ -221,6 +226,7 @@ impl Default for OutboxConfig {
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            retention: DEFAULT_RETENTION,
         }
     }
 }

@@ -1,8 +1,12 @@
 //! Operator commands for terminals and scripts: `outboxd status` (the
-//! dashboard's summary as text or JSON) and `outboxd failed` (list, requeue
-//! and drop parked messages). Everything they change is audited.
+//! dashboard's summary as text or JSON), `outboxd failed` (list, requeue
+//! and drop parked messages; every change is audited), and retention
+//! (`outboxd purge`, and the workers' periodic purge).
+
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::dashboard::api::{Summary, load_summary};
@@ -50,6 +54,83 @@ pub enum FailedCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete published rows older than this, e.g. 7d, 12h
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_duration)]
+    pub older_than: Duration,
+    /// Only count what would be deleted
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Rows per purge statement: small enough that no transaction is long and
+/// no producer or relay waits behind it.
+pub const PURGE_BATCH: i64 = 5_000;
+/// Advisory lock that lets one process purge at a time ("purge" in ASCII).
+pub const PURGE_LOCK: i64 = 0x0070_7572_6765;
+/// How often a worker purges.
+pub const PURGE_EVERY: Duration = Duration::from_secs(300);
+
+/// Deletes published rows older than `older_than`, batch after batch, until
+/// none is left or another process holds the purge lock. Returns how many.
+pub async fn purge_published(
+    store: &Store,
+    older_than: Duration,
+) -> Result<u64, crate::store::StoreError> {
+    let mut total = 0;
+    loop {
+        let n = store
+            .tables
+            .outbox
+            .purge_batch(&store.pool, older_than, PURGE_BATCH, PURGE_LOCK)
+            .await?;
+        total += n;
+        if n < PURGE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// A worker's retention task: purges every `PURGE_EVERY` until cancelled.
+pub async fn retention_loop(store: Store, retention: Duration, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(PURGE_EVERY) => {}
+        }
+        match purge_published(&store, retention).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, "purged published rows past retention"),
+            Err(e) => {
+                tracing::warn!(error = %e, "purging published rows failed; retrying next round")
+            }
+        }
+    }
+}
+
+pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
+    let (store, _) = open(config, "outboxd purge").await?;
+    if args.dry_run {
+        let n = store
+            .tables
+            .outbox
+            .count_purgeable(&store.pool, args.older_than)
+            .await?;
+        say!(
+            "would delete {n} published row(s) older than {}",
+            crate::config::fmt_duration(args.older_than)
+        );
+    } else {
+        let n = purge_published(&store, args.older_than).await?;
+        say!(
+            "deleted {n} published row(s) older than {}",
+            crate::config::fmt_duration(args.older_than)
+        );
+    }
+    Ok(())
 }
 
 async fn open(config: &Config, name: &str) -> anyhow::Result<(Store, Partitioner)> {

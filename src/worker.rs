@@ -142,6 +142,13 @@ pub async fn run(
         background.clone(),
     ));
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
+    let retention = (!config.outbox.retention.is_zero() && !opts.once).then(|| {
+        tokio::spawn(crate::ops::retention_loop(
+            store.clone(),
+            config.outbox.retention,
+            background.clone(),
+        ))
+    });
 
     let dashboard = ui_listener.map(|listener| {
         let state =
@@ -228,6 +235,9 @@ pub async fn run(
 
     background.cancel();
     let _ = tokio::join!(heartbeat, listener);
+    if let Some(task) = retention {
+        let _ = task.await;
+    }
     if let Some(ui) = dashboard
         && let Ok(Err(e)) = ui.await
     {

@@ -198,3 +198,85 @@ async fn drop_needs_yes_takes_only_parked_rows_and_is_audited() {
     .unwrap();
     assert_eq!((reason.as_str(), dropped_id), ("bad payload", parked));
 }
+
+#[tokio::test]
+async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock() {
+    let env = TestEnv::new().await;
+    let pool = &env.store.pool;
+    let producer = Producer::default();
+    let mut ids = Vec::new();
+    for i in 0..11 {
+        ids.push(
+            producer
+                .enqueue(pool, Message::new(format!("k{i}"), "", "q", "x"))
+                .await
+                .unwrap(),
+        );
+    }
+    let set = |sql: &'static str, ids: Vec<i64>| async move {
+        sqlx::query(sql).bind(ids).execute(pool).await.unwrap();
+    };
+    // 5 published 10 days ago, 3 published an hour ago, 2 old pending, 1 old parked.
+    set("UPDATE outbox SET created_at = now() - interval '11 days', published_at = now() - interval '10 days' WHERE id = ANY($1)", ids[..5].to_vec()).await;
+    set(
+        "UPDATE outbox SET published_at = now() - interval '1 hour' WHERE id = ANY($1)",
+        ids[5..8].to_vec(),
+    )
+    .await;
+    set(
+        "UPDATE outbox SET created_at = now() - interval '30 days' WHERE id = ANY($1)",
+        ids[8..10].to_vec(),
+    )
+    .await;
+    set("UPDATE outbox SET created_at = now() - interval '30 days', failed_at = now() - interval '20 days' WHERE id = ANY($1)", ids[10..].to_vec()).await;
+
+    let out = run(&env, &["purge", "--older-than", "7d", "--dry-run"]);
+    assert_eq!(
+        stdout(&out).trim(),
+        "would delete 5 published row(s) older than 7d"
+    );
+    assert_eq!(env.count("true").await, 11, "a dry run deletes nothing");
+
+    // While another process holds the purge lock, nothing is deleted.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(outboxd::ops::PURGE_LOCK)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let out = run(&env, &["purge", "--older-than", "7d"]);
+    assert_eq!(
+        stdout(&out).trim(),
+        "deleted 0 published row(s) older than 7d"
+    );
+    holder.rollback().await.unwrap();
+
+    let out = run(&env, &["purge", "--older-than", "7d"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout(&out).trim(),
+        "deleted 5 published row(s) older than 7d"
+    );
+    assert_eq!(
+        env.count("published_at IS NOT NULL").await,
+        3,
+        "newer published rows are kept"
+    );
+    assert_eq!(
+        env.count("published_at IS NULL AND failed_at IS NULL")
+            .await,
+        2,
+        "pending rows are never purged"
+    );
+    assert_eq!(
+        env.count("failed_at IS NOT NULL").await,
+        1,
+        "parked rows are never purged"
+    );
+    let out = run(&env, &["purge", "--older-than", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+}

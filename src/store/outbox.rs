@@ -159,6 +159,8 @@ pub struct OutboxSql {
     requeue: Sql,
     parked_in_bucket: Sql,
     drop_parked: Sql,
+    purge_batch: Sql,
+    count_purgeable: Sql,
 }
 
 impl OutboxSql {
@@ -324,6 +326,23 @@ impl OutboxSql {
                     FROM dropped d HAVING count(*) > 0
                  )
                  SELECT id FROM dropped ORDER BY id",
+            ),
+            // Retention: one short transaction per batch, only by whoever
+            // holds the purge lock (other workers skip the round), oldest ids
+            // first (they are the published ones), never a pending or parked
+            // row.
+            purge_batch: Sql::render(
+                t,
+                "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS ok)
+                 DELETE FROM {outbox}
+                 WHERE (SELECT ok FROM lock)
+                   AND id IN (SELECT id FROM {outbox}
+                              WHERE published_at < now() - make_interval(secs => $1::float8)
+                              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            ),
+            count_purgeable: Sql::render(
+                t,
+                "SELECT count(*) FROM {outbox} WHERE published_at < now() - make_interval(secs => $1::float8)",
             ),
             detail: Sql::render(
                 t,
@@ -518,6 +537,40 @@ impl OutboxSql {
             .fetch_optional(exec)
             .await
             .doing("reading a message")
+    }
+
+    /// Deletes up to `limit` rows published more than `older_than` ago,
+    /// unless another process holds the purge lock `lock_key`. Returns how
+    /// many rows went.
+    pub async fn purge_batch<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        older_than: std::time::Duration,
+        limit: i64,
+        lock_key: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.purge_batch.q())
+            .bind(older_than.as_secs_f64())
+            .bind(limit)
+            .bind(lock_key)
+            .execute(exec)
+            .await
+            .doing("purging published rows")?
+            .rows_affected())
+    }
+
+    /// How many rows a purge with this cut-off would delete (a full scan:
+    /// for `--dry-run`, not for the relay).
+    pub async fn count_purgeable<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        older_than: std::time::Duration,
+    ) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.count_purgeable.q())
+            .bind(older_than.as_secs_f64())
+            .fetch_one(exec)
+            .await
+            .doing("counting purgeable rows")
     }
 
     /// Parked messages of one bucket, oldest first.
