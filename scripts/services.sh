@@ -9,6 +9,7 @@
 #   scripts/services.sh env                print DATABASE_URL / AMQP_URL exports
 #   scripts/services.sh rabbit start DIR PORT   a further private broker (tests that restart one)
 #   scripts/services.sh rabbit stop  DIR PORT
+#   scripts/services.sh rabbit ctl   DIR PORT ARGS…  rabbitmqctl against that broker
 #   scripts/services.sh pg start|stop      only PostgreSQL
 set -euo pipefail
 
@@ -175,11 +176,12 @@ case "$cmd" in
     esac
     ;;
   rabbit)
-    [ $# -eq 4 ] || { log "usage: $0 rabbit start|stop|ctl DIR PORT"; exit 2; }
+    [ $# -ge 4 ] || { log "usage: $0 rabbit start|stop|ctl DIR PORT [rabbitmqctl args]"; exit 2; }
     case "$2" in
       start) ensure_packages; rabbit_start "$3" "$4" ;;
       stop) rabbit_stop "$3" "$4" ;;
-      *) log "usage: $0 rabbit start|stop DIR PORT"; exit 2 ;;
+      ctl) dir=$3 port=$4; shift 4; rabbit_ctl "$dir" "$port" "$@" ;;
+      *) log "usage: $0 rabbit start|stop|ctl DIR PORT [rabbitmqctl args]"; exit 2 ;;
     esac
     ;;
   *) log "usage: $0 up|down|env|pg|rabbit"; exit 2 ;;

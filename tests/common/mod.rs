@@ -324,6 +324,19 @@ impl PrivateBroker {
         assert!(status.success(), "services.sh rabbit {action} failed");
     }
 
+    /// Runs `rabbitmqctl ARGS` against this node.
+    pub fn ctl(&self, args: &[&str]) {
+        let status = Command::new("bash")
+            .arg(repo_dir().join("scripts/services.sh"))
+            .args(["rabbit", "ctl"])
+            .arg(&self.dir)
+            .arg(self.port.to_string())
+            .args(args)
+            .status()
+            .expect("run services.sh");
+        assert!(status.success(), "rabbitmqctl {args:?} failed");
+    }
+
     /// Kills the node's Erlang VM with SIGKILL (a crash, not a shutdown).
     pub fn kill9(&self) {
         let pid = std::fs::read_to_string(self.dir.join("rabbit.pid")).expect("rabbit pid file");
