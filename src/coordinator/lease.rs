@@ -34,8 +34,18 @@
 //!    matches 0 rows. The new owner also drops the old owner's claims, so
 //!    they do not hold the bucket up until `claim_ttl`.
 //!
-//! Hence at most one worker publishes a bucket at a time, and a row's state
-//! is only ever recorded by the worker that held the bucket's lease.
+//! Hence a row's state is only ever recorded by the worker that held the
+//! bucket's lease, and no worker *initiates* a publish for a bucket it may
+//! no longer hold.
+//!
+//! **The limit.** RabbitMQ cannot check a fencing token, so one window stays
+//! open: frames already handed to the AMQP client when a process is stopped
+//! are written by the client's I/O thread the moment the process resumes,
+//! before any of our code runs. Those are rows of the last in-flight batch;
+//! their records are fenced out (0 rows), so the new owner publishes them as
+//! well, in order. A stalled worker can therefore only add late *duplicates*
+//! of at most one batch per bucket it held — never a gap, never a reordering
+//! of first deliveries (`tests/fleet.rs` asserts exactly this).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
