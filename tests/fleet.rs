@@ -47,6 +47,16 @@ async fn live(env: &TestEnv) -> Vec<Uuid> {
         .unwrap()
 }
 
+/// The buckets `worker` holds, with their lease epochs.
+async fn held_by(env: &TestEnv, worker: Uuid) -> BTreeMap<String, i64> {
+    leases(env)
+        .await
+        .into_iter()
+        .filter(|l| l.lease_owner == Some(worker))
+        .map(|l| (l.partition_key, l.lease_epoch))
+        .collect()
+}
+
 async fn event_count(env: &TestEnv) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox_lease_events")
         .fetch_one(&env.store.pool)
@@ -206,12 +216,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
 
     let victim = workers.remove(0);
     let victim_id = worker_id_of(&env, &victim).await;
-    let before: BTreeMap<String, i64> = leases(&env)
-        .await
-        .into_iter()
-        .filter(|l| l.lease_owner == Some(victim_id))
-        .map(|l| (l.partition_key, l.lease_epoch))
-        .collect();
+    let before = held_by(&env, victim_id).await;
     assert!(!before.is_empty());
     victim.signal("KILL");
     let killed = Instant::now();
@@ -295,12 +300,7 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_adds_at_most_late
 
     let stopped = workers.remove(0);
     let stopped_id = worker_id_of(&env, &stopped).await;
-    let held: BTreeMap<String, i64> = leases(&env)
-        .await
-        .into_iter()
-        .filter(|l| l.lease_owner == Some(stopped_id))
-        .map(|l| (l.partition_key, l.lease_epoch))
-        .collect();
+    let held = held_by(&env, stopped_id).await;
     stopped.signal("STOP");
     let stop_at = Instant::now();
     // Taken over by the others, with bumped epochs.

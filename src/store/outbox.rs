@@ -139,6 +139,20 @@ fn fence(key: &str, owner: &str, epoch: &str) -> String {
         .replace("$F_EPOCH", epoch)
 }
 
+/// A page of messages in `state` (a predicate on `o`), newest first below
+/// the cursor `$1`, `$2` rows, of the key `$3` when `by_key`.
+fn newest_first(state: &str, by_key: bool) -> String {
+    let key = if by_key {
+        "o.message_key = $3 AND "
+    } else {
+        ""
+    };
+    format!(
+        "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+         WHERE {key}{state} AND o.id < $1 ORDER BY o.id DESC LIMIT $2"
+    )
+}
+
 /// The rendered statements of this module.
 #[derive(Debug)]
 pub struct OutboxSql {
@@ -272,36 +286,10 @@ impl OutboxSql {
                      ORDER BY o.id LIMIT $2"
                 ),
             ),
-            list_published: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE o.published_at IS NOT NULL AND o.id < $1 ORDER BY o.id DESC LIMIT $2"
-                ),
-            ),
-            list_published_key: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE o.message_key = $3 AND o.published_at IS NOT NULL AND o.id < $1
-                     ORDER BY o.id DESC LIMIT $2"
-                ),
-            ),
-            list_failed: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE o.failed_at IS NOT NULL AND o.id < $1 ORDER BY o.id DESC LIMIT $2"
-                ),
-            ),
-            list_failed_key: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE o.message_key = $3 AND o.failed_at IS NOT NULL AND o.id < $1
-                     ORDER BY o.id DESC LIMIT $2"
-                ),
-            ),
+            list_published: Sql::render(t, &newest_first("o.published_at IS NOT NULL", false)),
+            list_published_key: Sql::render(t, &newest_first("o.published_at IS NOT NULL", true)),
+            list_failed: Sql::render(t, &newest_first("o.failed_at IS NOT NULL", false)),
+            list_failed_key: Sql::render(t, &newest_first("o.failed_at IS NOT NULL", true)),
             parked_in_bucket: Sql::render(
                 t,
                 &format!(
