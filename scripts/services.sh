@@ -143,7 +143,9 @@ rabbit_start() {
 rabbit_stop() {
   local dir=$1 port=$2
   [ -d "$dir" ] || return 0
-  rabbit_ctl "$dir" "$port" -q stop >/dev/null 2>&1 || true
+  # With the pid file, rabbitmqctl also waits for the VM to exit, so a start
+  # right after a stop never races the old node for its name.
+  rabbit_ctl "$dir" "$port" -q stop "$dir/rabbit.pid" >/dev/null 2>&1 || true
 }
 
 print_env() {
