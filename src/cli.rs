@@ -54,6 +54,8 @@ pub enum Command {
     },
     /// Delete published rows older than a cut-off (in small batches)
     Purge(crate::ops::PurgeArgs),
+    /// Change the bucket count: re-labels unpublished rows while no worker runs
+    Repartition(crate::ops::RepartitionArgs),
     /// Demo producer: enqueue order events for many keys
     Produce(demo::ProduceArgs),
     /// Demo consumer: read a queue and check per-key order and loss
@@ -152,7 +154,9 @@ fn init_tracing(silent: bool) {
     use tracing_subscriber::EnvFilter;
     let default = if silent { "warn" } else { "info" };
     let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
-        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=warn")))
+        // lapin logs every returned message at WARN, with its whole content;
+        // the relay reports the failure itself, once, with the row id.
+        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=error")))
         .unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
@@ -160,6 +164,11 @@ fn init_tracing(silent: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        // If stderr goes away (a closed log pipe), dropping the line is
+        // right; the default reports the failure with eprintln!, which
+        // panics the logging task — and a panicked signal task meant a
+        // worker that ignored SIGTERM.
+        .log_internal_errors(false)
         .init();
 }
 
@@ -248,6 +257,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Status(args) => crate::ops::status(&config, &args).await,
         Command::Purge(args) => crate::ops::purge(&config, &args).await,
+        Command::Repartition(args) => crate::ops::repartition(&config, &args).await,
         Command::Failed { command } => crate::ops::failed(&config, &command).await,
         Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
             .await

@@ -1,7 +1,8 @@
 //! Operator commands for terminals and scripts: `outboxd status` (the
 //! dashboard's summary as text or JSON), `outboxd failed` (list, requeue
-//! and drop parked messages; every change is audited), and retention
-//! (`outboxd purge`, and the workers' periodic purge).
+//! and drop parked messages; every change is audited), retention
+//! (`outboxd purge`, and the workers' periodic maintenance) and
+//! `outboxd repartition`.
 
 use std::time::Duration;
 
@@ -66,6 +67,16 @@ pub struct PurgeArgs {
     pub dry_run: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct RepartitionArgs {
+    /// The new bucket count (1–1024)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub to: u32,
+    /// Only count the rows that would be re-labelled; change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 /// Rows per purge statement: small enough that no transaction is long and
 /// no producer or relay waits behind it.
 pub const PURGE_BATCH: i64 = 5_000;
@@ -94,18 +105,71 @@ pub async fn purge_published(
     }
 }
 
-/// A worker's retention task: purges every `PURGE_EVERY` until cancelled.
-pub async fn retention_loop(store: Store, retention: Duration, cancel: CancellationToken) {
+/// How often a worker checks for rows in unknown buckets and for a changed
+/// bucket count.
+pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(30);
+
+/// A worker's housekeeping task, until `cancel` fires:
+///
+/// - at start and every [`MAINTENANCE_EVERY`], parks pending rows whose
+///   bucket label does not exist here (see
+///   [`park_unknown_labels`](crate::store::repartition::park_unknown_labels))
+///   and checks that the database's bucket count is still `partition_count`;
+/// - with a `retention`, purges published rows older than it every
+///   [`PURGE_EVERY`].
+///
+/// Returns an error, after cancelling `stop_worker`, when the database was
+/// repartitioned under the running worker: draining on with the old count
+/// would break per-key order.
+pub async fn maintenance_loop(
+    store: Store,
+    partition_count: u32,
+    retention: Option<Duration>,
+    cancel: CancellationToken,
+    stop_worker: CancellationToken,
+) -> Result<(), crate::store::StoreError> {
+    let mut ticks = tokio::time::interval(MAINTENANCE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut purged_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(PURGE_EVERY) => {}
+            _ = cancel.cancelled() => return Ok(()),
+            _ = ticks.tick() => {}
         }
-        match purge_published(&store, retention).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(rows = n, "purged published rows past retention"),
-            Err(e) => {
-                tracing::warn!(error = %e, "purging published rows failed; retrying next round")
+        match schema::partition_count(&store.pool, &store.tables).await {
+            Ok(Some(n)) if n != partition_count => {
+                let e = schema::partition_count_mismatch(n, partition_count);
+                tracing::error!(error = %e, "the database was repartitioned; stopping this worker");
+                stop_worker.cancel();
+                return Err(e);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "reading partition_count failed"),
+        }
+        match crate::store::repartition::park_unknown_labels(&store.pool, &store.tables).await {
+            Ok(parked) if !parked.is_empty() => {
+                let mut labels: Vec<&str> =
+                    parked.iter().map(|r| r.partition_key.as_str()).collect();
+                labels.dedup();
+                tracing::warn!(
+                    rows = parked.len(),
+                    ?labels,
+                    "parked rows whose bucket label does not exist in this deployment (see `outboxd failed list`)"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "looking for rows in unknown buckets failed"),
+        }
+        if let Some(retention) = retention
+            && purged_at.elapsed() >= PURGE_EVERY
+        {
+            purged_at = tokio::time::Instant::now();
+            match purge_published(&store, retention).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "purged published rows past retention"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "purging published rows failed; retrying next round")
+                }
             }
         }
     }
@@ -128,6 +192,47 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
         say!(
             "deleted {n} published row(s) older than {}",
             crate::config::fmt_duration(args.older_than)
+        );
+    }
+    Ok(())
+}
+
+/// `outboxd repartition --to N`: see [`crate::store::repartition`]. The
+/// configured count does not matter here (it is usually already the new
+/// one); the schema version does.
+pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
+    let store = Store::connect(config, "outboxd repartition").await?;
+    schema::check_version(&store.pool, &store.tables).await?;
+    let mut conn = store.pool.acquire().await?;
+    let r = crate::store::repartition::repartition(
+        &mut conn,
+        &store.tables,
+        args.to,
+        args.dry_run,
+        &actor(),
+    )
+    .await?;
+    if args.dry_run {
+        say!(
+            "dry run: {} → {} buckets would re-label {} of {} unpublished row(s); nothing changed",
+            r.from,
+            r.to,
+            r.relabelled,
+            r.unpublished
+        );
+        return Ok(());
+    }
+    say!(
+        "repartitioned {} → {} buckets: {} of {} unpublished row(s) re-labelled, every lease cleared",
+        r.from,
+        r.to,
+        r.relabelled,
+        r.unpublished
+    );
+    if config.outbox.partition_count != r.to {
+        say!(
+            "now set outbox.partition_count = {} in every worker's configuration before starting them",
+            r.to
         );
     }
     Ok(())
@@ -299,22 +404,23 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
             }
         }
         FailedCommand::Requeue { ids, bucket, all } => {
-            let buckets: Vec<String> = match (bucket, all) {
-                (Some(b), _) => {
+            let buckets: Vec<String> = match bucket {
+                Some(b) => {
                     anyhow::ensure!(
                         p.parse_label(b).is_some(),
                         "'{b}' is not a bucket of this deployment (p00…)"
                     );
                     vec![b.clone()]
                 }
-                (None, true) => p.labels(),
-                (None, false) => Vec::new(),
+                None => Vec::new(),
             };
             anyhow::ensure!(
-                !ids.is_empty() || !buckets.is_empty(),
+                !ids.is_empty() || !buckets.is_empty() || *all,
                 "give message ids, --bucket B or --all"
             );
-            let done = outbox.requeue(&store.pool, ids, &buckets, &actor()).await?;
+            let done = outbox
+                .requeue(&store.pool, ids, &buckets, *all, &actor())
+                .await?;
             say!("requeued {} message(s): {:?}", done.len(), done);
         }
         FailedCommand::Drop { ids, yes, reason } => {

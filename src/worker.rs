@@ -142,13 +142,15 @@ pub async fn run(
         background.clone(),
     ));
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
-    let retention = (!config.outbox.retention.is_zero() && !opts.once).then(|| {
-        tokio::spawn(crate::ops::retention_loop(
-            store.clone(),
-            config.outbox.retention,
-            background.clone(),
-        ))
-    });
+    let retention =
+        (!config.outbox.retention.is_zero() && !opts.once).then_some(config.outbox.retention);
+    let maintenance = tokio::spawn(crate::ops::maintenance_loop(
+        store.clone(),
+        partitioner.count(),
+        retention,
+        background.clone(),
+        cancel.clone(),
+    ));
 
     let dashboard = ui_listener.map(|listener| {
         let state =
@@ -235,9 +237,7 @@ pub async fn run(
 
     background.cancel();
     let _ = tokio::join!(heartbeat, listener);
-    if let Some(task) = retention {
-        let _ = task.await;
-    }
+    let fatal = maintenance.await.ok().and_then(Result::err);
     if let Some(ui) = dashboard
         && let Ok(Err(e)) = ui.await
     {
@@ -248,7 +248,10 @@ pub async fn run(
         announce(&store, fleet::announce::LEAVE).await;
     }
     store.pool.close().await;
-    Ok(totals)
+    match fatal {
+        Some(e) => Err(e.into()),
+        None => Ok(totals),
+    }
 }
 
 /// Adds this worker's counts to the per-minute throughput table once per

@@ -236,10 +236,10 @@ async fn work_refuses_a_partition_count_that_differs_from_the_database() {
     let out = with_32(&["work", "--no-leasing", "--once"]);
     assert_one_line_error(
         &out,
-        "outbox.partition_count is 32 but the database was set up with 16",
+        "outbox.partition_count is 32 but the database has 16 buckets",
     );
     let out = with_32(&["migrate"]);
-    assert_one_line_error(&out, "set up with 16");
+    assert_one_line_error(&out, "has 16 buckets");
 }
 
 #[tokio::test]
@@ -286,4 +286,46 @@ async fn no_leasing_refuses_to_start_while_another_worker_is_live() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A log pipe that closes (a collector restarted, `| head`) must not turn
+/// into a worker that ignores SIGTERM. It did: tracing-subscriber reported
+/// the failed write with `eprintln!`, which panicked whichever task logged
+/// next — the signal task included.
+#[tokio::test]
+async fn a_worker_whose_stderr_closes_still_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let env = TestEnv::new().await;
+    let mut child = env
+        .command(&["work", "--no-leasing", "--silent"])
+        .env("OUTBOXD_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("draining") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "worker exited");
+    }
+    drop(stderr);
+    let pid = child.id().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            panic!("the worker ignored SIGTERM after its stderr closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }

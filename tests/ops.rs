@@ -280,3 +280,211 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     let out = run(&env, &["purge", "--older-than", "soon"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Repartitioning with rows pending: a fleet drained part of a backlog and
+/// was stopped; `repartition --to 7` runs while a producer keeps writing
+/// (it must wait for the change, not slip rows in under the old count);
+/// a worker with the old count refuses to start; a fleet with the new count
+/// delivers everything: 0 lost, per-key order kept across the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
+    let env = TestEnv::with(Tuning {
+        lease_ttl: "3s",
+        lease_renew: "1s",
+        heartbeat_ttl: "3s",
+        ..Tuning::default()
+    })
+    .await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    // The backlog: 10,000 rows over 200 keys, committed in one go.
+    sqlx::query(
+        "SELECT outbox_enqueue('key-' || (i % 200), '', $1, convert_to(i::text, 'UTF8'))
+         FROM generate_series(1, 10000) i",
+    )
+    .bind(&queue)
+    .execute(&env.store.pool)
+    .await
+    .unwrap();
+
+    let mut worker = env.spawn_worker(&["--silent", "--batch-size", "10"]);
+    env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
+        .await;
+    let out = run(&env, &["repartition", "--to", "7"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("1 worker(s) are live"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+    let published_before = env.count("published_at IS NOT NULL").await;
+    assert!(
+        published_before < 10_000,
+        "the backlog drained before the change"
+    );
+
+    let out = run(&env, &["repartition", "--to", "7", "--dry-run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout(&out).starts_with("dry run: 16 → 7 buckets"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(env.count("true").await, 10_000);
+
+    // A producer writes through the change.
+    let producing = tokio::spawn(produce_evenly(
+        env.db_url.clone(),
+        queue.clone(),
+        1_000,
+        200,
+        Duration::from_secs(3),
+    ));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let out = run(&env, &["repartition", "--to", "7"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout(&out).starts_with("repartitioned 16 → 7 buckets"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stdout(&out).contains("set outbox.partition_count = 7"));
+    producing.await.unwrap();
+
+    let pool = &env.store.pool;
+    let count: i32 = sqlx::query_scalar("SELECT partition_count FROM outbox_settings")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 7);
+    assert_eq!(
+        env.count("published_at IS NULL AND partition_key <> outbox_partition_for(message_key)")
+            .await,
+        0,
+        "an unpublished row kept a label of the old count"
+    );
+    assert_eq!(
+        env.count("published_at IS NULL AND partition_key > 'p06'")
+            .await,
+        0
+    );
+    let buckets: Vec<String> =
+        sqlx::query_scalar("SELECT partition_key FROM outbox_partitions ORDER BY 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(buckets, ["p00", "p01", "p02", "p03", "p04", "p05", "p06"]);
+    let audited: serde_json::Value =
+        sqlx::query_scalar("SELECT detail FROM outbox_audit WHERE action = 'repartition'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(audited["from"], 16);
+    assert_eq!(audited["to"], 7);
+
+    // The old count is refused; the new one drains everything.
+    let out = env.command(&["work", "--once"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the database has 7 buckets"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let toml = std::fs::read_to_string(&env.config_path).unwrap();
+    std::fs::write(
+        &env.config_path,
+        toml.replace("partition_count = 16", "partition_count = 7"),
+    )
+    .unwrap();
+    let mut fleet = [
+        env.spawn_worker(&["--silent"]),
+        env.spawn_worker(&["--silent"]),
+    ];
+    let (all, v) = read_and_judge(&mut reader, &env, 11_000, Duration::from_secs(90)).await;
+    assert!(all, "{}", v.summary());
+    assert!(
+        v.lost.is_empty() && v.unexpected.is_empty(),
+        "{}",
+        v.summary()
+    );
+    assert!(v.order_violations.is_empty(), "{}", v.summary());
+    eprintln!(
+        "repartition 16 → 7 with {} of 10,000 published before it: {}",
+        published_before,
+        v.summary()
+    );
+    for w in &mut fleet {
+        assert!(w.terminate(Duration::from_secs(15)).success());
+    }
+}
+
+/// A row whose label is not a bucket of this deployment (a producer that
+/// computed labels with another bucket count) would wait forever; it is
+/// parked with an error that names the label and the right bucket, the
+/// other buckets go on, and `failed requeue` re-labels and delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let producer = Producer::default();
+    let pool = &env.store.pool;
+    for i in 0..20 {
+        producer
+            .enqueue(pool, Message::new(format!("k{i}"), "", queue.clone(), "ok"))
+            .await
+            .unwrap();
+    }
+    let stray: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (partition_key, message_key, routing_key, payload)
+         VALUES ('p42', 'stray-key', $1, 'x') RETURNING id",
+    )
+    .bind(&queue)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let right = env.partitioner().label_for("stray-key");
+
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    env.wait_count("failed_at IS NOT NULL", 1, Duration::from_secs(15))
+        .await;
+    let error: String = sqlx::query_scalar("SELECT last_error FROM outbox WHERE id = $1")
+        .bind(stray)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        error,
+        format!(
+            "unknown bucket label p42: this deployment has 16 buckets, and key 'stray-key' belongs to bucket {right}; requeue it to re-label it"
+        )
+    );
+    let list = stdout(&run(&env, &["failed", "list"]));
+    assert!(list.contains(&format!("{stray:>10} p42")), "{list}");
+    let (_, v) = read_and_judge(&mut reader, &env, 20, Duration::from_secs(20)).await;
+    assert_eq!(v.lost, vec![stray], "{}", v.summary());
+    assert!(worker.log_text().contains("bucket label does not exist"));
+
+    let out = run(&env, &["failed", "requeue", "--all"]);
+    assert!(
+        stdout(&out).contains(&format!("requeued 1 message(s): [{stray}]")),
+        "{}",
+        stdout(&out)
+    );
+    let (all, v) = read_and_judge(&mut reader, &env, 21, Duration::from_secs(20)).await;
+    assert!(all && v.is_clean(), "{}", v.summary());
+    let label: String = sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
+        .bind(stray)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(label, right);
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}

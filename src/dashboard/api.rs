@@ -259,7 +259,7 @@ pub async fn requeue(
         .store
         .tables
         .outbox
-        .requeue(&st.store.pool, &req.ids, &buckets, &actor)
+        .requeue(&st.store.pool, &req.ids, &buckets, false, &actor)
         .await?;
     tracing::info!(ids = ?requeued, buckets = ?buckets, actor, "requeued parked messages");
     Ok(Json(json!({ "requeued": requeued })))

@@ -10,10 +10,12 @@
 //! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
 //! - [`partitions`]: one row per bucket (leases, in fleet mode).
 //! - [`workers`]: membership rows and heartbeats.
+//! - [`repartition`]: changing the bucket count; rows with unknown labels.
 //! - [`stats`]: per-minute throughput for the dashboard.
 
 pub mod outbox;
 pub mod partitions;
+pub mod repartition;
 pub mod schema;
 pub mod stats;
 pub mod workers;

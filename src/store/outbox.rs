@@ -347,13 +347,19 @@ impl OutboxSql {
                 "WITH requeued AS (
                     UPDATE {outbox}
                     SET failed_at = NULL, attempts = 0, available_at = now(),
-                        claim_token = NULL, claimed_until = NULL
+                        claim_token = NULL, claimed_until = NULL,
+                        -- a row parked for an unknown bucket label gets its key's label
+                        partition_key = CASE
+                            WHEN EXISTS (SELECT 1 FROM {partitions} p
+                                         WHERE p.partition_key = {outbox}.partition_key)
+                            THEN partition_key
+                            ELSE {outbox}_partition_for(message_key) END
                     WHERE failed_at IS NOT NULL AND published_at IS NULL
-                      AND (id = ANY($1::bigint[]) OR partition_key = ANY($2::text[]))
+                      AND (id = ANY($1::bigint[]) OR partition_key = ANY($2::text[]) OR $4)
                     RETURNING id, partition_key
                  ), audit AS (
                     INSERT INTO {outbox}_audit (actor, action, detail)
-                    SELECT $3, 'requeue', jsonb_build_object('ids', jsonb_agg(id ORDER BY id), 'buckets', $2::text[])
+                    SELECT $3, 'requeue', jsonb_build_object('ids', jsonb_agg(id ORDER BY id), 'buckets', $2::text[], 'all', $4)
                     FROM requeued HAVING count(*) > 0
                  )
                  SELECT r.id FROM requeued r
@@ -594,19 +600,23 @@ impl OutboxSql {
             .doing("dropping parked messages")
     }
 
-    /// Requeues parked messages (by id, or every parked one of `buckets`);
-    /// returns the ids requeued. `actor` goes to the audit record.
+    /// Requeues parked messages (by id, every parked one of `buckets`, or
+    /// with `all` every parked one); returns the ids requeued. A row parked
+    /// because its label is not a bucket of this deployment is re-labelled
+    /// from its key. `actor` goes to the audit record.
     pub async fn requeue<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
         ids: &[i64],
         buckets: &[String],
+        all: bool,
         actor: &str,
     ) -> Result<Vec<i64>, StoreError> {
         sqlx::query_scalar(self.requeue.q())
             .bind(ids)
             .bind(buckets)
             .bind(actor)
+            .bind(all)
             .fetch_all(exec)
             .await
             .doing("requeueing messages")

@@ -111,6 +111,21 @@ pub async fn check(
     tables: &Tables,
     partitioner: Partitioner,
 ) -> Result<(), StoreError> {
+    check_version(pool, tables).await?;
+    match partition_count(pool, tables).await? {
+        None => Err(StoreError::Schema(
+            "the database has no recorded partition_count: run `outboxd migrate`".into(),
+        )),
+        Some(n) if n != partitioner.count() => {
+            Err(partition_count_mismatch(n, partitioner.count()))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Refuses a database that is not at exactly this binary's schema version
+/// (whatever its bucket count).
+pub async fn check_version(pool: &PgPool, tables: &Tables) -> Result<(), StoreError> {
     let applied = applied_versions(pool, tables).await?;
     let latest = latest_version();
     let known: Vec<i64> = EMBEDDED.iter().map(|m| m.version).collect();
@@ -130,21 +145,14 @@ pub async fn check(
             "the database schema is missing migration {missing} (this outboxd needs version {latest}): run `outboxd migrate`"
         )));
     }
-    match partition_count(pool, tables).await? {
-        None => Err(StoreError::Schema(
-            "the database has no recorded partition_count: run `outboxd migrate`".into(),
-        )),
-        Some(n) if n != partitioner.count() => {
-            Err(partition_count_mismatch(n, partitioner.count()))
-        }
-        Some(_) => Ok(()),
-    }
+    Ok(())
 }
 
-fn partition_count_mismatch(recorded: u32, configured: u32) -> StoreError {
+pub fn partition_count_mismatch(recorded: u32, configured: u32) -> StoreError {
     StoreError::Schema(format!(
-        "outbox.partition_count is {configured} but the database was set up with {recorded}: \
-         set partition_count = {recorded}, or repartition the database (changing the count with rows pending would break per-key order)"
+        "outbox.partition_count is {configured} but the database has {recorded} buckets: \
+         set partition_count = {recorded}, or change the database's count with \
+         `outboxd repartition --to {configured}` (see the README) — a worker with another count would break per-key order"
     ))
 }
 
