@@ -12,11 +12,13 @@
 //!    vs 1M pending, and vs 10k pending beside 1M published rows;
 //! 4. rebalance — re-own time after a graceful leave and after a kill, with
 //!    the throughput dip around it;
-//! 5. memory — peak RSS of the worker during the 1-worker throughput run.
+//! 5. memory — peak RSS of the worker during the 1-worker throughput run;
+//! 6. churn — claim + record before and after 2M rows were published and
+//!    purged (no VACUUM, then VACUUM).
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance` runs one section.
+//! `--only throughput|latency|backlog|rebalance|churn` runs one section.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -94,6 +96,9 @@ async fn main() {
     }
     if run("rebalance") {
         b.rebalance().await;
+    }
+    if run("churn") {
+        b.churn().await;
     }
 
     println!(
@@ -175,8 +180,18 @@ impl Bench {
     }
 
     /// Inserts `n` pending rows (256-byte payloads over KEYS keys) routed to
-    /// `queue`, bucket labels computed by the Rust partitioner.
+    /// `queue`, bucket labels computed by the Rust partitioner; then
+    /// `VACUUM ANALYZE`.
     async fn seed(&self, store: &Store, n: usize, queue: &str, published: bool) {
+        self.insert_rows(store, n, queue, published).await;
+        sqlx::query("VACUUM ANALYZE outbox")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+    }
+
+    /// [`Bench::seed`] without the vacuum.
+    async fn insert_rows(&self, store: &Store, n: usize, queue: &str, published: bool) {
         let p = Partitioner::new(16);
         let labels: Vec<String> = (0..KEYS)
             .map(|k| p.label_for(&format!("key-{k}")))
@@ -203,10 +218,6 @@ impl Bench {
             .unwrap();
             start = end;
         }
-        sqlx::query("VACUUM ANALYZE outbox")
-            .execute(&store.pool)
-            .await
-            .unwrap();
     }
 
     async fn declare_purged(&self, queue: &str) {
@@ -463,6 +474,107 @@ impl Bench {
         self.results.insert("backlog".into(), Value::Object(out));
     }
 
+    // ---------------------------------------------------------------- 6
+    /// The relay's per-batch cost before and after `n` rows went through
+    /// the table: enqueued, published (the relay's UPDATE, in chunks) and
+    /// purged (`outboxd purge`'s batches). Measured right after the purge;
+    /// after autovacuum's next pass on the table (as in production); and
+    /// after an explicit VACUUM.
+    async fn churn(&mut self) {
+        let n: i64 = if self.quick { 200_000 } else { 2_000_000 };
+        let mut out = serde_json::Map::new();
+        let (store, _, _) = self.fresh("outboxd_bench_churn", "").await;
+        self.seed(&store, 10_000, "q", false).await;
+        let base = claim_record_cost(&store).await;
+        self.row(
+            "claim + record of 100 rows, fresh table, 10k pending",
+            format!("{:.2} ms", ms(base)),
+            "baseline".into(),
+        );
+        out.insert("fresh_ms".into(), json!(ms(base)));
+
+        let started = Instant::now();
+        let first: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) + 1 FROM outbox")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        self.insert_rows(&store, n as usize, "q", false).await;
+        let chunk = 50_000;
+        let mut at = first;
+        while at < first + n {
+            sqlx::query(
+                "UPDATE outbox SET published_at = now(), claim_token = NULL, claimed_until = NULL
+                 WHERE id >= $1 AND id < $2 AND published_at IS NULL",
+            )
+            .bind(at)
+            .bind(at + chunk)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+            at += chunk;
+        }
+        let churned = started.elapsed();
+        let purge_started = Instant::now();
+        let purged = outboxd::ops::purge_published(&store, Duration::ZERO)
+            .await
+            .unwrap();
+        let purge_took = purge_started.elapsed();
+        assert!(purged >= n as u64, "purged {purged} of {n}");
+        self.row(
+            &format!("purge of {purged} published rows (5,000 per statement)"),
+            format!("{:.1} s", purge_took.as_secs_f64()),
+            format!("{:.0} rows/s", purged as f64 / purge_took.as_secs_f64()),
+        );
+        out.insert("rows".into(), json!(n));
+        out.insert("enqueue_publish_s".into(), json!(churned.as_secs_f64()));
+        out.insert("purge_s".into(), json!(purge_took.as_secs_f64()));
+
+        // Three measures consume 24,000 rows.
+        self.insert_rows(&store, 30_000, "q", false).await;
+        let after = claim_record_cost(&store).await;
+        let r = after.as_secs_f64() / base.as_secs_f64();
+        self.row(
+            &format!("… after {n} rows published and purged, no VACUUM"),
+            format!("{:.2} ms", ms(after)),
+            format!("{r:.2} x baseline"),
+        );
+        out.insert("after_purge_ms".into(), json!(ms(after)));
+        let autovacuumed = autovacuum_count(&store).await;
+        let waited = Instant::now();
+        while autovacuum_count(&store).await == autovacuumed
+            && waited.elapsed() < Duration::from_secs(300)
+        {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if autovacuum_count(&store).await > autovacuumed {
+            let after_auto = claim_record_cost(&store).await;
+            let r = after_auto.as_secs_f64() / base.as_secs_f64();
+            self.row(
+                &format!(
+                    "… after autovacuum's next pass ({:.0} s later)",
+                    waited.elapsed().as_secs_f64()
+                ),
+                format!("{:.2} ms", ms(after_auto)),
+                format!("{r:.2} x baseline"),
+            );
+            out.insert("after_autovacuum_ms".into(), json!(ms(after_auto)));
+        }
+        sqlx::query("VACUUM ANALYZE outbox")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let vacuumed = claim_record_cost(&store).await;
+        let r = vacuumed.as_secs_f64() / base.as_secs_f64();
+        self.row(
+            "… and after VACUUM",
+            format!("{:.2} ms", ms(vacuumed)),
+            format!("{r:.2} x baseline"),
+        );
+        out.insert("after_vacuum_ms".into(), json!(ms(vacuumed)));
+        store.pool.close().await;
+        self.results.insert("churn".into(), Value::Object(out));
+    }
+
     // ---------------------------------------------------------------- 4
     async fn rebalance(&mut self) {
         let mut out = serde_json::Map::new();
@@ -564,6 +676,14 @@ fn terminate(c: &mut Child) {
     }
     let _ = c.kill();
     let _ = c.wait();
+}
+
+/// How many times autovacuum has processed the outbox table.
+async fn autovacuum_count(store: &Store) -> i64 {
+    sqlx::query_scalar("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'")
+        .fetch_one(&store.pool)
+        .await
+        .unwrap()
 }
 
 /// Median time of one claim (100 rows) + record of that batch, over 64

@@ -190,11 +190,17 @@ impl OutboxSql {
         //   yields that order without a sort. With `= $1 ORDER BY id` the
         //   planner walked the primary key from the lowest id, reading every
         //   published row of every bucket on the way.
+        // A claim counts while it has not expired and does not outlast the
+        // claim TTL: no worker makes a longer one, so a longer one is
+        // corrupt (written by hand, a clock far off) and must not hold the
+        // bucket up until then.
         let claim = "UPDATE {outbox} o
             SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
             WHERE o.id = ANY (ARRAY(
                 SELECT id FROM (
-                    SELECT id, bool_or(available_at > now() OR (claim_token IS NOT NULL AND claimed_until > now()))
+                    SELECT id, bool_or(available_at > now() OR (claim_token IS NOT NULL
+                                       AND claimed_until > now()
+                                       AND claimed_until <= now() + make_interval(secs => $4::float8 / 1000)))
                                OVER (ORDER BY partition_key, id) AS blocked
                     FROM (
                         SELECT partition_key, id, available_at, claim_token, claimed_until
@@ -207,7 +213,8 @@ impl OutboxSql {
                 ) ready_prefix
                 WHERE NOT blocked))
               AND o.partition_key = $1 AND o.published_at IS NULL AND o.failed_at IS NULL
-              AND (o.claim_token IS NULL OR o.claimed_until <= now())
+              AND (o.claim_token IS NULL OR o.claimed_until <= now()
+                   OR o.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
               AND ($5::uuid IS NULL OR EXISTS (
                     SELECT 1 FROM {partitions} p
                     WHERE p.partition_key = $1 AND p.lease_owner = $5 AND p.lease_epoch = $6

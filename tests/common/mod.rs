@@ -68,6 +68,8 @@ pub struct Tuning {
     pub max_attempts: u32,
     pub confirm_timeout: &'static str,
     pub amqp_url: Option<String>,
+    /// Admin URL of another PostgreSQL (a [`PrivatePostgres`]).
+    pub pg_admin_url: Option<String>,
     pub migrate: bool,
     pub lease_ttl: &'static str,
     pub lease_renew: &'static str,
@@ -85,6 +87,7 @@ impl Default for Tuning {
             max_attempts: 0,
             confirm_timeout: "5s",
             amqp_url: None,
+            pg_admin_url: None,
             migrate: true,
             lease_ttl: "15s",
             lease_renew: "6s",
@@ -101,7 +104,7 @@ impl TestEnv {
 
     pub async fn with(t: Tuning) -> Self {
         let db_name = unique("t");
-        let admin = admin_url();
+        let admin = t.pg_admin_url.clone().unwrap_or_else(admin_url);
         let mut conn = PgConnection::connect(&admin)
             .await
             .expect("connect as admin");
@@ -300,7 +303,7 @@ pub struct PrivateBroker {
 impl PrivateBroker {
     pub fn start() -> Self {
         // Ports 56000-59998, even, so port+1 (distribution) is free too.
-        let port = 56000 + 2 * (rand_u16() % 1999);
+        let port = free_port_pair(|| 56000 + 2 * (rand_u16() % 1999));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("rabbit-{port}"));
@@ -348,6 +351,65 @@ impl Drop for PrivateBroker {
     fn drop(&mut self) {
         self.run("stop");
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private PostgreSQL server for a test that stops and starts its
+/// database (its own data directory and port, via `scripts/services.sh`).
+pub struct PrivatePostgres {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> Self {
+        let port = free_port_pair(|| 50000 + 2 * (rand_u16() % 2000));
+        let dir =
+            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
+                .join(format!("pg-{port}"));
+        let pg = Self { dir, port };
+        pg.run(&["start"]);
+        pg
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!(
+            "postgres://outboxd:outboxd@127.0.0.1:{}/postgres",
+            self.port
+        )
+    }
+
+    /// `services.sh pg ARGS` for this server: `start`, `stop immediate`, …
+    pub fn run(&self, args: &[&str]) {
+        let status = Command::new("bash")
+            .arg(repo_dir().join("scripts/services.sh"))
+            .arg("pg")
+            .args(args)
+            .env("OUTBOXD_STATE_DIR", &self.dir)
+            .env("OUTBOXD_PG_PORT", self.port.to_string())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run services.sh");
+        assert!(status.success(), "services.sh pg {args:?} failed");
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.run(&["stop", "immediate"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A port from `pick` such that it and the next one are free right now
+/// (these ranges overlap the kernel's ephemeral ports).
+fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
+    loop {
+        let port = pick();
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 1) {
+            return port;
+        }
     }
 }
 
