@@ -14,7 +14,7 @@
 //!    the throughput dip around it;
 //! 5. memory — peak RSS of the worker during the 1-worker throughput run;
 //! 6. churn — claim + record before and after 2M rows were published and
-//!    purged (no VACUUM, then VACUUM).
+//!    purged.
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
@@ -477,9 +477,7 @@ impl Bench {
     // ---------------------------------------------------------------- 6
     /// The relay's per-batch cost before and after `n` rows went through
     /// the table: enqueued, published (the relay's UPDATE, in chunks) and
-    /// purged (`outboxd purge`'s batches). Measured right after the purge;
-    /// after autovacuum's next pass on the table (as in production); and
-    /// after an explicit VACUUM.
+    /// purged (`outboxd purge`: its batches, then its VACUUM).
     async fn churn(&mut self) {
         let n: i64 = if self.quick { 200_000 } else { 2_000_000 };
         let mut out = serde_json::Map::new();
@@ -521,7 +519,7 @@ impl Bench {
         let purge_took = purge_started.elapsed();
         assert!(purged >= n as u64, "purged {purged} of {n}");
         self.row(
-            &format!("purge of {purged} published rows (5,000 per statement)"),
+            &format!("purge of {purged} published rows (5,000 per statement, then VACUUM)"),
             format!("{:.1} s", purge_took.as_secs_f64()),
             format!("{:.0} rows/s", purged as f64 / purge_took.as_secs_f64()),
         );
@@ -529,48 +527,15 @@ impl Bench {
         out.insert("enqueue_publish_s".into(), json!(churned.as_secs_f64()));
         out.insert("purge_s".into(), json!(purge_took.as_secs_f64()));
 
-        // Three measures consume 24,000 rows.
-        self.insert_rows(&store, 30_000, "q", false).await;
+        self.insert_rows(&store, 10_000, "q", false).await;
         let after = claim_record_cost(&store).await;
         let r = after.as_secs_f64() / base.as_secs_f64();
         self.row(
-            &format!("… after {n} rows published and purged, no VACUUM"),
+            &format!("… after {n} rows published and purged"),
             format!("{:.2} ms", ms(after)),
             format!("{r:.2} x baseline"),
         );
         out.insert("after_purge_ms".into(), json!(ms(after)));
-        let autovacuumed = autovacuum_count(&store).await;
-        let waited = Instant::now();
-        while autovacuum_count(&store).await == autovacuumed
-            && waited.elapsed() < Duration::from_secs(300)
-        {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        if autovacuum_count(&store).await > autovacuumed {
-            let after_auto = claim_record_cost(&store).await;
-            let r = after_auto.as_secs_f64() / base.as_secs_f64();
-            self.row(
-                &format!(
-                    "… after autovacuum's next pass ({:.0} s later)",
-                    waited.elapsed().as_secs_f64()
-                ),
-                format!("{:.2} ms", ms(after_auto)),
-                format!("{r:.2} x baseline"),
-            );
-            out.insert("after_autovacuum_ms".into(), json!(ms(after_auto)));
-        }
-        sqlx::query("VACUUM ANALYZE outbox")
-            .execute(&store.pool)
-            .await
-            .unwrap();
-        let vacuumed = claim_record_cost(&store).await;
-        let r = vacuumed.as_secs_f64() / base.as_secs_f64();
-        self.row(
-            "… and after VACUUM",
-            format!("{:.2} ms", ms(vacuumed)),
-            format!("{r:.2} x baseline"),
-        );
-        out.insert("after_vacuum_ms".into(), json!(ms(vacuumed)));
         store.pool.close().await;
         self.results.insert("churn".into(), Value::Object(out));
     }
@@ -676,14 +641,6 @@ fn terminate(c: &mut Child) {
     }
     let _ = c.kill();
     let _ = c.wait();
-}
-
-/// How many times autovacuum has processed the outbox table.
-async fn autovacuum_count(store: &Store) -> i64 {
-    sqlx::query_scalar("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'outbox'")
-        .fetch_one(&store.pool)
-        .await
-        .unwrap()
 }
 
 /// Median time of one claim (100 rows) + record of that batch, over 64

@@ -20,7 +20,8 @@
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
-//! - [`ops`]: operator commands `outboxd status` and `outboxd failed`.
+//! - [`ops`]: operator commands (`status`, `failed`, `purge`, `repartition`)
+//!   and the workers' maintenance task (retention, stray labels).
 
 /// Prints a line on stdout. A closed stdout (the reader went away, e.g. a
 /// pipe) is not worth a panic: the line is dropped.

@@ -69,8 +69,9 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
         log.contains("blocked publishing"),
         "the blocked state is not logged:\n{log}"
     );
-    // Nothing (beyond what was in flight when the alarm began) goes out.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing (beyond what was in flight when the alarm began) goes out,
+    // for the rest of the alarm (about 11 s in CI, 30 s in the long run).
+    tokio::time::sleep(scenario_length(3, 21)).await;
     assert_eq!(
         env.count("published_at IS NOT NULL").await,
         during,
@@ -97,6 +98,16 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
         v.summary()
     );
     assert!(all && v.is_clean(), "{v:?}");
+    // Memory stayed bounded while the backlog waited in the database.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", worker.pid())).unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    println!("memory alarm: worker peak RSS {} MB", peak_kb / 1024);
+    assert!(peak_kb < 100 * 1024, "peak RSS {peak_kb} kB");
     // Responsive throughout: a clean stop, in time.
     let stop = Instant::now();
     assert!(worker.terminate(Duration::from_secs(15)).success());

@@ -488,3 +488,41 @@ async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabe
     assert_eq!(label, right);
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
+
+/// A purge that deleted many rows vacuums the table, so the pending index
+/// does not keep an entry for every purged row until autovacuum comes by.
+#[tokio::test]
+async fn a_large_purge_vacuums_the_outbox_table() {
+    let env = TestEnv::new().await;
+    sqlx::query(
+        "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
+         SELECT outbox_partition_for('k' || (g % 50)), 'k' || (g % 50), 'q', '\\x00',
+                now() - interval '2 days'
+         FROM generate_series(1, 60000) g",
+    )
+    .execute(&env.store.pool)
+    .await
+    .unwrap();
+    let out = run(&env, &["purge", "--older-than", "1d"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout(&out).trim(),
+        "deleted 60000 published row(s) older than 1d"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("vacuumed the outbox table"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vacuumed: bool = sqlx::query_scalar(
+        "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'outbox'",
+    )
+    .fetch_one(&env.store.pool)
+    .await
+    .unwrap();
+    assert!(vacuumed);
+}
