@@ -179,7 +179,16 @@ pub async fn maintenance_loop(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "reading partition_count failed"),
         }
-        match crate::store::repartition::park_unknown_labels(&store.pool, &store.tables).await {
+        let parked = match store.pool.acquire().await {
+            Ok(mut conn) => {
+                crate::store::repartition::park_unknown_labels(&mut conn, &store.tables).await
+            }
+            Err(source) => Err(crate::store::StoreError::Query {
+                doing: "connecting for maintenance",
+                source,
+            }),
+        };
+        match parked {
             Ok(parked) if !parked.is_empty() => {
                 let mut labels: Vec<&str> =
                     parked.iter().map(|r| r.partition_key.as_str()).collect();

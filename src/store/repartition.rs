@@ -27,7 +27,7 @@
 //! worker that somehow outlived the change (a stopped process that
 //! resumes) stops when its maintenance task sees the new count.
 
-use sqlx::{AssertSqlSafe, PgConnection, PgExecutor};
+use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
 use super::{QueryContext, StoreError, Tables, render};
@@ -205,11 +205,13 @@ pub struct ParkedUnknown {
 ///
 /// Finding the labels costs one probe of the pending index per distinct
 /// pending label (a skip scan), whatever the number of rows.
-pub async fn park_unknown_labels<'e, E: PgExecutor<'e>>(
-    exec: E,
+pub async fn park_unknown_labels(
+    conn: &mut PgConnection,
     tables: &Tables,
 ) -> Result<Vec<ParkedUnknown>, StoreError> {
-    sqlx::query_as(AssertSqlSafe(render(
+    // Two statements: with the UPDATE in the same statement the planner
+    // cannot know the list is (almost always) empty and scans the table.
+    let unknown: Vec<String> = sqlx::query_scalar(AssertSqlSafe(render(
         &tables.names,
         "WITH RECURSIVE labels(l) AS (
              SELECT min(partition_key) FROM {outbox}
@@ -218,23 +220,32 @@ pub async fn park_unknown_labels<'e, E: PgExecutor<'e>>(
              SELECT (SELECT min(partition_key) FROM {outbox}
                      WHERE published_at IS NULL AND failed_at IS NULL AND partition_key > l)
              FROM labels WHERE l IS NOT NULL
-         ), unknown AS (
-             SELECT l FROM labels
-             WHERE l IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.partition_key = l)
          )
-         UPDATE {outbox} o
+         SELECT l FROM labels
+         WHERE l IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.partition_key = l)",
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .doing("looking for unknown bucket labels")?;
+    if unknown.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(AssertSqlSafe(render(
+        &tables.names,
+        "UPDATE {outbox} o
          SET failed_at = now(), claim_token = NULL, claimed_until = NULL,
              last_error = format('unknown bucket label %s: this deployment has %s buckets, '
                                  'and key %L belongs to bucket %s; requeue it to re-label it',
                                  o.partition_key, s.partition_count, o.message_key,
                                  {outbox}_partition_for(o.message_key))
          FROM {outbox}_settings s
-         WHERE o.partition_key IN (SELECT l FROM unknown)
+         WHERE o.partition_key = ANY($1::text[])
            AND o.published_at IS NULL AND o.failed_at IS NULL
          RETURNING o.id, o.partition_key",
     )))
-    .fetch_all(exec)
+    .bind(&unknown)
+    .fetch_all(&mut *conn)
     .await
     .doing("parking rows with unknown bucket labels")
 }
