@@ -277,7 +277,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stopped_worker_loses_its_buckets_and_after_resuming_adds_at_most_late_duplicates() {
+async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing_under_them() {
     let env = TestEnv::with(fleet_tuning()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue)
@@ -336,13 +336,10 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_adds_at_most_late
         .unwrap();
     let _ = reader.read_until(Duration::from_secs(1), |_| false).await;
 
-    // After the resume, the stopped worker initiates nothing under the leases
-    // it lost (its trust deadline passed while it was stopped). What it can
-    // not take back are frames it had already handed to the AMQP client when
-    // the stop hit: the client's I/O thread writes them first thing on
-    // SIGCONT. Those rows' records were fenced out (0 rows), so the new owner
-    // publishes them too: a stale copy is only ever a duplicate, and there is
-    // at most one in-flight batch of them per bucket it held.
+    // After the resume, nothing goes out under the leases it lost: it starts
+    // nothing after its trust deadline, and frames it had handed to the AMQP
+    // client before the stop are held back by the send gate
+    // (src/amqp/gate.rs): the connection drops instead of writing them.
     let log = reader.log.as_ref().unwrap();
     let stale: Vec<_> = log[seen_before_resume..]
         .iter()
@@ -351,30 +348,19 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_adds_at_most_late
                 .is_some_and(|e| d.lease_epoch == Some(*e))
         })
         .collect();
-    let superseded = |id: i64, bucket: &str| {
-        log.iter()
-            .any(|d| d.id == id && d.lease_epoch.is_some_and(|e| e > held[bucket]))
-    };
     let v = reader.checker.verdict(env.all_ids().await);
     println!(
         "SIGSTOP: {} buckets taken over after {taken_over:?}; stopped for {:?}; \
-         frames of the lost leases delivered after resume {} (all also published by the new owner: {}); {}",
+         deliveries under the lost leases after resume: {}; {}",
         held.len(),
         3 * LEASE_TTL,
         stale.len(),
-        stale.iter().all(|d| superseded(d.id, &d.partition_key)),
         v.summary()
     );
-    for d in &stale {
-        assert!(
-            superseded(d.id, &d.partition_key),
-            "row {} went out under the lost lease after resuming and was not published by the new owner: {stale:?}",
-            d.id
-        );
-    }
     assert!(
-        stale.len() <= held.len() * 100,
-        "more than one in-flight batch per bucket: {stale:?}"
+        stale.is_empty(),
+        "published under a lost lease after resuming: {stale:?}; held {held:?}; the stopped worker's log:\n{}",
+        stopped.log_text()
     );
     assert!(all && v.is_clean(), "{v:?}");
     let mut stopped = stopped;

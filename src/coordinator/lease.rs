@@ -34,18 +34,21 @@
 //!    matches 0 rows. The new owner also drops the old owner's claims, so
 //!    they do not hold the bucket up until `claim_ttl`.
 //!
-//! Hence a row's state is only ever recorded by the worker that held the
-//! bucket's lease, and no worker *initiates* a publish for a bucket it may
-//! no longer hold.
+//! 4. *Gated sends.* RabbitMQ cannot check a fencing token, and frames
+//!    already handed to the AMQP client when a process stalls would be
+//!    written by the client's I/O thread the moment it resumes, before any
+//!    of our code runs. So every socket write of the AMQP connection passes
+//!    a gate ([`crate::amqp::gate`]) that refuses it while a batch in
+//!    flight holds a lapsed trust: the connection drops and the buffered
+//!    frames with it. Only bytes already in the kernel's socket buffer get
+//!    out, and the kernel sends those while the process is stopped — before
+//!    the trust deadline, so before the lease can end.
 //!
-//! **The limit.** RabbitMQ cannot check a fencing token, so one window stays
-//! open: frames already handed to the AMQP client when a process is stopped
-//! are written by the client's I/O thread the moment the process resumes,
-//! before any of our code runs. Those are rows of the last in-flight batch;
-//! their records are fenced out (0 rows), so the new owner publishes them as
-//! well, in order. A stalled worker can therefore only add late *duplicates*
-//! of at most one batch per bucket it held — never a gap, never a reordering
-//! of first deliveries (`tests/fleet.rs` asserts exactly this).
+//! Hence a row's state is only ever recorded by the worker that held the
+//! bucket's lease, and nothing reaches the broker from a worker after its
+//! trust in the lease ended (`tests/fleet.rs` stops a worker with SIGSTOP
+//! for 3 × lease_ttl and asserts that nothing under its lost leases arrives
+//! after SIGCONT).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -204,8 +204,10 @@ impl BucketDrainer {
             max_payload_bytes: settings.max_payload_bytes,
             stop_sending_at: self.lease.as_ref().map(|l| l.trust.until()),
             lease_epoch: self.fence.map(|f| f.epoch),
+            trust: self.lease.as_ref().map(|l| l.trust.clone()),
         };
         let publish_started = std::time::Instant::now();
+        let mut channel = channel;
         let outcome = channel.publish_batch(&rows, limits).await;
         self.ctx
             .stats

@@ -15,6 +15,12 @@
 //! of the confirmed prefix and, if the batch stopped early, why — classified
 //! as the row's own fault, a timeout, or a lost broker ([`PublishError`]).
 //! An ack that carries a returned message means *unroutable*: a failure.
+//!
+//! Every connection's socket writes pass a [`gate::SendGate`]: frames of a
+//! batch published under a lease are never written after that lease's trust
+//! deadline, even when the process stalled with them buffered.
+
+pub mod gate;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +90,7 @@ impl PublishError {
 }
 
 /// What a batch is published under.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PublishLimits {
     /// Rows with a larger payload fail without being sent.
     pub max_payload_bytes: u64,
@@ -92,6 +98,8 @@ pub struct PublishLimits {
     pub stop_sending_at: Option<tokio::time::Instant>,
     /// Stamped into [`HEADER_LEASE_EPOCH`] when set.
     pub lease_epoch: Option<i64>,
+    /// The lease's trust: holds the connection's send gate for the batch.
+    pub trust: Option<Arc<crate::coordinator::lease::Trust>>,
 }
 
 /// What happened to a batch.
@@ -111,6 +119,7 @@ pub struct Broker {
     backoff_max: Duration,
     connection: Mutex<Option<Arc<Connection>>>,
     blocked_tx: watch::Sender<Option<String>>,
+    gate: Arc<gate::SendGate>,
 }
 
 impl Broker {
@@ -121,6 +130,7 @@ impl Broker {
             rpc_timeout: config.confirm_timeout,
             backoff_max: config.reconnect_backoff_max,
             connection: Mutex::new(None),
+            gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
         }
     }
@@ -168,6 +178,8 @@ impl Broker {
             Ok(Ok(channel)) => Ok(ConfirmChannel {
                 channel,
                 confirm_timeout: self.rpc_timeout,
+                gate: self.gate.clone(),
+                hold: None,
             }),
             Ok(Err(e)) => {
                 self.forget(&conn).await;
@@ -190,7 +202,11 @@ impl Broker {
         }
         *slot = None;
         let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
-        let conn = tokio::time::timeout(self.rpc_timeout, Connection::connect(&self.url, props))
+        // The connection being replaced is gone, and its buffers with it.
+        self.gate.connection_replaced();
+        let runtime = async_rs::Runtime::new(gate::GatedTokio::new(self.gate.clone()));
+        let connect = Connection::connect_with_runtime(&self.url, props, runtime);
+        let conn = tokio::time::timeout(self.rpc_timeout, connect)
             .await
             .map_err(|_| {
                 PublishError::Unavailable(format!(
@@ -247,6 +263,10 @@ impl Broker {
 pub struct ConfirmChannel {
     channel: Channel,
     confirm_timeout: Duration,
+    gate: Arc<gate::SendGate>,
+    /// Held from the start of a batch under a lease until its frames are
+    /// known to be written: all confirmed, or the channel closed cleanly.
+    hold: Option<gate::GateHold>,
 }
 
 impl ConfirmChannel {
@@ -270,10 +290,26 @@ impl ConfirmChannel {
     /// not counted as confirmed: they are replayed after the failed row (a
     /// duplicate, never a gap).
     pub async fn publish_batch(
-        &self,
+        &mut self,
         rows: &[ClaimedMessage],
         limits: PublishLimits,
     ) -> BatchOutcome {
+        // Until every frame of this batch is known to be written, no byte
+        // goes to the socket once the lease's trust has lapsed. The hold is
+        // kept after a failure: only a clean close proves the frames left.
+        if let Some(trust) = limits.trust.clone()
+            && let Some(earlier) = self.hold.replace(self.gate.hold(trust))
+        {
+            earlier.linger();
+        }
+        let outcome = self.publish_rows(rows, &limits).await;
+        if outcome.failure.is_none() {
+            self.hold = None;
+        }
+        outcome
+    }
+
+    async fn publish_rows(&self, rows: &[ClaimedMessage], limits: &PublishLimits) -> BatchOutcome {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut in_flight = Vec::new();
         let mut confirmed = 0;
@@ -297,7 +333,7 @@ impl ConfirmChannel {
             let sent = if lapsed {
                 Err(PublishError::LeaseLapsed)
             } else {
-                match prepare(row, &limits) {
+                match prepare(row, limits) {
                     Ok(prepared) => self.send(prepared, &row.payload, deadline).await,
                     Err(e) => Err(e),
                 }
@@ -382,12 +418,26 @@ impl ConfirmChannel {
     }
 
     /// Closes the channel; errors are irrelevant, it is being discarded.
-    pub async fn close(self) {
-        let _ = tokio::time::timeout(
+    pub async fn close(mut self) {
+        let closed = tokio::time::timeout(
             Duration::from_secs(1),
             self.channel.close(200, "done".into()),
         )
         .await;
+        // A clean close-ok means everything sent before it was written.
+        if let Some(hold) = self.hold.take()
+            && !matches!(closed, Ok(Ok(())))
+        {
+            hold.linger();
+        }
+    }
+}
+
+impl Drop for ConfirmChannel {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            hold.linger();
+        }
     }
 }
 
@@ -544,6 +594,7 @@ mod tests {
             max_payload_bytes,
             stop_sending_at: None,
             lease_epoch: Some(4),
+            trust: None,
         }
     }
 

@@ -1,0 +1,296 @@
+//! The last fence: between the AMQP client's buffers and the socket.
+//!
+//! The database fences every write a superseded worker makes, and a drainer
+//! stops *starting* publishes at its lease's trust deadline. Neither stops
+//! frames the client library had already accepted but not yet written to
+//! the socket when the whole process stalled (SIGSTOP, a VM pause, a long
+//! swap): lapin's I/O loop writes them the moment the process runs again,
+//! before any code of ours runs — under a lease another worker may hold by
+//! then. (Seen: 1 run in ~8 of the SIGSTOP test, before this gate.)
+//!
+//! The gate sits in the socket's write path. While a batch is being
+//! published under a lease, the batch *holds* the gate with that lease's
+//! [`Trust`]; every write first checks that every held trust is still
+//! valid. After a stall the trust has lapsed (it is measured on the
+//! monotonic clock, which runs on while the process is stopped), so the
+//! write fails, the connection drops, and the buffered frames die with it.
+//! Their rows were never recorded as published, so the bucket's owner
+//! publishes them: at least once, and nothing under a lost lease.
+//!
+//! What the gate cannot stop: bytes already in the kernel's socket buffer.
+//! The kernel sends those while the process is stopped, so they reach the
+//! broker within moments of being written — before the trust deadline, and
+//! so before the lease can end (the deadline keeps a safety margin).
+//!
+//! The gate is per connection, not per bucket: a lapsed trust drops the
+//! connection for every bucket on it. That only happens when a lease was
+//! lost mid-batch, where dropping everything in flight is the safe answer
+//! (the other buckets' batches are replayed: duplicates, not gaps).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_rs::Tokio;
+use async_rs::traits::{Executor, Reactor, RuntimeKit};
+use async_rs::util::{DummyIO, Task};
+use futures_io::{AsyncRead, AsyncWrite};
+
+use crate::coordinator::lease::Trust;
+
+/// The leases under which frames may be in the client's buffers.
+#[derive(Debug, Default)]
+pub struct SendGate {
+    held: Mutex<Vec<Held>>,
+    next: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Held {
+    id: u64,
+    trust: Arc<Trust>,
+    /// Released by its holder without proof that its frames were written:
+    /// kept until the connection they were on is replaced.
+    lingering: bool,
+}
+
+impl SendGate {
+    /// Holds the gate with `trust` until the returned guard is dropped.
+    pub fn hold(self: &Arc<Self>, trust: Arc<Trust>) -> GateHold {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push(Held {
+            id,
+            trust,
+            lingering: false,
+        });
+        GateHold {
+            gate: self.clone(),
+            id,
+            linger: false,
+        }
+    }
+
+    /// Whether bytes may go to the socket: every held trust is valid.
+    pub fn is_open(&self) -> bool {
+        self.lock().iter().all(|h| h.trust.is_valid())
+    }
+
+    /// A new connection replaces the old one: frames buffered for the old
+    /// one can no longer be written, so lingering holds end.
+    pub fn connection_replaced(&self) {
+        self.lock().retain(|h| !h.lingering);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Held>> {
+        // A panic while holding this lock cannot leave the list inconsistent.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Releases its hold on the gate when dropped — drop it only once every
+/// frame sent under it is known to be written (confirmed, or its channel
+/// closed cleanly); otherwise [`GateHold::linger`].
+#[derive(Debug)]
+pub struct GateHold {
+    gate: Arc<SendGate>,
+    id: u64,
+    linger: bool,
+}
+
+impl GateHold {
+    /// Gives up the hold without knowing whether its frames were written:
+    /// the gate keeps checking its trust until the connection is replaced.
+    pub fn linger(mut self) {
+        self.linger = true;
+    }
+}
+
+impl Drop for GateHold {
+    fn drop(&mut self) {
+        let mut held = self.gate.lock();
+        if self.linger {
+            if let Some(h) = held.iter_mut().find(|h| h.id == self.id) {
+                h.lingering = true;
+            }
+        } else {
+            held.retain(|h| h.id != self.id);
+        }
+    }
+}
+
+fn gate_closed() -> io::Error {
+    io::Error::other(
+        "a lease's trust deadline passed while frames were unsent (the process stalled?): \
+         dropping the connection so they are never sent",
+    )
+}
+
+/// A socket whose writes pass the gate first.
+#[derive(Debug)]
+pub struct GatedStream<S> {
+    inner: S,
+    gate: Arc<SendGate>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for GatedStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if !self.gate.is_open() {
+            return Poll::Ready(Err(gate_closed()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if !self.gate.is_open() {
+            return Poll::Ready(Err(gate_closed()));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx)
+    }
+}
+
+/// lapin's default Tokio runtime kit, with every TCP connection gated.
+#[derive(Debug, Clone)]
+pub struct GatedTokio {
+    inner: Tokio,
+    gate: Arc<SendGate>,
+}
+
+impl GatedTokio {
+    /// The kit for the current Tokio runtime, gating through `gate`.
+    pub fn new(gate: Arc<SendGate>) -> Self {
+        Self {
+            inner: Tokio::current(),
+            gate,
+        }
+    }
+}
+
+impl RuntimeKit for GatedTokio {}
+
+impl Executor for GatedTokio {
+    type Task<T: Send + 'static> = <Tokio as Executor>::Task<T>;
+
+    fn block_on<T, F: Future<Output = T>>(&self, f: F) -> T {
+        self.inner.block_on(f)
+    }
+
+    fn spawn<T: Send + 'static, F: Future<Output = T> + Send + 'static>(
+        &self,
+        f: F,
+    ) -> Task<Self::Task<T>> {
+        self.inner.spawn(f)
+    }
+
+    fn spawn_blocking<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(
+        &self,
+        f: F,
+    ) -> Task<Self::Task<T>> {
+        self.inner.spawn_blocking(f)
+    }
+}
+
+impl Reactor for GatedTokio {
+    type TcpStream = GatedStream<<Tokio as Reactor>::TcpStream>;
+    type Sleep = <Tokio as Reactor>::Sleep;
+
+    /// Registering raw handles is not used by lapin (it connects with
+    /// [`Reactor::tcp_connect_addr`]), and an ungated handle would bypass
+    /// the gate: refused.
+    fn register<H: io::Read + io::Write + Send + 'static>(
+        &self,
+        _socket: H,
+    ) -> io::Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static> {
+        Err::<DummyIO, _>(io::Error::other(
+            "outboxd's AMQP runtime only opens TCP connections",
+        ))
+    }
+
+    fn sleep(&self, dur: Duration) -> Self::Sleep {
+        self.inner.sleep(dur)
+    }
+
+    fn interval(
+        &self,
+        dur: Duration,
+    ) -> impl futures_util::Stream<Item = std::time::Instant> + Send + 'static {
+        self.inner.interval(dur)
+    }
+
+    fn tcp_connect_addr(
+        &self,
+        addr: SocketAddr,
+    ) -> impl Future<Output = io::Result<Self::TcpStream>> + Send + 'static {
+        let gate = self.gate.clone();
+        let connect = self.inner.tcp_connect_addr(addr);
+        async move {
+            Ok(GatedStream {
+                inner: connect.await?,
+                gate,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn the_gate_closes_while_a_held_trust_has_lapsed_and_opens_when_released() {
+        let gate = Arc::new(SendGate::default());
+        assert!(gate.is_open());
+        let valid = Arc::new(Trust::new(Instant::now() + Duration::from_secs(60)));
+        let lapsed = Arc::new(Trust::new(Instant::now()));
+        let a = gate.hold(valid.clone());
+        assert!(gate.is_open());
+        let b = gate.hold(lapsed);
+        assert!(!gate.is_open());
+        drop(b);
+        assert!(gate.is_open());
+        valid.revoke();
+        assert!(!gate.is_open());
+        drop(a);
+        assert!(gate.is_open());
+
+        // A lingering hold keeps counting until the connection is replaced.
+        let stalled = Arc::new(Trust::new(Instant::now() + Duration::from_secs(60)));
+        gate.hold(stalled.clone()).linger();
+        assert!(gate.is_open());
+        stalled.revoke();
+        assert!(!gate.is_open());
+        gate.connection_replaced();
+        assert!(gate.is_open());
+    }
+}
