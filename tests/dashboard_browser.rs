@@ -38,10 +38,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     let (chromium, script) = prerequisites();
     let env = TestEnv::with(Tuning {
         max_attempts: 1,
-        lease_ttl: "3s",
-        lease_renew: "1s",
-        heartbeat_ttl: "3s",
-        ..Tuning::default()
+        ..Tuning::fleet()
     })
     .await;
     let pool = &env.store.pool;

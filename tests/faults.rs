@@ -129,15 +129,6 @@ fn scenario_length(short: u64, long: u64) -> Duration {
     }
 }
 
-fn fleet_tuning() -> Tuning {
-    Tuning {
-        lease_ttl: "3s",
-        lease_renew: "1s",
-        heartbeat_ttl: "3s",
-        ..Tuning::default()
-    }
-}
-
 /// Producers for the scenarios: `tasks` transactions in flight at once,
 /// every 7th rolled back. Each task owns its keys, so a key's ids are
 /// committed in id order (the premise of the order check). Database errors
@@ -359,7 +350,7 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
 /// lease_ttl + a few seconds of the last kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_a_random_worker_every_few_seconds_loses_nothing() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
     let mut fleet: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
@@ -418,7 +409,7 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing() {
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         confirm_timeout: "3s",
-        ..fleet_tuning()
+        ..Tuning::fleet()
     })
     .await;
     let queue = unique("q");
@@ -470,7 +461,7 @@ async fn postgres_crashed_and_restarted_during_a_drain_loses_nothing() {
     let pg = PrivatePostgres::start();
     let env = TestEnv::with(Tuning {
         pg_admin_url: Some(pg.admin_url()),
-        ..fleet_tuning()
+        ..Tuning::fleet()
     })
     .await;
     let queue = unique("q");
@@ -621,7 +612,7 @@ async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order() {
 /// bucket unowned longer than lease_ttl + lease_renew, nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue)
         .await

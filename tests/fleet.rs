@@ -20,15 +20,6 @@ use uuid::Uuid;
 const LEASE_TTL: Duration = Duration::from_secs(3);
 const LEASE_RENEW: Duration = Duration::from_secs(1);
 
-fn fleet_tuning() -> Tuning {
-    Tuning {
-        lease_ttl: "3s",
-        lease_renew: "1s",
-        heartbeat_ttl: "3s",
-        ..Tuning::default()
-    }
-}
-
 async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
     env.store
         .tables
@@ -125,7 +116,7 @@ async fn worker_id_of(env: &TestEnv, w: &WorkerProcess) -> Uuid {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let mut workers: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
     let took = wait_converged(&env, 3, Duration::from_secs(15)).await;
     let before = event_count(&env).await;
@@ -152,7 +143,7 @@ async fn three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let producing = tokio::spawn(produce_evenly(
@@ -199,7 +190,7 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing_is_lost() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut workers: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
@@ -278,7 +269,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing_under_them() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue)
         .await
@@ -375,7 +366,7 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing
 
 #[tokio::test]
 async fn writes_under_a_superseded_lease_match_zero_rows() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let (store, t) = (&env.store, &env.store.tables);
     let producer = Producer::default();
     let key = keys_in_bucket(env.partitioner(), "p04", 1, "fence")[0].clone();
@@ -549,7 +540,7 @@ async fn a_graceful_stop_hands_its_buckets_to_the_survivors_within_two_seconds()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_leasing_and_fleet_workers_refuse_each_other() {
-    let env = TestEnv::with(fleet_tuning()).await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let mut fleet = env.spawn_worker(&["--silent"]);
     worker_id_of(&env, &fleet).await;
     let out = env
@@ -578,7 +569,7 @@ async fn no_leasing_and_fleet_workers_refuse_each_other() {
 async fn sticky_assignment_moves_few_buckets_when_a_worker_joins() {
     let env = TestEnv::with(Tuning {
         assignment: "sticky",
-        ..fleet_tuning()
+        ..Tuning::fleet()
     })
     .await;
     let owners = |ls: Vec<LeaseRow>| -> Vec<Option<Uuid>> {

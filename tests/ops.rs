@@ -288,13 +288,7 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
 /// delivers everything: 0 lost, per-key order kept across the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
-    let env = TestEnv::with(Tuning {
-        lease_ttl: "3s",
-        lease_renew: "1s",
-        heartbeat_ttl: "3s",
-        ..Tuning::default()
-    })
-    .await;
+    let env = TestEnv::with(Tuning::fleet()).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     // The backlog: 10,000 rows over 200 keys, committed in one go.

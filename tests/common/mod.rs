@@ -97,6 +97,19 @@ impl Default for Tuning {
     }
 }
 
+impl Tuning {
+    /// Short leases for fleet tests: lease_ttl 3 s, lease_renew 1 s,
+    /// heartbeat_ttl 3 s.
+    pub fn fleet() -> Self {
+        Self {
+            lease_ttl: "3s",
+            lease_renew: "1s",
+            heartbeat_ttl: "3s",
+            ..Self::default()
+        }
+    }
+}
+
 impl TestEnv {
     pub async fn new() -> Self {
         Self::with(Tuning::default()).await
