@@ -14,7 +14,8 @@
 //! - [`store`]: all SQL — schema/migrations, outbox, partitions, workers.
 //! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
-//! - [`amqp`]: the broker connection, confirm channels, batch publishing.
+//! - [`amqp`]: the broker connection, confirm channels, batch publishing,
+//!   and the send gate that keeps a stalled worker's frames off the wire.
 //! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
 //! - [`dashboard`]: the axum web monitor, JSON API, `/metrics`, `/healthz`.
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
