@@ -307,6 +307,17 @@ impl Drop for WorkerProcess {
     }
 }
 
+impl Drop for TestEnv {
+    /// Removes the config and worker logs of a test that passed; a failed
+    /// test keeps them for a look (its database is dropped by the next
+    /// `scripts/test.sh`).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 /// A private RabbitMQ node for a test that stops and starts its broker.
 pub struct PrivateBroker {
     pub dir: PathBuf,
