@@ -192,6 +192,7 @@ pub async fn maintenance_loop(
             Ok(parked) if !parked.is_empty() => {
                 let mut labels: Vec<&str> =
                     parked.iter().map(|r| r.partition_key.as_str()).collect();
+                labels.sort_unstable();
                 labels.dedup();
                 tracing::warn!(
                     rows = parked.len(),
