@@ -520,3 +520,49 @@ async fn a_large_purge_vacuums_the_outbox_table() {
     .unwrap();
     assert!(vacuumed);
 }
+
+/// A worker that outlives a change of the bucket count (one stopped while
+/// `repartition` ran, then resumed) must not drain on with the old count:
+/// its maintenance task sees the new count, the worker releases its leases
+/// and exits with the same clear message a fresh start would give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it() {
+    let env = TestEnv::with(Tuning::fleet()).await;
+    let mut worker = env.spawn_worker(&["--silent"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while env
+        .store
+        .tables
+        .partitions
+        .leases(&env.store.pool)
+        .await
+        .unwrap()
+        .iter()
+        .all(|l| l.lease_owner.is_none())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker leased nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What `repartition` records (it would refuse while this worker is live).
+    sqlx::query("UPDATE outbox_settings SET partition_count = 8")
+        .execute(&env.store.pool)
+        .await
+        .unwrap();
+    let status = worker.wait(Duration::from_secs(45));
+    assert_eq!(status.code(), Some(1), "{}", worker.log_text());
+    let log = worker.log_text();
+    assert!(
+        log.contains("outbox.partition_count is 16 but the database has 8 buckets"),
+        "{log}"
+    );
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_partitions WHERE lease_owner IS NOT NULL AND lease_until > now()",
+    )
+    .fetch_one(&env.store.pool)
+    .await
+    .unwrap();
+    assert_eq!(held, 0, "leases were not released");
+}
