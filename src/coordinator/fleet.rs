@@ -265,19 +265,30 @@ impl Fleet {
     }
 
     /// Removes finished drainers; releases the leases of those stopped for
-    /// a rebalance and announces the release.
+    /// a rebalance and announces the release. A drainer that ended without
+    /// being stopped (it should not) would leave its bucket owned and
+    /// undrained: its lease is released too, so the bucket is acquired
+    /// again, with a new drainer, on a later cycle.
     async fn reap_and_release(&mut self, reason: &str) {
+        // (A drainer ended by shutdown is left to `shutdown`, which releases.)
         let finished: Vec<String> = self
             .held
             .iter()
-            .filter(|(_, h)| h.stopping.is_some() && h.handle.is_finished())
+            .filter(|(_, h)| {
+                h.handle.is_finished() && (h.stopping.is_some() || !h.cancel.is_cancelled())
+            })
             .map(|(b, _)| b.clone())
             .collect();
         let mut release = Vec::new();
         for bucket in finished {
             let h = self.held.remove(&bucket).expect("present");
-            if h.stopping == Some(Stop::Rebalance) {
-                release.push((bucket, h.epoch));
+            match h.stopping {
+                Some(Stop::Rebalance) => release.push((bucket, h.epoch)),
+                Some(_) => {}
+                None => {
+                    tracing::warn!(%bucket, epoch = h.epoch, "a drainer ended on its own; releasing its lease to start over");
+                    release.push((bucket, h.epoch));
+                }
             }
         }
         self.release(&release, reason).await;

@@ -143,7 +143,11 @@ impl BucketDrainer {
                     let delay = backoff.next();
                     tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "cannot clear earlier claims");
                     self.sleep(delay).await;
-                    if self.cancel.is_cancelled() || !self.trusted() {
+                    // Only cancellation ends this: a lapsed trust may come
+                    // back with the database (the coordinator cancels the
+                    // drainer if the lease is lost), and a drainer that
+                    // gave up here left its bucket owned and undrained.
+                    if self.cancel.is_cancelled() {
                         return false;
                     }
                 }

@@ -326,8 +326,13 @@ pub struct PrivateBroker {
 
 impl PrivateBroker {
     pub fn start() -> Self {
-        // Ports 56000-59998, even, so port+1 (distribution) is free too.
-        let port = free_port_pair(|| 56000 + 2 * (rand_u16() % 1999));
+        // Ports 24000-27998, even, so port+1 (distribution) is free too.
+        // Below the kernel's ephemeral range (32768-60999 by default): with
+        // the broker down, a client reconnecting to a port in that range can
+        // be handed the same port as its source and connect to itself (TCP
+        // self-connect), and the restarted broker then finds its port taken
+        // (seen: eaddrinuse after kill -9).
+        let port = free_port_pair(|| 24000 + 2 * (rand_u16() % 2000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("rabbit-{port}"));
@@ -387,7 +392,8 @@ pub struct PrivatePostgres {
 
 impl PrivatePostgres {
     pub fn start() -> Self {
-        let port = free_port_pair(|| 50000 + 2 * (rand_u16() % 2000));
+        // Below the ephemeral range, as for PrivateBroker.
+        let port = free_port_pair(|| 28000 + 2 * (rand_u16() % 2000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("pg-{port}"));
@@ -425,8 +431,7 @@ impl Drop for PrivatePostgres {
     }
 }
 
-/// A port from `pick` such that it and the next one are free right now
-/// (these ranges overlap the kernel's ephemeral ports).
+/// A port from `pick` such that it and the next one are free right now.
 fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
     loop {
         let port = pick();
