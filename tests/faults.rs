@@ -294,9 +294,12 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
         .unwrap();
     for (key, id) in broken {
         let mut headers = lapin::types::FieldTable::default();
-        headers.insert("outbox-id".into(), lapin::types::AMQPValue::LongLongInt(id));
         headers.insert(
-            "outbox-message-key".into(),
+            outboxd::amqp::HEADER_ID.into(),
+            lapin::types::AMQPValue::LongLongInt(id),
+        );
+        headers.insert(
+            outboxd::amqp::HEADER_MESSAGE_KEY.into(),
             lapin::types::AMQPValue::LongString(key.into()),
         );
         ch.basic_publish(
@@ -395,9 +398,7 @@ async fn sigkill_a_random_worker_every_few_seconds_loses_nothing() {
         drained <= Duration::from_secs(3 + 5),
         "drained {drained:?} after the last kill"
     );
-    for w in &mut fleet {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut fleet);
 }
 
 // ------------------------------------------------------------- scenario 3
@@ -447,9 +448,7 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing() {
         v.summary()
     );
     assert!(v.is_clean(), "{}", v.summary());
-    for w in &mut fleet {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut fleet);
 }
 
 // ------------------------------------------------------------- scenario 4
@@ -508,9 +507,7 @@ async fn postgres_crashed_and_restarted_during_a_drain_loses_nothing() {
     );
     assert!(terminated > 0);
     assert!(v.is_clean(), "{}", v.summary());
-    for w in &mut fleet {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut fleet);
 }
 
 // ------------------------------------------------------------- scenario 6
@@ -722,9 +719,7 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
         "a bucket went unowned for {worst_unowned:?}"
     );
     assert!(v.is_clean(), "{}", v.summary());
-    for w in &mut fleet {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut fleet);
 }
 
 // ------------------------------------------------------------- scenario 8

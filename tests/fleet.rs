@@ -183,9 +183,7 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order() {
         event_count(&env).await
     );
     assert!(all && v.is_clean(), "{v:?}");
-    for w in &mut workers {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut workers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -262,9 +260,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
         reowned <= LEASE_TTL + LEASE_RENEW + Duration::from_millis(500),
         "re-owned after {reowned:?}"
     );
-    for w in &mut workers {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut workers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -533,9 +529,7 @@ async fn a_graceful_stop_hands_its_buckets_to_the_survivors_within_two_seconds()
     );
     assert!(start.elapsed() >= took);
     assert!(took < Duration::from_secs(2), "handoff took {took:?}");
-    for w in &mut workers {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut workers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,7 +613,5 @@ async fn sticky_assignment_moves_few_buckets_when_a_worker_joins() {
             .all(|(a, b)| a == b || newcomer.contains(a))
     );
     assert!(moved <= 8, "{moved} buckets moved");
-    for w in &mut workers {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut workers);
 }

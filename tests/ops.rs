@@ -13,6 +13,11 @@ fn run(env: &TestEnv, args: &[&str]) -> Output {
     env.command(args).output().unwrap()
 }
 
+/// Asserts the command exited 0, showing its stderr if not.
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -55,11 +60,7 @@ async fn status_prints_the_summary_as_text_and_json() {
         .unwrap();
 
     let out = run(&env, &["status", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["totals"]["pending"], 10);
     assert_eq!(v["totals"]["parked"], 2);
@@ -111,11 +112,7 @@ async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bu
     let out = run(&env, &["failed", "list", "--bucket", "p99"]);
     assert!(!out.status.success());
     let out = run(&env, &["failed", "requeue", &first.to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(stdout(&out).contains("requeued 1 message(s)"));
 
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
@@ -171,11 +168,7 @@ async fn drop_needs_yes_takes_only_parked_rows_and_is_audited() {
             "bad payload",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = stdout(&out);
     assert!(
         text.contains("dropped 1 message(s)")
@@ -252,11 +245,7 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     holder.rollback().await.unwrap();
 
     let out = run(&env, &["purge", "--older-than", "7d"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert_eq!(
         stdout(&out).trim(),
         "deleted 5 published row(s) older than 7d"
@@ -317,11 +306,7 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
     );
 
     let out = run(&env, &["repartition", "--to", "7", "--dry-run"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(
         stdout(&out).starts_with("dry run: 16 → 7 buckets"),
         "{}",
@@ -339,11 +324,7 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
     ));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let out = run(&env, &["repartition", "--to", "7"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(
         stdout(&out).starts_with("repartitioned 16 → 7 buckets"),
         "{}",
@@ -414,9 +395,7 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
         published_before,
         v.summary()
     );
-    for w in &mut fleet {
-        assert!(w.terminate(Duration::from_secs(15)).success());
-    }
+    terminate_all(&mut fleet);
 }
 
 /// A row whose label is not a bucket of this deployment (a producer that
@@ -498,11 +477,7 @@ async fn a_large_purge_vacuums_the_outbox_table() {
     .await
     .unwrap();
     let out = run(&env, &["purge", "--older-than", "1d"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert_eq!(
         stdout(&out).trim(),
         "deleted 60000 published row(s) older than 1d"

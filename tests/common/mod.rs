@@ -318,6 +318,13 @@ impl Drop for TestEnv {
     }
 }
 
+/// SIGTERMs every worker and asserts each exits 0 within 15 s.
+pub fn terminate_all(workers: &mut [WorkerProcess]) {
+    for w in workers {
+        assert!(w.terminate(Duration::from_secs(15)).success());
+    }
+}
+
 /// A private RabbitMQ node for a test that stops and starts its broker.
 pub struct PrivateBroker {
     pub dir: PathBuf,
