@@ -22,6 +22,9 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://outboxd@127.0.0.1:5432/outbox
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub const DEFAULT_PARTITION_COUNT: u32 = 16;
@@ -37,6 +40,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(6);
 pub const DEFAULT_HEARTBEAT_TTL: Duration = Duration::from_secs(20);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_BROKER_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_THREADS: usize = 1;
 pub const DEFAULT_OUTBOX_TABLE: &str = "outbox";
 pub const DEFAULT_PARTITIONS_TABLE: &str = "outbox_partitions";
@@ -117,14 +121,30 @@ pub struct DatabaseConfig {
     /// Bound on establishing a connection and on acquiring one from the pool.
     #[serde(deserialize_with = "de_duration")]
     pub connect_timeout: Duration,
+    /// Bound on each statement a worker runs (client-side): a call that
+    /// takes longer fails and is retried like a lost connection.
+    #[serde(deserialize_with = "de_duration")]
+    pub query_timeout: Duration,
+    /// A database connection whose peer acknowledges nothing for this long
+    /// is declared dead (TCP keepalive and `TCP_USER_TIMEOUT`).
+    #[serde(deserialize_with = "de_duration")]
+    pub dead_peer_timeout: Duration,
 }
 
 /// `[amqp]`: the RabbitMQ broker messages are published to.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AmqpConfig {
-    /// Connection URL; `AMQP_URL` overrides it.
+    /// Connection URL, or several separated by commas (the nodes of a
+    /// cluster, tried in turn); `AMQP_URL` overrides it.
     pub url: String,
+    /// Bound on connecting to one node.
+    #[serde(deserialize_with = "de_duration")]
+    pub connect_timeout: Duration,
+    /// A broker connection whose peer acknowledges nothing for this long
+    /// is declared dead (TCP keepalive and `TCP_USER_TIMEOUT`).
+    #[serde(deserialize_with = "de_duration")]
+    pub dead_peer_timeout: Duration,
     /// How long a batch may wait for its publisher confirms before the
     /// channel is dropped and the batch replayed.
     #[serde(deserialize_with = "de_duration")]
@@ -177,6 +197,11 @@ pub struct WorkerConfig {
     /// How long SIGTERM waits for in-flight batches before abandoning them.
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_timeout: Duration,
+    /// A worker that has not reached the broker for this long gives its
+    /// leases up and stays out of the fleet's targets until it reaches it
+    /// again.
+    #[serde(deserialize_with = "de_duration")]
+    pub broker_grace: Duration,
     /// How buckets are spread over workers: `modulo` or `sticky`.
     pub assignment: Assignment,
     /// Async runtime threads of one process; 0 = one per core. One is
@@ -201,6 +226,8 @@ impl Default for DatabaseConfig {
             url: DEFAULT_DATABASE_URL.into(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
         }
     }
 }
@@ -209,9 +236,18 @@ impl Default for AmqpConfig {
     fn default() -> Self {
         Self {
             url: DEFAULT_AMQP_URL.into(),
+            connect_timeout: DEFAULT_AMQP_CONNECT_TIMEOUT,
+            dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             reconnect_backoff_max: DEFAULT_RECONNECT_BACKOFF_MAX,
         }
+    }
+}
+
+impl AmqpConfig {
+    /// The node URLs, in the order they are tried (`url` split at commas).
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        self.url.split(',').map(str::trim).filter(|u| !u.is_empty())
     }
 }
 
@@ -238,6 +274,7 @@ impl Default for WorkerConfig {
             lease_renew: DEFAULT_LEASE_RENEW,
             heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            broker_grace: DEFAULT_BROKER_GRACE,
             assignment: Assignment::Modulo,
             threads: DEFAULT_THREADS,
         }
@@ -312,7 +349,12 @@ impl Config {
             &self.database.url,
             &["postgres", "postgresql"],
         )?;
-        validate_url("amqp.url", &self.amqp.url, &["amqp"])?;
+        if self.amqp.urls().next().is_none() {
+            return Err(invalid("amqp.url", "is empty"));
+        }
+        for url in self.amqp.urls() {
+            validate_url("amqp.url", url, &["amqp"])?;
+        }
         if self.database.max_connections < 2 {
             return Err(invalid(
                 "database.max_connections",
@@ -320,6 +362,13 @@ impl Config {
             ));
         }
         positive("database.connect_timeout", self.database.connect_timeout)?;
+        positive("database.query_timeout", self.database.query_timeout)?;
+        positive(
+            "database.dead_peer_timeout",
+            self.database.dead_peer_timeout,
+        )?;
+        positive("amqp.connect_timeout", self.amqp.connect_timeout)?;
+        positive("amqp.dead_peer_timeout", self.amqp.dead_peer_timeout)?;
         positive("amqp.confirm_timeout", self.amqp.confirm_timeout)?;
         positive(
             "amqp.reconnect_backoff_max",
@@ -386,6 +435,7 @@ impl Config {
         }
         positive("worker.heartbeat_ttl", w.heartbeat_ttl)?;
         positive("worker.shutdown_timeout", w.shutdown_timeout)?;
+        positive("worker.broker_grace", w.broker_grace)?;
         if w.threads > 256 {
             return Err(invalid(
                 "worker.threads",
@@ -496,8 +546,20 @@ fn validate_identifier(key: &'static str, name: &str, max_len: usize) -> Result<
     Ok(())
 }
 
-/// A URL with its password replaced by `***`, for logs, errors and pages.
+/// A URL (or a comma-separated list of them) with every password replaced
+/// by `***`, for logs, errors and pages.
 pub fn redact_url(raw: &str) -> String {
+    if raw.contains(',') && raw.matches("://").count() > 1 {
+        return raw
+            .split(',')
+            .map(|u| redact_one(u.trim()))
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    redact_one(raw)
+}
+
+fn redact_one(raw: &str) -> String {
     match url::Url::parse(raw) {
         Ok(mut url) => {
             if url.password().is_some() {
@@ -651,6 +713,26 @@ mod tests {
         assert_eq!(fmt_duration(Duration::from_secs(90)), "90s");
         assert_eq!(fmt_duration(Duration::from_secs(120)), "2m");
         assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn several_amqp_urls_are_nodes_of_one_cluster() {
+        let c =
+            Config::from_toml("[amqp]\nurl = \"amqp://u:pw@h1:5672/%2f, amqp://u:pw@h2:5672/%2f\"")
+                .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.amqp.urls().collect::<Vec<_>>(),
+            ["amqp://u:pw@h1:5672/%2f", "amqp://u:pw@h2:5672/%2f"]
+        );
+        assert_eq!(
+            redact_url(&c.amqp.url),
+            "amqp://u:***@h1:5672/%2f,amqp://u:***@h2:5672/%2f"
+        );
+        assert!(
+            problem("[amqp]\nurl = \"amqp://h1/%2f,http://h2\"")
+                .starts_with("amqp.url has scheme 'http'")
+        );
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
 //! - [`amqp`]: the broker connection, confirm channels, batch publishing,
 //!   and the send gate that keeps a stalled worker's frames off the wire.
+//! - [`net`]: dead-peer detection (keepalive, `TCP_USER_TIMEOUT`) on the
+//!   database and broker connections.
 //! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
 //! - [`dashboard`]: the axum web monitor, JSON API, `/metrics`, `/healthz`.
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
@@ -50,6 +52,7 @@ pub mod config;
 pub mod coordinator;
 pub mod dashboard;
 pub mod demo;
+pub mod net;
 pub mod ops;
 pub mod partitioner;
 pub mod producer;

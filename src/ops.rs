@@ -327,11 +327,12 @@ fn print_status(s: &Summary) {
         s.throughput.published_last_hour
     );
     say!(
-        "\n{:<10} {:<16} {:>7} {:<10} {:>9} {:>8} {:>9} {:>11}",
+        "\n{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
         "WORKER",
         "HOST",
         "PID",
         "MODE",
+        "STATE",
         "HB TTL",
         "BUCKETS",
         "RATE/S",
@@ -339,11 +340,12 @@ fn print_status(s: &Summary) {
     );
     for w in &s.workers {
         say!(
-            "{:<10} {:<16} {:>7} {:<10} {:>9} {:>8} {:>9.1} {:>11}",
+            "{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
             short(Some(w.worker_id)),
             w.hostname,
             w.pid,
             w.mode,
+            if w.can_publish { "ok" } else { "no-broker" },
             if w.live {
                 format!("{:.1}s", w.heartbeat_ttl_seconds)
             } else {
@@ -352,6 +354,13 @@ fn print_status(s: &Summary) {
             w.buckets,
             w.published_rate,
             w.published_total
+        );
+    }
+    for w in s.workers.iter().filter(|w| w.live && !w.can_publish) {
+        say!(
+            "worker {} cannot reach RabbitMQ and holds no buckets: {}",
+            short(Some(w.worker_id)),
+            w.broker_error.as_deref().unwrap_or("unreachable")
         );
     }
     say!(

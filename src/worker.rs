@@ -130,7 +130,7 @@ pub async fn run(
     let stats = Arc::new(RelayStats::default());
     let ctx = Arc::new(RelayContext {
         store: store.clone(),
-        broker,
+        broker: broker.clone(),
         settings: RelaySettings::from_config(config),
         stats: stats.clone(),
     });
@@ -142,6 +142,7 @@ pub async fn run(
         background.clone(),
     ));
     let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
+    let keep_connected = tokio::spawn(broker.clone().keep_connected(background.clone()));
     let retention =
         (!config.outbox.retention.is_zero() && !opts.once).then_some(config.outbox.retention);
     let maintenance = tokio::spawn(crate::ops::maintenance_loop(
@@ -194,6 +195,7 @@ pub async fn run(
                 lease_ttl: config.worker.lease_ttl,
                 lease_renew: config.worker.lease_renew,
                 heartbeat_ttl: config.worker.heartbeat_ttl,
+                broker_grace: config.worker.broker_grace,
                 assignment: config.worker.assignment,
                 partitioner,
             };
@@ -228,29 +230,64 @@ pub async fn run(
             }
         }
     }
+    // After the drain, everything below shares one short budget, so a
+    // worker whose database stopped answering still exits promptly (its
+    // row and leases then expire on their own).
+    let farewell = tokio::time::Instant::now() + FAREWELL;
+    background.cancel();
     let totals = stats.snapshot();
-    throughput.record(&store, totals).await;
+    let _ = tokio::time::timeout_at(farewell, throughput.record(&store, totals)).await;
     if opts.once {
-        reporter.tick(&store, &labels, totals, true).await;
+        let _ =
+            tokio::time::timeout_at(farewell, reporter.tick(&store, &labels, totals, true)).await;
     }
     reporter.finish();
-
-    background.cancel();
-    let _ = tokio::join!(heartbeat, listener);
-    let fatal = maintenance.await.ok().and_then(Result::err);
+    for task in [heartbeat, listener, keep_connected] {
+        finish_within(farewell, task).await;
+    }
+    let fatal = finish_within(farewell, maintenance)
+        .await
+        .and_then(Result::err);
     if let Some(ui) = dashboard
-        && let Ok(Err(e)) = ui.await
+        && let Some(Err(e)) = finish_within(farewell, ui).await
     {
         tracing::error!(error = %e, "the dashboard stopped with an error");
     }
-    membership.leave(&store).await;
-    if mode == WorkerMode::Leasing {
-        announce(&store, fleet::announce::LEAVE).await;
+    let goodbye = async {
+        membership.leave(&store).await;
+        if mode == WorkerMode::Leasing {
+            announce(&store, fleet::announce::LEAVE).await;
+        }
+    };
+    if tokio::time::timeout_at(farewell, goodbye).await.is_err() {
+        tracing::warn!(
+            "the database did not answer in time; the worker row expires after heartbeat_ttl"
+        );
     }
-    store.pool.close().await;
+    let _ = tokio::time::timeout_at(farewell, store.pool.close()).await;
     match fatal {
         Some(e) => Err(e.into()),
         None => Ok(totals),
+    }
+}
+
+/// How long the steps after the drain may take together on exit: the last
+/// throughput record, stopping the background tasks, removing the worker
+/// row, closing the pool.
+const FAREWELL: Duration = Duration::from_secs(2);
+
+/// Waits for `task` until `deadline`, then aborts it; its output if it
+/// finished.
+async fn finish_within<T>(
+    deadline: tokio::time::Instant,
+    mut task: tokio::task::JoinHandle<T>,
+) -> Option<T> {
+    match tokio::time::timeout_at(deadline, &mut task).await {
+        Ok(result) => result.ok(),
+        Err(_) => {
+            task.abort();
+            None
+        }
     }
 }
 

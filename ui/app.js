@@ -72,11 +72,12 @@ function renderWorkers(workers) {
     <tr class="${w.live ? "" : "gone"}" data-worker="${esc(w.worker_id)}">
       <td class="mono" title="${esc(w.worker_id)}">${short(w.worker_id)}</td>
       <td>${esc(w.hostname)}</td><td>${w.pid}</td><td>${esc(w.mode)}</td>
+      <td class="state">${w.can_publish ? `<span class="badge ok">publishing</span>` : `<span class="badge blocked" title="${esc(w.broker_error || "")}">broker unreachable</span>`}</td>
       <td>${time(w.started_at)}</td>
       <td>${w.live ? secs(w.heartbeat_ttl_seconds) : "gone"}</td>
       <td class="buckets">${w.buckets}</td>
       <td>${w.published_rate.toFixed(1)}/s</td><td>${num(w.published_total)}</td>
-    </tr>`).join("") || `<tr><td colspan="9" class="muted">No workers.</td></tr>`;
+    </tr>`).join("") || `<tr><td colspan="10" class="muted">No workers.</td></tr>`;
 }
 
 function bucketStatus(p) {

@@ -29,6 +29,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -178,19 +179,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
     }
 }
 
-/// lapin's default Tokio runtime kit, with every TCP connection gated.
+/// lapin's default Tokio runtime kit, with every TCP connection gated and
+/// hardened against a silent peer ([`crate::net::harden`]).
 #[derive(Debug, Clone)]
 pub struct GatedTokio {
     inner: Tokio,
     gate: Arc<SendGate>,
+    dead_peer_timeout: Duration,
 }
 
 impl GatedTokio {
     /// The kit for the current Tokio runtime, gating through `gate`.
-    pub fn new(gate: Arc<SendGate>) -> Self {
+    pub fn new(gate: Arc<SendGate>, dead_peer_timeout: Duration) -> Self {
         Self {
             inner: Tokio::current(),
             gate,
+            dead_peer_timeout,
         }
     }
 }
@@ -250,13 +254,12 @@ impl Reactor for GatedTokio {
         &self,
         addr: SocketAddr,
     ) -> impl Future<Output = io::Result<Self::TcpStream>> + Send + 'static {
-        let gate = self.gate.clone();
+        let (gate, dead_after) = (self.gate.clone(), self.dead_peer_timeout);
         let connect = self.inner.tcp_connect_addr(addr);
         async move {
-            Ok(GatedStream {
-                inner: connect.await?,
-                gate,
-            })
+            let inner = connect.await?;
+            crate::net::harden(inner.get_ref().as_fd(), dead_after)?;
+            Ok(GatedStream { inner, gate })
         }
     }
 }

@@ -4,8 +4,14 @@
 //! [`Broker`] owns one connection, opened lazily and reopened with
 //! exponential backoff after it is lost (no automatic recovery inside lapin:
 //! the relay must know when a channel died, to replay from its first
-//! unconfirmed row). It watches `connection.blocked` so the relay stops
-//! claiming while the broker refuses publishes.
+//! unconfirmed row). Given several node URLs (a cluster), it connects to
+//! the first that answers, starting with the node that worked last, and
+//! moves to another when its node is lost. It watches `connection.blocked`
+//! so the relay stops claiming while the broker refuses publishes, and it
+//! tracks whether the broker can be reached at all ([`Reach`]): the fleet
+//! coordinator gives a worker's buckets up when it could not for longer
+//! than `worker.broker_grace`. [`Broker::keep_connected`] keeps trying
+//! while no bucket does, so recovery is noticed.
 //!
 //! [`ConfirmChannel::publish_batch`] publishes rows in order on one confirm
 //! channel (persistent, `mandatory`, AMQP `message_id` = the row's
@@ -111,27 +117,108 @@ pub struct BatchOutcome {
     pub failure: Option<PublishError>,
 }
 
+/// Whether the broker could be reached, as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach {
+    Reachable,
+    /// Every attempt since `since` failed (or the connection was lost then).
+    Unreachable {
+        since: tokio::time::Instant,
+        error: String,
+    },
+}
+
+impl Reach {
+    /// How long the broker has been unreachable (zero while reachable).
+    pub fn unreachable_for(&self) -> Duration {
+        match self {
+            Reach::Reachable => Duration::ZERO,
+            Reach::Unreachable { since, .. } => since.elapsed(),
+        }
+    }
+}
+
+/// Records a failure to reach the broker; the first one since it was last
+/// reachable starts the clock.
+fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
+    reach.send_modify(|r| match r {
+        Reach::Reachable => {
+            *r = Reach::Unreachable {
+                since: tokio::time::Instant::now(),
+                error: error.to_string(),
+            }
+        }
+        Reach::Unreachable { error: last, .. } => *last = error.to_string(),
+    });
+}
+
 /// One connection to the broker, shared by every bucket of a worker.
 pub struct Broker {
-    url: String,
+    urls: Vec<String>,
+    /// Index in `urls` of the node to try first: the one that worked last.
+    preferred: std::sync::atomic::AtomicUsize,
     name: String,
     rpc_timeout: Duration,
+    connect_timeout: Duration,
+    dead_peer_timeout: Duration,
     backoff_max: Duration,
     connection: Mutex<Option<Arc<Connection>>>,
     blocked_tx: watch::Sender<Option<String>>,
+    reach_tx: watch::Sender<Reach>,
     gate: Arc<gate::SendGate>,
 }
 
 impl Broker {
     pub fn new(config: &AmqpConfig, connection_name: String) -> Self {
         Self {
-            url: config.url.clone(),
+            urls: config.urls().map(String::from).collect(),
+            preferred: Default::default(),
             name: connection_name,
             rpc_timeout: config.confirm_timeout,
+            connect_timeout: config.connect_timeout,
+            dead_peer_timeout: config.dead_peer_timeout,
             backoff_max: config.reconnect_backoff_max,
             connection: Mutex::new(None),
             gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
+            reach_tx: watch::channel(Reach::Reachable).0,
+        }
+    }
+
+    /// Whether the broker can be reached, as last seen.
+    pub fn reach(&self) -> Reach {
+        self.reach_tx.borrow().clone()
+    }
+
+    fn mark_reachable(&self) {
+        self.reach_tx.send_if_modified(|r| {
+            let was = std::mem::replace(r, Reach::Reachable);
+            if let Reach::Unreachable { since, .. } = was {
+                tracing::info!(after = ?since.elapsed(), "RabbitMQ reachable again");
+            }
+            was != Reach::Reachable
+        });
+    }
+
+    fn mark_unreachable(&self, error: &str) {
+        mark_unreachable(&self.reach_tx, error);
+    }
+
+    /// Keeps a connection open until cancelled: while no bucket is being
+    /// drained (e.g. after the buckets were given up because the broker was
+    /// unreachable), this is what notices that the broker is back.
+    pub async fn keep_connected(self: Arc<Self>, cancel: CancellationToken) {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            let connected = self.connection().await.is_ok();
+            delay = match connected {
+                true => Duration::from_millis(500),
+                false => (delay * 2).min(self.backoff_max),
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
         }
     }
 
@@ -183,10 +270,12 @@ impl Broker {
             }),
             Ok(Err(e)) => {
                 self.forget(&conn).await;
+                self.mark_unreachable(&e.to_string());
                 Err(PublishError::Unavailable(e.to_string()))
             }
             Err(_) => {
                 self.forget(&conn).await;
+                self.mark_unreachable("opening a channel timed out");
                 Err(PublishError::Unavailable(
                     "opening a channel timed out".into(),
                 ))
@@ -194,33 +283,56 @@ impl Broker {
         }
     }
 
-    /// The live connection, opening one if there is none.
+    /// The live connection, opening one if there is none: each node in
+    /// turn, starting with the one that worked last.
     async fn connection(&self) -> Result<Arc<Connection>, PublishError> {
         let mut slot = self.connection.lock().await;
         if let Some(conn) = slot.as_ref().filter(|c| c.status().connected()) {
             return Ok(conn.clone());
         }
         *slot = None;
-        let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
         // The connection being replaced is gone, and its buffers with it.
         self.gate.connection_replaced();
-        let runtime = async_rs::Runtime::new(gate::GatedTokio::new(self.gate.clone()));
-        let connect = Connection::connect_with_runtime(&self.url, props, runtime);
-        let conn = tokio::time::timeout(self.rpc_timeout, connect)
+        let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for i in 0..self.urls.len() {
+            let index = (first + i) % self.urls.len();
+            match self.connect_to(&self.urls[index]).await {
+                Ok(conn) => {
+                    self.preferred
+                        .store(index, std::sync::atomic::Ordering::Relaxed);
+                    self.mark_reachable();
+                    let conn = Arc::new(conn);
+                    *slot = Some(conn.clone());
+                    return Ok(conn);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let error = errors.join("; ");
+        self.mark_unreachable(&error);
+        Err(PublishError::Unavailable(error))
+    }
+
+    async fn connect_to(&self, url: &str) -> Result<Connection, String> {
+        let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
+        let runtime = async_rs::Runtime::new(gate::GatedTokio::new(
+            self.gate.clone(),
+            self.dead_peer_timeout,
+        ));
+        let connect = Connection::connect_with_runtime(url, props, runtime);
+        let conn = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| {
-                PublishError::Unavailable(format!(
-                    "connecting to {} timed out",
-                    Redacted(&self.url)
-                ))
+                format!(
+                    "connecting to {} timed out after {}",
+                    Redacted(url),
+                    crate::config::fmt_duration(self.connect_timeout)
+                )
             })?
-            .map_err(|e| {
-                PublishError::Unavailable(format!("cannot connect to {}: {e}", Redacted(&self.url)))
-            })?;
-        tracing::info!(url = %Redacted(&self.url), "connected to RabbitMQ");
+            .map_err(|e| format!("cannot connect to {}: {e}", Redacted(url)))?;
+        tracing::info!(url = %Redacted(url), "connected to RabbitMQ");
         self.watch_events(&conn);
-        let conn = Arc::new(conn);
-        *slot = Some(conn.clone());
         Ok(conn)
     }
 
@@ -235,6 +347,7 @@ impl Broker {
 
     fn watch_events(&self, conn: &Connection) {
         let blocked = self.blocked_tx.clone();
+        let reach = self.reach_tx.clone();
         let mut events = conn.events_listener();
         blocked.send_replace(None);
         tokio::spawn(async move {
@@ -248,9 +361,16 @@ impl Broker {
                         tracing::info!("RabbitMQ unblocked publishing; claiming resumes");
                         blocked.send_replace(None);
                     }
+                    // A channel closed by the broker (a missing exchange, a
+                    // refused message) is the row's problem, reported by
+                    // its bucket; the connection is fine.
+                    Event::Error(e) if classify(&e).is_rows_fault() => {
+                        tracing::debug!(error = %e, "RabbitMQ closed a channel");
+                    }
                     Event::Error(e) => {
-                        tracing::warn!(error = %e, "RabbitMQ connection error");
+                        tracing::warn!(error = %e, "RabbitMQ connection lost");
                         blocked.send_replace(None);
+                        mark_unreachable(&reach, &e.to_string());
                     }
                     _ => {}
                 }

@@ -17,6 +17,18 @@
 //! Steady state is quiet: renewals only, no lease changes. On shutdown every
 //! drainer finishes its batch, every lease is released in one statement and
 //! the peers are told, so they take the buckets over within a cycle.
+//!
+//! **A worker that cannot publish steps aside.** When the broker has been
+//! unreachable for longer than `worker.broker_grace`, the worker marks its
+//! row `can_publish = false` and tells the fleet: every worker (itself
+//! included) leaves it out of the target computation, so it releases its
+//! buckets after their in-flight batches and the others take them. When the
+//! broker answers again it marks itself back and gets its share back the
+//! same way. If *every* worker lost the broker, every one steps aside: no
+//! bucket is leased and nothing is published (nothing could be) until the
+//! first worker reaches the broker again and takes all the buckets; the
+//! others rejoin as they recover. Only a change of reachability moves a
+//! lease, so there is no release/reacquire loop.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -30,6 +42,7 @@ use uuid::Uuid;
 
 use super::assignment::{Assignment, targets};
 use super::lease::{LeaseGrant, Trust, trust_deadline};
+use crate::amqp::Reach;
 use crate::partitioner::Partitioner;
 use crate::relay::{Drain, Relay};
 use crate::store::Store;
@@ -42,12 +55,16 @@ const POLL: Duration = Duration::from_millis(250);
 /// how late a dead peer's buckets are retargeted after its heartbeat expired.
 const IDLE_POLL: Duration = Duration::from_millis(500);
 
+/// How long releasing every lease may take on shutdown.
+const RELEASE_ON_EXIT: Duration = Duration::from_secs(2);
+
 /// The coordinator's share of the configuration.
 #[derive(Debug, Clone)]
 pub struct FleetSettings {
     pub lease_ttl: Duration,
     pub lease_renew: Duration,
     pub heartbeat_ttl: Duration,
+    pub broker_grace: Duration,
     pub assignment: Assignment,
     pub partitioner: Partitioner,
 }
@@ -57,6 +74,7 @@ pub mod announce {
     pub const JOIN: &str = "join";
     pub const LEAVE: &str = "leave";
     pub const RELEASE: &str = "release";
+    pub const BROKER: &str = "broker";
 }
 
 struct Held {
@@ -85,6 +103,10 @@ pub struct Fleet {
     wake: Arc<Notify>,
     owned: watch::Sender<Vec<String>>,
     held: BTreeMap<String, Held>,
+    /// Whether this worker takes part in the targets (it can publish).
+    can_publish: bool,
+    /// `can_publish` as last written to the worker row.
+    recorded_can_publish: Option<bool>,
 }
 
 impl Fleet {
@@ -103,6 +125,8 @@ impl Fleet {
             wake,
             owned: watch::channel(Vec::new()).0,
             held: BTreeMap::new(),
+            can_publish: true,
+            recorded_can_publish: Some(true),
         }
     }
 
@@ -164,7 +188,10 @@ impl Fleet {
     ) -> bool {
         let store = self.store.clone();
         let (workers, pool) = (&store.tables.workers, &store.pool);
+        self.check_broker().await;
         let target_set: Option<BTreeSet<String>> = match workers.live_leasing(pool).await {
+            // Stepped aside: no targets, whatever the membership.
+            _ if !self.can_publish => Some(BTreeSet::new()),
             Ok(live) => Some(
                 targets(
                     self.settings.assignment,
@@ -209,6 +236,11 @@ impl Fleet {
         }
         if Instant::now() >= *next_cleanup {
             *next_cleanup = Instant::now() + self.settings.lease_renew;
+            if !self.can_publish {
+                // Written again now and then: a re-registered row (after
+                // the database lost it) would say it can publish.
+                self.recorded_can_publish = None;
+            }
             match workers.remove_dead(pool, self.settings.heartbeat_ttl).await {
                 Ok(n) if n > 0 => tracing::info!(rows = n, "removed rows of workers that died"),
                 Ok(_) => {}
@@ -216,6 +248,50 @@ impl Fleet {
             }
         }
         pending
+    }
+
+    /// Steps aside when the broker has been unreachable for longer than
+    /// `broker_grace`, and back in once it is reachable; records the state
+    /// in the worker row (retried every cycle until it is written) and
+    /// tells the fleet.
+    async fn check_broker(&mut self) {
+        let reach = self.relay.context().broker.reach();
+        let can_publish = reach.unreachable_for() <= self.settings.broker_grace;
+        let error = match &reach {
+            Reach::Unreachable { error, .. } if !can_publish => Some(error.as_str()),
+            _ => None,
+        };
+        if can_publish != self.can_publish {
+            self.can_publish = can_publish;
+            match error {
+                Some(error) => tracing::warn!(
+                    unreachable_for = ?reach.unreachable_for(),
+                    broker_grace = ?self.settings.broker_grace,
+                    %error,
+                    "RabbitMQ unreachable for longer than worker.broker_grace: giving every bucket up until it is reachable again"
+                ),
+                None => {
+                    tracing::info!("RabbitMQ reachable: taking part in the fleet's targets again")
+                }
+            }
+        }
+        if self.recorded_can_publish == Some(self.can_publish) {
+            return;
+        }
+        let workers = &self.store.tables.workers;
+        match workers
+            .set_broker_state(&self.store.pool, self.me, self.can_publish, error)
+            .await
+        {
+            Ok(_) => {
+                self.recorded_can_publish = Some(self.can_publish);
+                let channel = self.store.tables.fleet_channel();
+                if let Err(e) = Store::notify(&self.store.pool, &channel, announce::BROKER).await {
+                    tracing::debug!(error = %e, "could not announce the broker state");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot record the broker state; retrying"),
+        }
     }
 
     /// Renews every held lease; returns when the next renew is due.
@@ -399,7 +475,17 @@ impl Fleet {
         } else {
             "shutdown"
         };
-        self.release(&leases, reason).await;
+        // A database that stopped answering must not hold the exit up: the
+        // leases then simply expire after lease_ttl.
+        if tokio::time::timeout(RELEASE_ON_EXIT, self.release(&leases, reason))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?RELEASE_ON_EXIT,
+                "the database did not answer the release in time; the leases expire after lease_ttl"
+            );
+        }
         self.owned.send_replace(Vec::new());
     }
 }

@@ -6,6 +6,13 @@
 //! caller decides what runs in one transaction. Time is always the database's
 //! `now()`.
 //!
+//! Every statement on a worker's path is *bounded* ([`Bounded`]): it fails
+//! after `database.query_timeout` instead of waiting on a database that
+//! stopped answering, and every pooled connection is hardened against a
+//! silent peer ([`crate::net`]), so a blackholed link is noticed in seconds.
+//! Only the operator's long statements (migrations, repartitioning, a
+//! purge's count and VACUUM) run unbounded.
+//!
 //! - [`schema`]: migrations, schema version check, deployment settings.
 //! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
 //! - [`partitions`]: one row per bucket (leases, in fleet mode).
@@ -21,11 +28,13 @@ pub mod stats;
 pub mod workers;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig};
+use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration};
 
 /// A database error, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +48,11 @@ pub enum StoreError {
         doing: &'static str,
         source: sqlx::Error,
     },
+    #[error("database error while {doing}: no answer within {}", fmt_duration(*.after))]
+    Timeout {
+        doing: &'static str,
+        after: Duration,
+    },
 }
 
 impl StoreError {
@@ -49,6 +63,7 @@ impl StoreError {
             StoreError::Connect { .. } => true,
             StoreError::Schema(_) => false,
             StoreError::Query { source, .. } => is_transient(source),
+            StoreError::Timeout { .. } => true,
         }
     }
 }
@@ -81,6 +96,33 @@ impl<T> QueryContext<T> for Result<T, sqlx::Error> {
         self.map_err(|source| StoreError::Query { doing, source })
     }
 }
+
+/// Bound on each worker statement, in milliseconds (`database.query_timeout`;
+/// set once by [`connect`], process-wide like the pool it applies to).
+static QUERY_TIMEOUT_MS: AtomicU64 =
+    AtomicU64::new(crate::config::DEFAULT_QUERY_TIMEOUT.as_millis() as u64);
+
+/// The current bound on one worker statement.
+pub fn query_timeout() -> Duration {
+    Duration::from_millis(QUERY_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// A database call that fails after [`query_timeout`] instead of waiting
+/// on a database that stopped answering.
+pub(crate) trait Bounded<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
+    /// Bounds the call and says what it was doing when it failed.
+    fn bounded(self, doing: &'static str) -> impl Future<Output = Result<T, StoreError>> {
+        let after = query_timeout();
+        async move {
+            match tokio::time::timeout(after, self).await {
+                Ok(result) => result.map_err(|source| StoreError::Query { doing, source }),
+                Err(_) => Err(StoreError::Timeout { doing, after }),
+            }
+        }
+    }
+}
+
+impl<T, F: Future<Output = Result<T, sqlx::Error>>> Bounded<T> for F {}
 
 /// A rendered SQL statement, cheap to clone into a query.
 #[derive(Debug, Clone)]
@@ -150,10 +192,18 @@ pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<PgPo
     };
     let options: PgConnectOptions = db.url.parse().map_err(connect_err)?;
     let options = options.application_name(application_name);
+    QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
+    let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
     PgPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(0)
         .acquire_timeout(db.connect_timeout)
+        .after_connect(move |_conn, _meta| {
+            Box::pin(async move {
+                crate::net::harden_connections_to(port, dead_after);
+                Ok(())
+            })
+        })
         .connect_with(options)
         .await
         .map_err(connect_err)
@@ -178,14 +228,14 @@ impl Store {
             .bind(channel)
             .bind(payload)
             .execute(exec)
-            .await
-            .doing("sending a notification")?;
+            .bounded("sending a notification")
+            .await?;
         Ok(())
     }
 
     /// Starts a transaction.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        self.pool.begin().await.doing("starting a transaction")
+        self.pool.begin().bounded("starting a transaction").await
     }
 
     pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {

@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 use sqlx::{PgExecutor, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::{QueryContext, Sql, StoreError};
+use super::{Bounded, QueryContext, Sql, StoreError};
 use crate::config::TablesConfig;
 
 /// Identifies one batch claim; rows carry it in `claim_token`.
@@ -403,8 +403,8 @@ impl OutboxSql {
             .bind(headers)
             .bind(content_type)
             .fetch_one(exec)
+            .bounded("enqueueing a message")
             .await
-            .doing("enqueueing a message")
     }
 
     /// Claims the ready prefix of a bucket's first `limit` pending rows,
@@ -427,8 +427,8 @@ impl OutboxSql {
             .bind(fence.map(|f| f.owner))
             .bind(fence.map(|f| f.epoch))
             .fetch_all(exec)
-            .await
-            .doing("claiming a batch")?;
+            .bounded("claiming a batch")
+            .await?;
         // UPDATE … RETURNING has no defined order.
         rows.sort_unstable_by_key(|r| r.id);
         Ok(rows)
@@ -451,8 +451,8 @@ impl OutboxSql {
             .bind(fence.map(|f| f.owner))
             .bind(fence.map(|f| f.epoch))
             .execute(exec)
-            .await
-            .doing("recording published rows")?
+            .bounded("recording published rows")
+            .await?
             .rows_affected())
     }
 
@@ -482,8 +482,8 @@ impl OutboxSql {
             .bind(fence.map(|f| f.owner))
             .bind(fence.map(|f| f.epoch))
             .fetch_optional(exec)
+            .bounded("recording a failed publish")
             .await
-            .doing("recording a failed publish")
     }
 
     /// Hands back every row of a claim that is still unpublished.
@@ -495,8 +495,8 @@ impl OutboxSql {
         Ok(sqlx::query(self.release.q())
             .bind(token.0)
             .execute(exec)
-            .await
-            .doing("releasing a claim")?
+            .bounded("releasing a claim")
+            .await?
             .rows_affected())
     }
 
@@ -524,7 +524,7 @@ impl OutboxSql {
         if let Some(key) = message_key {
             q = q.bind(key);
         }
-        q.fetch_all(exec).await.doing("listing messages")
+        q.fetch_all(exec).bounded("listing messages").await
     }
 
     /// One message, everything included.
@@ -536,8 +536,8 @@ impl OutboxSql {
         sqlx::query_as(self.detail.q())
             .bind(id)
             .fetch_optional(exec)
+            .bounded("reading a message")
             .await
-            .doing("reading a message")
     }
 
     /// Deletes up to `limit` rows published more than `older_than` ago,
@@ -555,8 +555,8 @@ impl OutboxSql {
             .bind(limit)
             .bind(lock_key)
             .execute(exec)
-            .await
-            .doing("purging published rows")?
+            .bounded("purging published rows")
+            .await?
             .rows_affected())
     }
 
@@ -585,8 +585,8 @@ impl OutboxSql {
             .bind(limit)
             .bind(partition_key)
             .fetch_all(exec)
+            .bounded("listing parked messages")
             .await
-            .doing("listing parked messages")
     }
 
     /// Deletes parked messages, recording them with `actor` and `reason` in
@@ -603,8 +603,8 @@ impl OutboxSql {
             .bind(actor)
             .bind(reason)
             .fetch_all(exec)
+            .bounded("dropping parked messages")
             .await
-            .doing("dropping parked messages")
     }
 
     /// Requeues parked messages (by id, every parked one of `buckets`, or
@@ -625,8 +625,8 @@ impl OutboxSql {
             .bind(actor)
             .bind(all)
             .fetch_all(exec)
+            .bounded("requeueing messages")
             .await
-            .doing("requeueing messages")
     }
 
     /// Drops every claim in a bucket just leased (fenced by that lease).
@@ -641,8 +641,8 @@ impl OutboxSql {
             .bind(fence.owner)
             .bind(fence.epoch)
             .execute(exec)
-            .await
-            .doing("clearing earlier claims")?
+            .bounded("clearing earlier claims")
+            .await?
             .rows_affected())
     }
 
@@ -656,8 +656,8 @@ impl OutboxSql {
         sqlx::query_as(self.bucket_heads.q())
             .bind(partition_keys)
             .fetch_all(exec)
+            .bounded("reading bucket heads")
             .await
-            .doing("reading bucket heads")
     }
 }
 

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{QueryContext, Sql, StoreError, Tables, render};
+use super::{Bounded, Sql, StoreError, Tables, render};
 use crate::config::TablesConfig;
 
 /// Inserts a row for every bucket label that has none.
@@ -32,8 +32,7 @@ pub async fn ensure_rows<'e, E: PgExecutor<'e>>(
     )))
     .bind(labels)
     .execute(exec)
-    .await
-    .doing("creating bucket rows")?
+    .bounded("creating bucket rows").await?
     .rows_affected())
 }
 
@@ -209,8 +208,8 @@ impl PartitionsSql {
             .bind(ms(ttl))
             .bind(reason)
             .fetch_all(exec)
+            .bounded("acquiring leases")
             .await
-            .doing("acquiring leases")
     }
 
     /// Extends the given leases (bucket, epoch) that are still ours; returns
@@ -229,8 +228,8 @@ impl PartitionsSql {
             .bind(keys)
             .bind(epochs)
             .fetch_all(exec)
+            .bounded("renewing leases")
             .await
-            .doing("renewing leases")
     }
 
     /// Frees the given leases (bucket, epoch) that are still ours.
@@ -248,8 +247,8 @@ impl PartitionsSql {
             .bind(epochs)
             .bind(reason)
             .fetch_all(exec)
+            .bounded("releasing leases")
             .await
-            .doing("releasing leases")
     }
 
     /// Every bucket's lease.
@@ -259,8 +258,8 @@ impl PartitionsSql {
     ) -> Result<Vec<LeaseRow>, StoreError> {
         sqlx::query_as(self.leases.q())
             .fetch_all(exec)
+            .bounded("reading leases")
             .await
-            .doing("reading leases")
     }
 
     /// Every bucket with its lease, capped pending/parked counts and head.
@@ -272,8 +271,8 @@ impl PartitionsSql {
         sqlx::query_as(self.overview.q())
             .bind(cap)
             .fetch_all(exec)
+            .bounded("reading the bucket overview")
             .await
-            .doing("reading the bucket overview")
     }
 
     /// Lease events after `after_id`, oldest first.
@@ -287,7 +286,7 @@ impl PartitionsSql {
             .bind(after_id)
             .bind(limit)
             .fetch_all(exec)
+            .bounded("reading lease events")
             .await
-            .doing("reading lease events")
     }
 }

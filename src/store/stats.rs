@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgExecutor;
 
-use super::{QueryContext, Sql, StoreError};
+use super::{Bounded, Sql, StoreError};
 use crate::config::TablesConfig;
 
 /// One minute of throughput.
@@ -61,8 +61,8 @@ impl StatsSql {
             .bind(published as i64)
             .bind(failed as i64)
             .execute(exec)
-            .await
-            .doing("recording throughput")?;
+            .bounded("recording throughput")
+            .await?;
         Ok(())
     }
 
@@ -73,16 +73,16 @@ impl StatsSql {
     ) -> Result<Vec<Minute>, StoreError> {
         sqlx::query_as(self.last_hour.q())
             .fetch_all(exec)
+            .bounded("reading throughput")
             .await
-            .doing("reading throughput")
     }
 
     /// Drops minutes older than a week.
     pub async fn prune<'e, E: PgExecutor<'e>>(&self, exec: E) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.prune.q())
             .execute(exec)
-            .await
-            .doing("pruning throughput")?
+            .bounded("pruning throughput")
+            .await?
             .rows_affected())
     }
 }

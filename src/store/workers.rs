@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{QueryContext, Sql, StoreError};
+use super::{Bounded, Sql, StoreError};
 use crate::config::TablesConfig;
 
 /// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
@@ -66,6 +66,11 @@ pub struct WorkerView {
     pub failed_total: i64,
     /// Rows per second over its last heartbeat period.
     pub published_rate: f64,
+    /// False while it cannot reach the broker (beyond `broker_grace`): it
+    /// holds no buckets and is left out of every worker's targets.
+    pub can_publish: bool,
+    /// Why it cannot publish, while it cannot.
+    pub broker_error: Option<String>,
 }
 
 /// What a heartbeat reports besides being alive.
@@ -86,6 +91,7 @@ pub struct WorkersSql {
     live_others: Sql,
     live_leasing: Sql,
     remove_dead: Sql,
+    set_broker_state: Sql,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -114,14 +120,20 @@ impl WorkersSql {
                         w.heartbeat_until > now() AS live,
                         (SELECT count(*) FROM {partitions} p
                          WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
-                        w.published_total, w.failed_total, w.published_rate
+                        w.published_total, w.failed_total, w.published_rate,
+                        w.can_publish, w.broker_error
                  FROM {workers} w ORDER BY w.worker_id",
             ),
             remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
             live_leasing: Sql::render(
                 t,
                 "SELECT worker_id FROM {workers}
-                 WHERE heartbeat_until > now() AND mode = 'leasing' ORDER BY worker_id",
+                 WHERE heartbeat_until > now() AND mode = 'leasing' AND can_publish
+                 ORDER BY worker_id",
+            ),
+            set_broker_state: Sql::render(
+                t,
+                "UPDATE {workers} SET can_publish = $2, broker_error = $3 WHERE worker_id = $1",
             ),
             remove_dead: Sql::render(
                 t,
@@ -145,8 +157,8 @@ impl WorkersSql {
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(REGISTRATION_LOCK)
             .execute(exec)
-            .await
-            .doing("taking the registration lock")?;
+            .bounded("taking the registration lock")
+            .await?;
         Ok(())
     }
 
@@ -167,8 +179,8 @@ impl WorkersSql {
             .bind(mode.as_str())
             .bind(ms(ttl))
             .execute(exec)
-            .await
-            .doing("registering the worker")?;
+            .bounded("registering the worker")
+            .await?;
         Ok(())
     }
 
@@ -188,8 +200,8 @@ impl WorkersSql {
             .bind(counts.failed_total as i64)
             .bind(counts.published_rate)
             .execute(exec)
-            .await
-            .doing("heartbeating")?
+            .bounded("heartbeating")
+            .await?
             .rows_affected()
             == 1)
     }
@@ -201,8 +213,8 @@ impl WorkersSql {
     ) -> Result<Vec<WorkerView>, StoreError> {
         sqlx::query_as(self.list.q())
             .fetch_all(exec)
+            .bounded("listing workers")
             .await
-            .doing("listing workers")
     }
 
     /// Deletes this worker's row (clean exit).
@@ -214,21 +226,41 @@ impl WorkersSql {
         sqlx::query(self.remove.q())
             .bind(worker_id)
             .execute(exec)
-            .await
-            .doing("removing the worker row")?;
+            .bounded("removing the worker row")
+            .await?;
         Ok(())
     }
 
-    /// Ids of the live fleet-mode workers, sorted: the input of target
-    /// computation.
+    /// Records whether this worker can reach the broker; false when its row
+    /// is gone.
+    pub async fn set_broker_state<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        worker_id: Uuid,
+        can_publish: bool,
+        broker_error: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query(self.set_broker_state.q())
+            .bind(worker_id)
+            .bind(can_publish)
+            .bind(broker_error)
+            .execute(exec)
+            .bounded("recording the broker state")
+            .await?
+            .rows_affected()
+            == 1)
+    }
+
+    /// Ids of the live fleet-mode workers that can publish, sorted: the
+    /// input of target computation.
     pub async fn live_leasing<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
     ) -> Result<Vec<Uuid>, StoreError> {
         sqlx::query_scalar(self.live_leasing.q())
             .fetch_all(exec)
+            .bounded("listing live workers")
             .await
-            .doing("listing live workers")
     }
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
@@ -241,8 +273,8 @@ impl WorkersSql {
         Ok(sqlx::query(self.remove_dead.q())
             .bind(ms(grace))
             .execute(exec)
-            .await
-            .doing("removing dead worker rows")?
+            .bounded("removing dead worker rows")
+            .await?
             .rows_affected())
     }
 
@@ -255,7 +287,7 @@ impl WorkersSql {
         sqlx::query_as(self.live_others.q())
             .bind(me)
             .fetch_all(exec)
+            .bounded("listing live workers")
             .await
-            .doing("listing live workers")
     }
 }
