@@ -11,12 +11,22 @@
 #   scripts/services.sh rabbit stop  DIR PORT
 #   scripts/services.sh rabbit ctl   DIR PORT ARGS…  rabbitmqctl against that broker
 #   scripts/services.sh pg start|stop      only PostgreSQL
+#
+# Environment: OUTBOXD_STATE_DIR, OUTBOXD_PG_PORT (55432), OUTBOXD_AMQP_PORT
+# (55672), OUTBOXD_PG_BIN; OUTBOXD_LISTEN: the address PostgreSQL and a
+# private broker listen on (127.0.0.1; scripts/hosts.sh gives a test
+# network's address). For a RabbitMQ cluster node in a test host
+# (scripts/hosts.sh): OUTBOXD_RABBIT_NODE_HOST (the node's IP, long node
+# names), OUTBOXD_RABBIT_COOKIE (shared by the cluster), OUTBOXD_RABBIT_CONF
+# (extra rabbitmq.conf lines).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 state=${OUTBOXD_STATE_DIR:-$repo/.outboxd}
 pg_port=${OUTBOXD_PG_PORT:-55432}
 amqp_port=${OUTBOXD_AMQP_PORT:-55672}
+listen=${OUTBOXD_LISTEN:-127.0.0.1}
+node_host=${OUTBOXD_RABBIT_NODE_HOST:-}
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
 svc_user=outboxd-svc
 
@@ -77,19 +87,22 @@ pg_start() {
     as_svc "$pg_bin/initdb" -D "$data" -U outboxd --pwfile="$state/.pgpass-init" \
       --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
     rm -f "$state/.pgpass-init"
+    # Test hosts (scripts/hosts.sh) reach a server listening on their
+    # network's address; it listens on loopback only otherwise.
+    as_svc sh -c "echo 'host all all samenet scram-sha-256' >> '$data/pg_hba.conf'"
   fi
   if as_svc "$pg_bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     return 0
   fi
   as_svc mkdir -p "$state/pg-run"
   as_svc "$pg_bin/pg_ctl" -D "$data" -l "$state/pg.log" -w -t 60 start -o \
-    "-c listen_addresses=127.0.0.1 -c port=$pg_port -c unix_socket_directories=$state/pg-run \
+    "-c listen_addresses=$listen -c port=$pg_port -c unix_socket_directories=$state/pg-run \
      -c max_connections=300 -c shared_buffers=256MB -c fsync=on" >/dev/null
   if ! as_svc "$pg_bin/psql" -h "$state/pg-run" -p "$pg_port" -U outboxd -d postgres -tAc \
       "SELECT 1 FROM pg_database WHERE datname='outboxd'" | grep -q 1; then
     as_svc "$pg_bin/createdb" -h "$state/pg-run" -p "$pg_port" -U outboxd outboxd
   fi
-  log "PostgreSQL up on 127.0.0.1:$pg_port"
+  log "PostgreSQL up on $listen:$pg_port"
 }
 
 pg_stop() {
@@ -98,11 +111,20 @@ pg_stop() {
 }
 
 # One RabbitMQ node: its own node name, data, logs, cookie and ports.
+node_name() {
+  if [ -n "$node_host" ]; then echo "outboxd-$1@$node_host"; else echo "outboxd-$1@localhost"; fi
+}
+
 rabbit_env() {
   local dir=$1 port=$2
-  echo RABBITMQ_NODENAME="outboxd-$port@localhost" \
-    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$port" \
-    RABBITMQ_DIST_PORT="$((port + 1))" ERL_EPMD_ADDRESS=127.0.0.1 \
+  if [ -n "$node_host" ]; then
+    echo RABBITMQ_USE_LONGNAME=true ERL_EPMD_ADDRESS="$node_host,127.0.0.1"
+  else
+    echo ERL_EPMD_ADDRESS=127.0.0.1
+  fi
+  echo RABBITMQ_NODENAME="$(node_name "$port")" \
+    RABBITMQ_NODE_IP_ADDRESS="$listen" RABBITMQ_NODE_PORT="$port" \
+    RABBITMQ_DIST_PORT="$((port + 1))" \
     RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
     RABBITMQ_PID_FILE="$dir/rabbit.pid" RABBITMQ_CONFIG_FILE="$dir/rabbitmq" \
     RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
@@ -113,7 +135,7 @@ rabbit_ctl() {
   local dir=$1 port=$2
   shift 2
   # shellcheck disable=SC2046
-  as_svc env $(rabbit_env "$dir" "$port") /usr/lib/rabbitmq/bin/rabbitmqctl -n "outboxd-$port@localhost" "$@"
+  as_svc env $(rabbit_env "$dir" "$port") /usr/lib/rabbitmq/bin/rabbitmqctl -n "$(node_name "$port")" "$@"
 }
 
 rabbit_start() {
@@ -123,14 +145,20 @@ rabbit_start() {
   if rabbit_ctl "$dir" "$port" -q status >/dev/null 2>&1; then
     return 0
   fi
-  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n' > '$dir/rabbitmq.conf'; echo '[].' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {127,0,0,1}}]}].' > '$dir/advanced.config'"
+  local dist_if="127,0,0,1" ticktime=""
+  # A cluster node notices a lost peer node within seconds, not a minute.
+  [ -z "$node_host" ] || { dist_if=${node_host//./,}; ticktime=", {net_ticktime, 8}"; }
+  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' > '$dir/rabbitmq.conf'; echo '[].' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
+  if [ -n "${OUTBOXD_RABBIT_COOKIE:-}" ] && [ ! -f "$dir/.erlang.cookie" ]; then
+    as_svc sh -c "umask 077; printf '%s' '$OUTBOXD_RABBIT_COOKIE' > '$dir/.erlang.cookie'"
+  fi
   # shellcheck disable=SC2046
   as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
     >"$dir/stdout.log" 2>&1 </dev/null &
   local i
   for i in $(seq 1 120); do
     if rabbit_ctl "$dir" "$port" -q await_startup >/dev/null 2>&1; then
-      log "RabbitMQ up on 127.0.0.1:$port ($dir)"
+      log "RabbitMQ up on $listen:$port ($dir)"
       return 0
     fi
     sleep 1

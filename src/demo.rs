@@ -176,8 +176,10 @@ async fn declare_queue(url: &str, queue: &str) -> anyhow::Result<()> {
 
 /// Reads a queue and checks what arrives.
 pub struct QueueReader {
-    _conn: Connection,
+    conn: Connection,
     consumer: lapin::Consumer,
+    queue: String,
+    args: FieldTable,
     pub checker: Checker,
     /// Every delivery in arrival order, when enabled with [`QueueReader::keep_log`].
     pub log: Option<Vec<Delivered>>,
@@ -195,16 +197,43 @@ pub struct Delivered {
 impl QueueReader {
     /// Declares `queue` (durable) and starts consuming it.
     pub async fn open(url: &str, queue: &str) -> anyhow::Result<Self> {
+        Self::open_with(url, queue, FieldTable::default()).await
+    }
+
+    /// Declares `queue` as a quorum queue (replicated over a cluster's
+    /// nodes) and starts consuming it.
+    pub async fn open_quorum(url: &str, queue: &str) -> anyhow::Result<Self> {
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        Self::open_with(url, queue, args).await
+    }
+
+    async fn open_with(url: &str, queue: &str, args: FieldTable) -> anyhow::Result<Self> {
+        let (conn, consumer) = Self::consume(url, queue, &args).await?;
+        Ok(Self {
+            conn,
+            consumer,
+            queue: queue.to_string(),
+            args,
+            checker: Checker::default(),
+            log: None,
+        })
+    }
+
+    async fn consume(
+        url: &str,
+        queue: &str,
+        args: &FieldTable,
+    ) -> anyhow::Result<(Connection, lapin::Consumer)> {
         let conn = Connection::connect(url, ConnectionProperties::default())
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", Redacted(url)))?;
         let ch = conn.create_channel().await?;
-        ch.queue_declare(
-            queue.into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await?;
+        ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args.clone())
+            .await?;
         ch.basic_qos(1000, BasicQosOptions::default()).await?;
         let consumer = ch
             .basic_consume(
@@ -214,12 +243,23 @@ impl QueueReader {
                 FieldTable::default(),
             )
             .await?;
-        Ok(Self {
-            _conn: conn,
-            consumer,
-            checker: Checker::default(),
-            log: None,
-        })
+        Ok((conn, consumer))
+    }
+
+    /// Consumes again through `url` (another node of a cluster, after the
+    /// one it read from was lost), keeping what was checked so far.
+    /// Messages delivered but not acknowledged before come again: counted
+    /// as duplicates.
+    pub async fn reconnect(&mut self, url: &str) -> anyhow::Result<()> {
+        let (conn, consumer) = Self::consume(url, &self.queue, &self.args).await?;
+        self.conn = conn;
+        self.consumer = consumer;
+        Ok(())
+    }
+
+    /// Whether its connection is still open.
+    pub fn is_connected(&self) -> bool {
+        self.conn.status().connected()
     }
 
     /// Keeps every delivery in [`QueueReader::log`].

@@ -224,9 +224,16 @@ pub async fn run(
             _ = &mut coordination => break,
             _ = ticks.tick(), if !opts.once => {
                 let now = stats.snapshot();
-                throughput.record(&store, now).await;
                 let buckets = owned.borrow().clone();
-                reporter.tick(&store, &buckets, now, false).await;
+                let report = async {
+                    throughput.record(&store, now).await;
+                    reporter.tick(&store, &buckets, now, false).await;
+                };
+                // A shutdown does not wait for a tick's database calls.
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = report => {}
+                }
             }
         }
     }

@@ -237,7 +237,13 @@ impl Broker {
     pub async fn open_channel(&self, cancel: &CancellationToken) -> Option<ConfirmChannel> {
         let mut delay = Duration::from_millis(100);
         loop {
-            match self.try_open_channel().await {
+            // Cancellation also ends an attempt in progress: a worker giving
+            // its buckets up must not wait for connects to a lost broker.
+            let attempt = tokio::select! {
+                _ = cancel.cancelled() => return None,
+                attempt = self.try_open_channel() => attempt,
+            };
+            match attempt {
                 Ok(channel) => return Some(channel),
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?delay, "cannot open a confirm channel");

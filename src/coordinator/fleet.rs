@@ -147,7 +147,13 @@ impl Fleet {
         let mut next_renew = Instant::now() + self.settings.lease_renew;
         let mut next_cleanup = Instant::now();
         loop {
-            let busy = self.cycle(drain, &mut next_renew, &mut next_cleanup).await;
+            // A cycle waiting on a database that stopped answering is
+            // abandoned on shutdown (leases it may just have taken then
+            // expire after lease_ttl).
+            let busy = tokio::select! {
+                _ = cancel.cancelled() => break,
+                busy = self.cycle(drain, &mut next_renew, &mut next_cleanup) => busy,
+            };
             self.owned.send_replace(self.held.keys().cloned().collect());
             if drain == Drain::UntilEmpty {
                 self.renew_until_drained(&cancel, &mut next_renew).await;
@@ -448,6 +454,12 @@ impl Fleet {
     /// Stops every drainer (in-flight batches finish, bounded by
     /// `timeout`), then releases every lease still ours in one statement.
     async fn shutdown(mut self, drain: Drain, timeout: Duration) {
+        if drain == Drain::Forever {
+            tracing::info!(
+                buckets = self.held.len(),
+                "shutting down: finishing in-flight batches, then releasing every lease"
+            );
+        }
         for h in self.held.values_mut() {
             h.cancel.cancel();
             h.stopping.get_or_insert(Stop::Rebalance);

@@ -7,6 +7,9 @@
 //! `outboxd` processes, stopped with real signals.
 #![allow(dead_code)]
 
+pub mod hosts;
+
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -14,11 +17,14 @@ use std::time::{Duration, Instant};
 
 use outboxd::checker::Verdict;
 use outboxd::config::Config;
+use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
+use outboxd::store::partitions::LeaseRow;
 use outboxd::store::{Store, schema};
 use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 
@@ -75,6 +81,10 @@ pub struct Tuning {
     pub lease_renew: &'static str,
     pub heartbeat_ttl: &'static str,
     pub assignment: &'static str,
+    pub broker_grace: &'static str,
+    pub query_timeout: &'static str,
+    pub dead_peer_timeout: &'static str,
+    pub amqp_connect_timeout: &'static str,
 }
 
 impl Default for Tuning {
@@ -93,6 +103,10 @@ impl Default for Tuning {
             lease_renew: "6s",
             heartbeat_ttl: "20s",
             assignment: "modulo",
+            broker_grace: "10s",
+            query_timeout: "10s",
+            dead_peer_timeout: "5s",
+            amqp_connect_timeout: "5s",
         }
     }
 }
@@ -106,6 +120,19 @@ impl Tuning {
             lease_renew: "1s",
             heartbeat_ttl: "3s",
             ..Self::default()
+        }
+    }
+
+    /// [`Tuning::fleet`] with the network bounds shortened in the same
+    /// proportion: broker_grace 3 s, query_timeout 2 s, dead peers noticed
+    /// after 2 s, a broker node given 2 s to answer.
+    pub fn hosts() -> Self {
+        Self {
+            broker_grace: "3s",
+            query_timeout: "2s",
+            dead_peer_timeout: "2s",
+            amqp_connect_timeout: "2s",
+            ..Self::fleet()
         }
     }
 }
@@ -135,11 +162,13 @@ impl TestEnv {
         let amqp = t.amqp_url.clone().unwrap_or_else(amqp_url);
         let toml = format!(
             "[database]\nurl = \"{db_url}\"\nmax_connections = 6\n\
+             query_timeout = \"{qt}\"\ndead_peer_timeout = \"{dp}\"\n\
              [amqp]\nurl = \"{amqp}\"\nconfirm_timeout = \"{ct}\"\nreconnect_backoff_max = \"1s\"\n\
+             connect_timeout = \"{act}\"\ndead_peer_timeout = \"{dp}\"\n\
              [outbox]\npartition_count = {pc}\nidle_backoff_ms = {ib}\nclaim_ttl = \"15s\"\n\
              retry_backoff_initial = \"{rbi}\"\nretry_backoff = \"{rb}\"\nmax_attempts = {ma}\n\
              [worker]\nshutdown_timeout = \"10s\"\nlease_ttl = \"{lt}\"\nlease_renew = \"{lr}\"\n\
-             heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\n",
+             heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\nbroker_grace = \"{bg}\"\n",
             ct = t.confirm_timeout,
             pc = t.partition_count,
             ib = t.idle_backoff_ms,
@@ -150,6 +179,10 @@ impl TestEnv {
             lr = t.lease_renew,
             ht = t.heartbeat_ttl,
             asg = t.assignment,
+            bg = t.broker_grace,
+            qt = t.query_timeout,
+            dp = t.dead_peer_timeout,
+            act = t.amqp_connect_timeout,
         );
         let config_path = dir.join("outboxd.toml");
         std::fs::write(&config_path, &toml).unwrap();
@@ -197,8 +230,34 @@ impl TestEnv {
 
     /// Starts `outboxd work` with `args`; stderr goes to a log file.
     pub fn spawn_worker(&self, args: &[&str]) -> WorkerProcess {
+        self.spawn_worker_on(None, &self.config_path, args)
+    }
+
+    /// Starts `outboxd work` with `args` and the config file `config`, on a
+    /// test host (a network namespace, [`hosts::Lab`]) when `netns` is set.
+    pub fn spawn_worker_on(
+        &self,
+        netns: Option<&str>,
+        config: &Path,
+        args: &[&str],
+    ) -> WorkerProcess {
         let log = self.dir.join(format!("{}.log", unique("worker")));
-        let mut cmd = self.command(&[&["work"], args].concat());
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        cmd.arg("--config")
+            .arg(config)
+            .arg("work")
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .env("OUTBOXD_LOG", "info,sqlx=warn,lapin=warn")
+            .current_dir(&self.dir);
         cmd.stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawn outboxd work");
@@ -206,6 +265,15 @@ impl TestEnv {
             child: Some(child),
             log,
         }
+    }
+
+    /// A copy of the config file with `replace` applied to its text (e.g.
+    /// another database URL for one worker).
+    pub fn config_variant(&self, name: &str, replace: impl Fn(&str) -> String) -> PathBuf {
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, replace(&text)).unwrap();
+        path
     }
 
     /// Ids of every row, ascending.
@@ -329,10 +397,17 @@ pub fn terminate_all(workers: &mut [WorkerProcess]) {
 pub struct PrivateBroker {
     pub dir: PathBuf,
     pub port: u16,
+    /// The address it listens on.
+    pub host: String,
 }
 
 impl PrivateBroker {
     pub fn start() -> Self {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// A broker listening on `host` (a test network's gateway).
+    pub fn start_on(host: &str) -> Self {
         // Ports 24000-27998, even, so port+1 (distribution) is free too.
         // Below the kernel's ephemeral range (32768-60999 by default): with
         // the broker down, a client reconnecting to a port in that range can
@@ -343,13 +418,17 @@ impl PrivateBroker {
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("rabbit-{port}"));
-        let b = Self { dir, port };
+        let b = Self {
+            dir,
+            port,
+            host: host.to_string(),
+        };
         b.run("start");
         b
     }
 
     pub fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+        format!("amqp://guest:guest@{}:{}/%2f", self.host, self.port)
     }
 
     pub fn run(&self, action: &str) {
@@ -358,6 +437,7 @@ impl PrivateBroker {
             .args(["rabbit", action])
             .arg(&self.dir)
             .arg(self.port.to_string())
+            .env("OUTBOXD_LISTEN", &self.host)
             .status()
             .expect("run services.sh");
         assert!(status.success(), "services.sh rabbit {action} failed");
@@ -395,24 +475,35 @@ impl Drop for PrivateBroker {
 pub struct PrivatePostgres {
     pub dir: PathBuf,
     pub port: u16,
+    /// The address it listens on.
+    pub host: String,
 }
 
 impl PrivatePostgres {
     pub fn start() -> Self {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// A server listening on `host` (a test network's gateway).
+    pub fn start_on(host: &str) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 28000 + 2 * (rand_u16() % 2000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("pg-{port}"));
-        let pg = Self { dir, port };
+        let pg = Self {
+            dir,
+            port,
+            host: host.to_string(),
+        };
         pg.run(&["start"]);
         pg
     }
 
     pub fn admin_url(&self) -> String {
         format!(
-            "postgres://outboxd:outboxd@127.0.0.1:{}/postgres",
-            self.port
+            "postgres://outboxd:outboxd@{}:{}/postgres",
+            self.host, self.port
         )
     }
 
@@ -424,6 +515,7 @@ impl PrivatePostgres {
             .args(args)
             .env("OUTBOXD_STATE_DIR", &self.dir)
             .env("OUTBOXD_PG_PORT", self.port.to_string())
+            .env("OUTBOXD_LISTEN", &self.host)
             .stdout(Stdio::null())
             .status()
             .expect("run services.sh");
@@ -452,6 +544,102 @@ fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
 fn rand_u16() -> u16 {
     let b = uuid::Uuid::new_v4();
     u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]])
+}
+
+// Fleet state as the database records it.
+
+pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
+    env.store
+        .tables
+        .partitions
+        .leases(&env.store.pool)
+        .await
+        .unwrap()
+}
+
+pub async fn live(env: &TestEnv) -> Vec<Uuid> {
+    env.store
+        .tables
+        .workers
+        .live_leasing(&env.store.pool)
+        .await
+        .unwrap()
+}
+
+/// The buckets `worker` holds, with their lease epochs.
+pub async fn held_by(env: &TestEnv, worker: Uuid) -> BTreeMap<String, i64> {
+    leases(env)
+        .await
+        .into_iter()
+        .filter(|l| l.lease_owner == Some(worker))
+        .map(|l| (l.partition_key, l.lease_epoch))
+        .collect()
+}
+
+pub async fn event_count(env: &TestEnv) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox_lease_events")
+        .fetch_one(&env.store.pool)
+        .await
+        .unwrap()
+}
+
+/// True when `n` workers are live and every bucket has a valid lease held
+/// by the worker the modulo rule names.
+pub async fn converged(env: &TestEnv, n: usize) -> bool {
+    let workers = live(env).await;
+    if workers.len() != n {
+        return false;
+    }
+    leases(env).await.iter().enumerate().all(|(b, l)| {
+        l.valid
+            && l.lease_owner == Some(workers[owner_index(Assignment::Modulo, &workers, b as u32)])
+    })
+}
+
+/// Waits until `converged(n)`; returns how long it took.
+pub async fn wait_converged(env: &TestEnv, n: usize, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    while !converged(env, n).await {
+        assert!(
+            start.elapsed() < timeout,
+            "no convergence to {n} workers within {timeout:?}: live {:?}, leases {:?}",
+            live(env).await,
+            leases(env)
+                .await
+                .iter()
+                .map(|l| (
+                    l.partition_key.clone(),
+                    l.lease_owner,
+                    l.lease_epoch,
+                    l.valid
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+/// The worker id of a process (from its row, by pid).
+pub async fn worker_id_of(env: &TestEnv, w: &WorkerProcess) -> Uuid {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let id: Option<Uuid> =
+            sqlx::query_scalar("SELECT worker_id FROM outbox_workers WHERE pid = $1")
+                .bind(w.pid() as i32)
+                .fetch_optional(&env.store.pool)
+                .await
+                .unwrap();
+        if let Some(id) = id {
+            return id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker {} never registered",
+            w.pid()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Keys whose bucket is `bucket` (for tests that need several keys in one
