@@ -142,6 +142,10 @@ rabbit_start() {
   local dir=$1 port=$2
   own_state
   as_svc mkdir -p "$dir/log" "$dir/mnesia"
+  # Before any CLI call, which would create a random cookie of its own.
+  if [ -n "${OUTBOXD_RABBIT_COOKIE:-}" ]; then
+    as_svc sh -c "rm -f '$dir/.erlang.cookie'; umask 077; printf '%s' '$OUTBOXD_RABBIT_COOKIE' > '$dir/.erlang.cookie'"
+  fi
   if rabbit_ctl "$dir" "$port" -q status >/dev/null 2>&1; then
     return 0
   fi
@@ -149,9 +153,7 @@ rabbit_start() {
   # A cluster node notices a lost peer node within seconds, not a minute.
   [ -z "$node_host" ] || { dist_if=${node_host//./,}; ticktime=", {net_ticktime, 8}"; }
   as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' > '$dir/rabbitmq.conf'; echo '[].' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
-  if [ -n "${OUTBOXD_RABBIT_COOKIE:-}" ] && [ ! -f "$dir/.erlang.cookie" ]; then
-    as_svc sh -c "umask 077; printf '%s' '$OUTBOXD_RABBIT_COOKIE' > '$dir/.erlang.cookie'"
-  fi
+
   # shellcheck disable=SC2046
   as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
     >"$dir/stdout.log" 2>&1 </dev/null &

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against private PostgreSQL and RabbitMQ on
 # loopback (started, and installed if missing, by scripts/services.sh).
+# The multi-host tests make network namespaces (scripts/hosts.sh): root.
 # Extra arguments go to the test runner, e.g. `scripts/test.sh relay`.
+# OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 run the long scenarios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,9 @@ eval "$(bash scripts/services.sh up)"
 need=()
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v node >/dev/null 2>&1 || need+=(nodejs npm)
+# The multi-host tests (tests/hosts.rs, tests/cluster.rs): scripts/hosts.sh.
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: apt-get install ${need[*]}" >&2
@@ -24,6 +29,10 @@ fi
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error >&2)
 fi
+
+# Test hosts left behind by a run that was killed (a passing or failing test
+# removes its own).
+bash scripts/hosts.sh sweep
 
 # Each test creates its own database named t_<random>; drop those of earlier runs.
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 use tokio_util::sync::CancellationToken;
@@ -177,6 +179,7 @@ async fn declare_queue(url: &str, queue: &str) -> anyhow::Result<()> {
 /// Reads a queue and checks what arrives.
 pub struct QueueReader {
     conn: Connection,
+    channel: lapin::Channel,
     consumer: lapin::Consumer,
     queue: String,
     args: FieldTable,
@@ -212,9 +215,10 @@ impl QueueReader {
     }
 
     async fn open_with(url: &str, queue: &str, args: FieldTable) -> anyhow::Result<Self> {
-        let (conn, consumer) = Self::consume(url, queue, &args).await?;
+        let (conn, channel, consumer) = Self::consume(url, queue, &args).await?;
         Ok(Self {
             conn,
+            channel,
             consumer,
             queue: queue.to_string(),
             args,
@@ -227,7 +231,7 @@ impl QueueReader {
         url: &str,
         queue: &str,
         args: &FieldTable,
-    ) -> anyhow::Result<(Connection, lapin::Consumer)> {
+    ) -> anyhow::Result<(Connection, lapin::Channel, lapin::Consumer)> {
         let conn = Connection::connect(url, ConnectionProperties::default())
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", Redacted(url)))?;
@@ -243,17 +247,34 @@ impl QueueReader {
                 FieldTable::default(),
             )
             .await?;
-        Ok((conn, consumer))
+        Ok((conn, ch, consumer))
     }
 
-    /// Consumes again through `url` (another node of a cluster, after the
-    /// one it read from was lost), keeping what was checked so far.
-    /// Messages delivered but not acknowledged before come again: counted
-    /// as duplicates.
+    /// Consumes again through `url` (another node of a cluster), keeping
+    /// what was checked so far. While the old connection is up, its
+    /// consumer is cancelled and what it had already received is read
+    /// first, so arrival order stays the queue's order. After a lost
+    /// connection, what was delivered but not acknowledged comes again:
+    /// duplicates, possibly out of order, on the consumer's side.
     pub async fn reconnect(&mut self, url: &str) -> anyhow::Result<()> {
-        let (conn, consumer) = Self::consume(url, &self.queue, &self.args).await?;
-        self.conn = conn;
-        self.consumer = consumer;
+        if self.conn.status().connected() {
+            let tag = self.consumer.tag();
+            let cancel = self
+                .channel
+                .basic_cancel(tag, BasicCancelOptions::default());
+            if tokio::time::timeout(Duration::from_secs(2), cancel)
+                .await
+                .is_ok()
+            {
+                // Ends when the cancelled consumer's stream does.
+                let _ = self.read_until(Duration::from_secs(5), |_| false).await;
+            }
+        }
+        let (conn, channel, consumer) = Self::consume(url, &self.queue, &self.args).await?;
+        // Closed, not just dropped: a dropped connection lives on.
+        let old = std::mem::replace(&mut self.conn, conn);
+        let _ = tokio::time::timeout(Duration::from_secs(2), old.close(200, "moving".into())).await;
+        (self.channel, self.consumer) = (channel, consumer);
         Ok(())
     }
 

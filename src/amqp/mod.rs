@@ -162,7 +162,9 @@ pub struct Broker {
     connect_timeout: Duration,
     dead_peer_timeout: Duration,
     backoff_max: Duration,
-    connection: Mutex<Option<Arc<Connection>>>,
+    /// The current connection and its generation (one more per connect).
+    connection: Mutex<Option<(u64, Arc<Connection>)>>,
+    generations: std::sync::atomic::AtomicU64,
     blocked_tx: watch::Sender<Option<String>>,
     reach_tx: watch::Sender<Reach>,
     gate: Arc<gate::SendGate>,
@@ -179,6 +181,7 @@ impl Broker {
             dead_peer_timeout: config.dead_peer_timeout,
             backoff_max: config.reconnect_backoff_max,
             connection: Mutex::new(None),
+            generations: Default::default(),
             gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
             reach_tx: watch::channel(Reach::Reachable).0,
@@ -258,7 +261,7 @@ impl Broker {
     }
 
     async fn try_open_channel(&self) -> Result<ConfirmChannel, PublishError> {
-        let conn = self.connection().await?;
+        let (generation, conn) = self.connection().await?;
         let opened = tokio::time::timeout(self.rpc_timeout, async {
             let channel = conn.create_channel().await?;
             channel
@@ -270,6 +273,7 @@ impl Broker {
         match opened {
             Ok(Ok(channel)) => Ok(ConfirmChannel {
                 channel,
+                generation,
                 confirm_timeout: self.rpc_timeout,
                 gate: self.gate.clone(),
                 hold: None,
@@ -291,10 +295,10 @@ impl Broker {
 
     /// The live connection, opening one if there is none: each node in
     /// turn, starting with the one that worked last.
-    async fn connection(&self) -> Result<Arc<Connection>, PublishError> {
+    async fn connection(&self) -> Result<(u64, Arc<Connection>), PublishError> {
         let mut slot = self.connection.lock().await;
-        if let Some(conn) = slot.as_ref().filter(|c| c.status().connected()) {
-            return Ok(conn.clone());
+        if let Some((generation, conn)) = slot.as_ref().filter(|(_, c)| c.status().connected()) {
+            return Ok((*generation, conn.clone()));
         }
         *slot = None;
         // The connection being replaced is gone, and its buffers with it.
@@ -309,8 +313,11 @@ impl Broker {
                         .store(index, std::sync::atomic::Ordering::Relaxed);
                     self.mark_reachable();
                     let conn = Arc::new(conn);
-                    *slot = Some(conn.clone());
-                    return Ok(conn);
+                    let generation = self
+                        .generations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    *slot = Some((generation, conn.clone()));
+                    return Ok((generation, conn));
                 }
                 Err(e) => errors.push(e),
             }
@@ -346,9 +353,42 @@ impl Broker {
     /// caller reconnects.
     async fn forget(&self, conn: &Arc<Connection>) {
         let mut slot = self.connection.lock().await;
-        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+        if slot.as_ref().is_some_and(|(_, c)| Arc::ptr_eq(c, conn)) {
             *slot = None;
         }
+    }
+
+    /// A node that leaves publishes unconfirmed past `confirm_timeout` while
+    /// the connection stays up (e.g. cut off from its cluster's majority,
+    /// before the cluster noticed): with other nodes listed, the connection
+    /// of `generation` is dropped and the next connect starts with the next
+    /// node. Does nothing with one node, or when that connection was
+    /// already replaced.
+    pub async fn abandon_node(&self, generation: u64) {
+        if self.urls.len() < 2 {
+            return;
+        }
+        let mut slot = self.connection.lock().await;
+        if slot.as_ref().is_none_or(|(g, _)| *g != generation) {
+            return;
+        }
+        let (_, conn) = slot.take().expect("checked");
+        let ordering = std::sync::atomic::Ordering::Relaxed;
+        let node = self.preferred.load(ordering);
+        self.preferred.store((node + 1) % self.urls.len(), ordering);
+        tracing::warn!(url = %Redacted(&self.urls[node]), timeout = ?self.rpc_timeout,
+            "this RabbitMQ node confirmed nothing in time; moving to another node");
+        // Closing waits for the broker; nothing here may.
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                conn.close(
+                    320,
+                    "outboxd: no publisher confirms; moving to another node".into(),
+                ),
+            )
+            .await;
+        });
     }
 
     fn watch_events(&self, conn: &Connection) {
@@ -388,6 +428,8 @@ impl Broker {
 /// A channel in confirm mode, used by one bucket at a time.
 pub struct ConfirmChannel {
     channel: Channel,
+    /// The broker connection it is on ([`Broker::abandon_node`]).
+    generation: u64,
     confirm_timeout: Duration,
     gate: Arc<gate::SendGate>,
     /// Held from the start of a batch under a lease until its frames are
@@ -396,6 +438,11 @@ pub struct ConfirmChannel {
 }
 
 impl ConfirmChannel {
+    /// The generation of the connection it is on.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Whether the channel can still be used.
     pub fn is_usable(&self) -> bool {
         self.channel.status().connected()

@@ -44,6 +44,22 @@
 //!    out, and the kernel sends those while the process is stopped — before
 //!    the trust deadline, so before the lease can end.
 //!
+//! 5. *Bounded waits.* Every database call of a worker fails after
+//!    `database.query_timeout`, and a connection whose peer went silent is
+//!    declared dead within `dead_peer_timeout` ([`crate::net`]). A renew
+//!    given up that way may still have been applied by the database: that
+//!    is harmless, since trust is only ever extended by a renew whose
+//!    success the worker saw (point 1), and a lease extended behind its
+//!    back merely expires `lease_ttl` after that renew — the others wait
+//!    for it, which delays a takeover but never makes two owners. The same
+//!    holds for an acquire abandoned at shutdown: no drainer ever ran under
+//!    it, and it expires.
+//! 6. *Stepping aside.* A worker that cannot reach the broker for longer
+//!    than `broker_grace` stops its drainers and releases their leases
+//!    (owner and epoch must match) only once each drainer has ended, so
+//!    nothing of it is in flight when another worker acquires the bucket
+//!    under a higher epoch.
+//!
 //! Hence a row's state is only ever recorded by the worker that held the
 //! bucket's lease, and nothing reaches the broker from a worker after its
 //! trust in the lease ended (`tests/fleet.rs` stops a worker with SIGSTOP

@@ -231,7 +231,11 @@ impl BucketDrainer {
                 // After a nack or a return the channel is still fine, but
                 // later rows of the batch may have been confirmed on it: start
                 // the replay on a clean channel, as after a timeout.
+                let generation = channel.generation();
                 channel.close().await;
+                if matches!(failure, PublishError::Timeout(_)) {
+                    self.ctx.broker.abandon_node(generation).await;
+                }
                 if matches!(failure, PublishError::Unavailable(_)) {
                     self.sleep(Duration::from_millis(200)).await;
                 }
