@@ -144,10 +144,48 @@ pub fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            crate::complain!("outboxd: {e:#}");
+            crate::complain!("outboxd: {}", error_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes as one line, each cause said once: a cause
+/// whose text the line already holds is skipped, and PostgreSQL's source
+/// positions (`at line 412` of the server's C code) are left out.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = without_server_positions(&cause.to_string());
+        let text = text
+            .strip_prefix("error returned from database: ")
+            .unwrap_or(&text);
+        if line.contains(text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(text);
+    }
+    line
+}
+
+/// Removes every ` at line N` (sqlx appends PostgreSQL's source line).
+fn without_server_positions(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(" at line ") {
+        let after = &rest[i + " at line ".len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        out.push_str(&rest[..i]);
+        if digits == 0 {
+            out.push_str(" at line ");
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out.replace("error returned from database: ", "")
 }
 
 fn init_tracing(silent: bool) {
@@ -326,5 +364,38 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("database error while reading: {source}")]
+    struct Wrapper {
+        source: Inner,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("error returned from database: prepared statement \"s1\" already exists at line 412")]
+    struct Inner;
+
+    #[test]
+    fn an_error_line_says_each_cause_once_without_server_positions() {
+        let e = anyhow::Error::new(Wrapper { source: Inner });
+        assert_eq!(
+            error_line(&e),
+            "database error while reading: prepared statement \"s1\" already exists"
+        );
+        let e = anyhow::anyhow!("connection refused").context("cannot connect to RabbitMQ");
+        assert_eq!(
+            error_line(&e),
+            "cannot connect to RabbitMQ: connection refused"
+        );
+        assert_eq!(
+            without_server_positions("a at line 3: b at line x"),
+            "a: b at line x"
+        );
     }
 }

@@ -164,6 +164,47 @@ fn an_unreachable_database_is_one_line_without_the_password() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// Database refusals name their cause once, without PostgreSQL's source
+/// positions, and an unreachable server says "refused" at once.
+#[test]
+fn database_connection_errors_say_their_cause_once() {
+    let dir = temp_dir();
+    let admin = url::Url::parse(&admin_url()).unwrap();
+    let with = |user: &str, password: &str, db: &str| {
+        let mut u = admin.clone();
+        u.set_username(user).unwrap();
+        u.set_password(Some(password)).unwrap();
+        u.set_path(db);
+        u.to_string()
+    };
+    let cases = [
+        (
+            with("outboxd", "hunter2", "outboxd"),
+            "password authentication failed for user \"outboxd\"",
+        ),
+        (
+            with("outboxd", "outboxd", "nosuchdb"),
+            "database \"nosuchdb\" does not exist",
+        ),
+        (
+            "postgres://u:hunter2@127.0.0.1:1/db".to_string(),
+            "Connection refused",
+        ),
+    ];
+    for (url, cause) in cases {
+        let started = std::time::Instant::now();
+        let out = run(&["--database-url", &url, "status"], &[], &dir);
+        assert_one_line_error(&out, cause);
+        let line = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(line.matches(cause).count(), 1, "{line}");
+        assert!(!line.contains("at line"), "{line}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{line}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn work_refuses_an_unmigrated_database() {
     let env = TestEnv::with(Tuning {

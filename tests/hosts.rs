@@ -67,6 +67,31 @@ async fn reowned(env: &TestEnv, held: &BTreeMap<String, i64>, from: Uuid) -> boo
     })
 }
 
+/// `outboxd status` (text and JSON) shows `worker` as unable to publish,
+/// with the broker error.
+fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) {
+    let out = env.command(&["status", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = v["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker_id"] == worker.to_string())
+        .expect("the worker's row");
+    assert_eq!(row["can_publish"], false, "{row}");
+    assert!(
+        row["broker_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{row}"
+    );
+    let out = env.command(&["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("cannot reach RabbitMQ and holds no buckets"),
+        "{text}"
+    );
+}
+
 /// Three workers on three hosts under a producer; host 2's `link` suffers
 /// `fault` for 3 × lease_ttl, then heals.
 async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
@@ -117,6 +142,9 @@ async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
         );
     }
     let reowned_after = reowned_after.unwrap();
+    if matches!(link, Link::Broker) {
+        assert_reported_unable_to_publish(&env, cut_id);
+    }
     lab.heal(2);
     let healed_at = Instant::now();
     let mut rejoined_after = None;
@@ -344,4 +372,76 @@ async fn sigterm_stops_a_worker_whose_database_is_blackholed_in_time() {
     );
     assert!(all && v.is_clean(), "{v:?}");
     assert!(next.terminate(Duration::from_secs(15)).success());
+}
+
+/// When every worker loses the broker, every one steps aside once: no
+/// bucket stays leased, no lease moves while the broker is away (no
+/// release/re-acquire loop), and when it is back the fleet takes every
+/// bucket again and delivers everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_every_worker_loses_the_broker_the_fleet_steps_aside_without_churn() {
+    let lab = Lab::new(2);
+    let env = TestEnv::with(lab.tuning(Tuning::hosts())).await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&lab.broker().url(), &queue)
+        .await
+        .unwrap();
+    let mut workers: Vec<WorkerProcess> = (1..=2)
+        .map(|h| env.spawn_worker_on(Some(&lab.netns(h)), &env.config_path, &[]))
+        .collect();
+    wait_converged(&env, 2, Duration::from_secs(20)).await;
+    let total = 2_000;
+    let producing = tokio::spawn(produce_evenly(
+        env.db_url.clone(),
+        queue.clone(),
+        total,
+        200,
+        Duration::from_secs(20),
+    ));
+    env.wait_count("published_at IS NOT NULL", 200, Duration::from_secs(20))
+        .await;
+    for h in 1..=2 {
+        lab.fault(h, Link::Broker, Fault::Blackhole);
+    }
+    let cut_at = Instant::now();
+    // Both step aside: no valid lease left.
+    loop {
+        if leases(&env).await.iter().all(|l| !l.valid) {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < DEAD_PEER + BROKER_GRACE + Duration::from_secs(10),
+            "leases still held: {:?}",
+            leases(&env).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stepped_aside = cut_at.elapsed();
+    // And nothing moves while the broker stays away.
+    let events = lease_changes(&env).await;
+    tokio::time::sleep(4 * LEASE_TTL).await;
+    let churn = lease_changes(&env).await - events;
+    let pending = env.count("published_at IS NULL").await;
+    for h in 1..=2 {
+        lab.heal(h);
+    }
+    let healed_at = Instant::now();
+    wait_converged(&env, 2, Duration::from_secs(30)).await;
+    let back = healed_at.elapsed();
+    producing.await.unwrap();
+    let (all, v) = read_and_judge(&mut reader, &env, total, Duration::from_secs(60)).await;
+    println!(
+        "every worker lost the broker: no lease held {stepped_aside:.2?} after the cut; \
+         {churn} lease acquisitions in the next {:?} ({pending} rows pending); \
+         every bucket leased again {back:.2?} after the heal; {}",
+        4 * LEASE_TTL,
+        v.summary()
+    );
+    assert_eq!(churn, 0, "leases moved while no worker could publish");
+    assert!(
+        pending > 0,
+        "the test needs rows waiting while the broker is away"
+    );
+    assert!(all && v.is_clean(), "{v:?}");
+    terminate_all(&mut workers);
 }

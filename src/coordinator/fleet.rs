@@ -55,6 +55,8 @@ const POLL: Duration = Duration::from_millis(250);
 /// how late a dead peer's buckets are retargeted after its heartbeat expired.
 const IDLE_POLL: Duration = Duration::from_millis(500);
 
+/// How long a cycle in progress may still take on shutdown.
+const CYCLE_ON_EXIT: Duration = Duration::from_secs(1);
 /// How long releasing every lease may take on shutdown.
 const RELEASE_ON_EXIT: Duration = Duration::from_secs(2);
 
@@ -147,13 +149,22 @@ impl Fleet {
         let mut next_renew = Instant::now() + self.settings.lease_renew;
         let mut next_cleanup = Instant::now();
         loop {
-            // A cycle waiting on a database that stopped answering is
-            // abandoned on shutdown (leases it may just have taken then
-            // expire after lease_ttl).
-            let busy = tokio::select! {
-                _ = cancel.cancelled() => break,
-                busy = self.cycle(drain, &mut next_renew, &mut next_cleanup) => busy,
+            // On shutdown the cycle in progress may finish if the database
+            // answers within CYCLE_ON_EXIT (so leases it is taking are
+            // released like the others); otherwise it is abandoned, and a
+            // lease it took unseen is released by owner (see `shutdown`).
+            let busy = {
+                let cycle = self.cycle(drain, &mut next_renew, &mut next_cleanup);
+                tokio::pin!(cycle);
+                tokio::select! {
+                    busy = &mut cycle => Some(busy),
+                    _ = cancel.cancelled() => {
+                        let _ = tokio::time::timeout(CYCLE_ON_EXIT, &mut cycle).await;
+                        None
+                    }
+                }
             };
+            let Some(busy) = busy else { break };
             self.owned.send_replace(self.held.keys().cloned().collect());
             if drain == Drain::UntilEmpty {
                 self.renew_until_drained(&cancel, &mut next_renew).await;
@@ -474,29 +485,45 @@ impl Fleet {
                 "in-flight batches did not finish in time; abandoned (their rows are published again later)"
             );
         }
-        let leases: Vec<(String, i64)> = std::mem::take(&mut self.held)
-            .into_iter()
-            .filter(|(_, h)| h.stopping != Some(Stop::Lost))
-            .map(|(b, h)| {
-                h.handle.abort();
-                (b, h.epoch)
-            })
-            .collect();
+        for (_, h) in std::mem::take(&mut self.held) {
+            // Whatever an abandoned batch left buffered never goes out once
+            // the lease is released (the send gate refuses it).
+            h.trust.revoke();
+            h.handle.abort();
+        }
         let reason = if drain == Drain::UntilEmpty {
             "once: drained"
         } else {
             "shutdown"
         };
-        // A database that stopped answering must not hold the exit up: the
-        // leases then simply expire after lease_ttl.
-        if tokio::time::timeout(RELEASE_ON_EXIT, self.release(&leases, reason))
+        // Every lease of this worker, also one an abandoned cycle took
+        // without seeing the answer; no drainer runs any more. A database
+        // that stopped answering must not hold the exit up: the leases then
+        // simply expire after lease_ttl.
+        let store = &self.store;
+        let release = async {
+            let released = store
+                .tables
+                .partitions
+                .release_all(&store.pool, self.me, reason)
+                .await?;
+            tracing::info!(buckets = ?released, reason, "leases released");
+            Store::notify(
+                &store.pool,
+                &store.tables.fleet_channel(),
+                announce::RELEASE,
+            )
             .await
-            .is_err()
-        {
-            tracing::warn!(
+        };
+        match tokio::time::timeout(RELEASE_ON_EXIT, release).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "releasing leases failed; they expire after lease_ttl")
+            }
+            Err(_) => tracing::warn!(
                 ?RELEASE_ON_EXIT,
                 "the database did not answer the release in time; the leases expire after lease_ttl"
-            );
+            ),
         }
         self.owned.send_replace(Vec::new());
     }

@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration};
@@ -39,11 +40,13 @@ use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration
 /// A database error, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot connect to PostgreSQL at {url}: {source}")]
+    #[error("cannot connect to PostgreSQL at {url}: {}", Cause(source))]
     Connect { url: String, source: sqlx::Error },
+    #[error("cannot connect to PostgreSQL at {url}: no answer within {}", fmt_duration(*.after))]
+    ConnectTimeout { url: String, after: Duration },
     #[error("{0}")]
     Schema(String),
-    #[error("database error while {doing}: {source}")]
+    #[error("database error while {doing}: {}", Cause(source))]
     Query {
         doing: &'static str,
         source: sqlx::Error,
@@ -60,10 +63,24 @@ impl StoreError {
     /// restarting, pool exhausted), as opposed to a bug or a schema problem.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Connect { .. } => true,
+            StoreError::Connect { .. } | StoreError::ConnectTimeout { .. } => true,
             StoreError::Schema(_) => false,
             StoreError::Query { source, .. } => is_transient(source),
             StoreError::Timeout { .. } => true,
+        }
+    }
+}
+
+/// A sqlx error as an operator reads it: for an error the server returned,
+/// its message alone (sqlx appends the line of PostgreSQL's C source that
+/// raised it, which no user can act on).
+struct Cause<'a>(&'a sqlx::Error);
+
+impl std::fmt::Display for Cause<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            sqlx::Error::Database(db) => f.write_str(db.message()),
+            other => other.fmt(f),
         }
     }
 }
@@ -194,7 +211,18 @@ pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<PgPo
     let options = options.application_name(application_name);
     QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
-    PgPoolOptions::new()
+    // One connection first, by hand: a pool reports every failure to
+    // connect as "pool timed out", and the cause (refused, wrong password,
+    // no such database) is what the operator needs.
+    let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| StoreError::ConnectTimeout {
+            url: Redacted(&db.url).to_string(),
+            after: db.connect_timeout,
+        })?
+        .map_err(connect_err)?;
+    let _ = first.close().await;
+    Ok(PgPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(0)
         .acquire_timeout(db.connect_timeout)
@@ -204,9 +232,7 @@ pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<PgPo
                 Ok(())
             })
         })
-        .connect_with(options)
-        .await
-        .map_err(connect_err)
+        .connect_lazy_with(options))
 }
 
 /// The pool and the statements: what every component that talks to the

@@ -6,7 +6,8 @@
 //! - **acquire** takes a bucket only while it is free or its lease has
 //!   expired (`lease_until <= now()`), and bumps `lease_epoch`;
 //! - **renew** extends a lease only where owner *and* epoch still match;
-//! - **release** frees a lease only where owner and epoch still match.
+//! - **release** frees a lease only where owner and epoch still match
+//!   (on shutdown, once no drainer runs: every lease of the owner).
 //!
 //! Acquire and release write a row to `<outbox>_lease_events` in the same
 //! statement, so every change of owner is on record.
@@ -96,6 +97,7 @@ pub struct PartitionsSql {
     acquire: Sql,
     renew: Sql,
     release: Sql,
+    release_all: Sql,
     leases: Sql,
     events_since: Sql,
     overview: Sql,
@@ -152,6 +154,20 @@ impl PartitionsSql {
                     INSERT INTO {outbox}_lease_events
                         (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
                     SELECT partition_key, 'release', $1, $1, lease_epoch, lease_epoch, $4 FROM released
+                 )
+                 SELECT partition_key FROM released",
+            ),
+            release_all: Sql::render(
+                t,
+                "WITH released AS (
+                    UPDATE {partitions}
+                    SET lease_owner = NULL, lease_until = NULL, updated_at = now()
+                    WHERE lease_owner = $1
+                    RETURNING partition_key, lease_epoch
+                 ), logged AS (
+                    INSERT INTO {outbox}_lease_events
+                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
+                    SELECT partition_key, 'release', $1, $1, lease_epoch, lease_epoch, $2 FROM released
                  )
                  SELECT partition_key FROM released",
             ),
@@ -245,6 +261,23 @@ impl PartitionsSql {
             .bind(me)
             .bind(keys)
             .bind(epochs)
+            .bind(reason)
+            .fetch_all(exec)
+            .bounded("releasing leases")
+            .await
+    }
+
+    /// Frees every lease `me` holds, whatever its epoch: on shutdown, when
+    /// no drainer of `me` runs any more (so also a lease it took in a
+    /// statement whose answer it never saw).
+    pub async fn release_all<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        me: Uuid,
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(self.release_all.q())
+            .bind(me)
             .bind(reason)
             .fetch_all(exec)
             .bounded("releasing leases")
