@@ -345,7 +345,11 @@ fn print_status(s: &Summary) {
             w.hostname,
             w.pid,
             w.mode,
-            if w.can_publish { "ok" } else { "no-broker" },
+            match (w.can_publish, &w.broker_error) {
+                (true, _) => "ok",
+                (false, None) => "starting",
+                (false, Some(_)) => "no-broker",
+            },
             if w.live {
                 format!("{:.1}s", w.heartbeat_ttl_seconds)
             } else {
@@ -357,11 +361,12 @@ fn print_status(s: &Summary) {
         );
     }
     for w in s.workers.iter().filter(|w| w.live && !w.can_publish) {
-        say!(
-            "worker {} cannot reach RabbitMQ and holds no buckets: {}",
-            short(Some(w.worker_id)),
-            w.broker_error.as_deref().unwrap_or("unreachable")
-        );
+        if let Some(error) = &w.broker_error {
+            say!(
+                "worker {} cannot reach RabbitMQ and holds no buckets: {error}",
+                short(Some(w.worker_id)),
+            );
+        }
     }
     say!(
         "\n{:<7} {:<10} {:>6} {:>9} {:>9} {:>9} {:>7}  STATUS",

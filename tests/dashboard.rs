@@ -73,6 +73,7 @@ async fn fixture() -> Fixture {
             "host-a",
             WorkerMode::Leasing,
             Duration::from_secs(60),
+            true,
         )
         .await
         .unwrap();

@@ -687,6 +687,14 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
             .fetch_one(&env.store.pool)
             .await
             .unwrap();
+    // Every hand-over was a release and an acquisition: no bucket waited
+    // for a lease to expire.
+    let after_expiry: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire' AND reason LIKE 'expired%'",
+    )
+    .fetch_one(&env.store.pool)
+    .await
+    .unwrap();
     let committed = env.count("true").await as usize;
     let (all, v) = read_and_judge(&mut reader, &env, committed, Duration::from_secs(60)).await;
     assert!(all, "{}", v.summary());
@@ -706,7 +714,7 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
         *latest = (*latest).max(e);
     }
     println!(
-        "scale 2↔6: {changes} changes over {length:?}, {acquisitions} lease acquisitions; longest a bucket went unowned {worst_unowned:?}; {}",
+        "scale 2↔6: {changes} changes over {length:?}, {acquisitions} lease acquisitions ({after_expiry} of an expired lease); longest a bucket went unowned {worst_unowned:?}; {}",
         v.summary()
     );
     assert!(
@@ -714,8 +722,13 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
         "epochs acquired by two workers: {shared:?}"
     );
     assert_eq!(epoch_regressions, 0);
+    assert_eq!(after_expiry, 0, "a bucket waited for a lease to expire");
+    // Unowned between a release and the new owner's acquisition: a joining
+    // worker's first cycles and the cascade of re-targets while 4 workers
+    // join one after another take 1-3 s here, up to 4.4 s when the 2-core
+    // machine is busy with other tests; an expiry is ruled out above.
     assert!(
-        worst_unowned <= Duration::from_secs(3 + 1),
+        worst_unowned <= Duration::from_secs(8),
         "a bucket went unowned for {worst_unowned:?}"
     );
     assert!(v.is_clean(), "{}", v.summary());

@@ -72,7 +72,7 @@ function renderWorkers(workers) {
     <tr class="${w.live ? "" : "gone"}" data-worker="${esc(w.worker_id)}">
       <td class="mono" title="${esc(w.worker_id)}">${short(w.worker_id)}</td>
       <td>${esc(w.hostname)}</td><td>${w.pid}</td><td>${esc(w.mode)}</td>
-      <td class="state">${w.can_publish ? `<span class="badge ok">publishing</span>` : `<span class="badge blocked" title="${esc(w.broker_error || "")}">broker unreachable</span>`}</td>
+      <td class="state">${w.can_publish ? `<span class="badge ok">publishing</span>` : w.broker_error ? `<span class="badge blocked" title="${esc(w.broker_error)}">broker unreachable</span>` : `<span class="badge idle">starting</span>`}</td>
       <td>${time(w.started_at)}</td>
       <td>${w.live ? secs(w.heartbeat_ttl_seconds) : "gone"}</td>
       <td class="buckets">${w.buckets}</td>

@@ -107,7 +107,7 @@ pub struct Fleet {
     held: BTreeMap<String, Held>,
     /// Whether this worker takes part in the targets (it can publish).
     can_publish: bool,
-    /// `can_publish` as last written to the worker row.
+    /// `can_publish` as last written to the worker row (`None`: to write).
     recorded_can_publish: Option<bool>,
 }
 
@@ -128,7 +128,8 @@ impl Fleet {
             owned: watch::channel(Vec::new()).0,
             held: BTreeMap::new(),
             can_publish: true,
-            recorded_can_publish: Some(true),
+            // The row says false until the first cycle records true.
+            recorded_can_publish: None,
         }
     }
 

@@ -94,6 +94,9 @@ impl Membership {
                 &self.hostname,
                 self.mode,
                 self.heartbeat_ttl,
+                // A fleet worker counts in the targets once its coordinator
+                // says it can publish (coordinator::fleet).
+                self.mode == WorkerMode::NoLeasing,
             )
             .await?;
         tx.commit().await.map_err(|source| StoreError::Query {
@@ -145,6 +148,7 @@ impl Membership {
                             &self.hostname,
                             self.mode,
                             self.heartbeat_ttl,
+                            true,
                         )
                         .await
                     {

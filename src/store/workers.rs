@@ -103,8 +103,8 @@ impl WorkersSql {
         Self {
             register: Sql::render(
                 t,
-                "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until)
-                 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000))",
+                "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
+                 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7)",
             ),
             heartbeat: Sql::render(
                 t,
@@ -162,7 +162,9 @@ impl WorkersSql {
         Ok(())
     }
 
-    /// Inserts this worker's row.
+    /// Inserts this worker's row. A fleet worker joins with `can_publish =
+    /// false`: its coordinator sets it once it runs, so peers hand buckets
+    /// over only to a worker ready to take them.
     pub async fn register<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
@@ -170,6 +172,7 @@ impl WorkersSql {
         hostname: &str,
         mode: WorkerMode,
         ttl: Duration,
+        can_publish: bool,
     ) -> Result<(), StoreError> {
         sqlx::query(self.register.q())
             .bind(worker_id)
@@ -178,6 +181,7 @@ impl WorkersSql {
             .bind(env!("CARGO_PKG_VERSION"))
             .bind(mode.as_str())
             .bind(ms(ttl))
+            .bind(can_publish)
             .execute(exec)
             .bounded("registering the worker")
             .await?;
