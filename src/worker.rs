@@ -110,19 +110,21 @@ pub async fn run(
         WorkerMode::Leasing
     };
     let membership = Membership::new(mode, config.worker.heartbeat_ttl);
+    // Joining first: a refusal (another worker is live) is the only thing
+    // said. Peers hand buckets over only once this worker's coordinator
+    // says it can publish (coordinator::fleet).
+    membership.join(&store).await?;
     let broker = Arc::new(Broker::new(
         &config.amqp,
         format!("outboxd {} {}", membership.hostname, membership.worker_id),
     ));
-    // Connected before joining: peers hand buckets over as soon as this
-    // worker is live, and its coordinator should be there to take them.
     if let Err(e) = broker.connect_once().await {
         if opts.once {
+            membership.leave(&store).await;
             return Err(WorkError::Broker(e.to_string()));
         }
         tracing::warn!(error = %e, "RabbitMQ is not reachable yet; the relay keeps retrying");
     }
-    membership.join(&store).await?;
     if mode == WorkerMode::Leasing {
         announce(&store, fleet::announce::JOIN).await;
     }
