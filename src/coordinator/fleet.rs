@@ -28,7 +28,10 @@
 //! bucket is leased and nothing is published (nothing could be) until the
 //! first worker reaches the broker again and takes all the buckets; the
 //! others rejoin as they recover. Only a change of reachability moves a
-//! lease, so there is no release/reacquire loop.
+//! lease, so there is no release/reacquire loop. The same flag admits a
+//! joining worker: it registers with `can_publish = false` and its first
+//! cycle sets it, so peers hand buckets over only to a coordinator that
+//! runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
