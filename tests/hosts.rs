@@ -26,6 +26,11 @@ const LEASE_RENEW: Duration = Duration::from_secs(1);
 const BROKER_GRACE: Duration = Duration::from_secs(3);
 /// How long a silent peer takes to be declared dead ([`Tuning::hosts`]).
 const DEAD_PEER: Duration = Duration::from_secs(2);
+/// When a host's buckets must be re-owned after it lost its database:
+/// its leases expire, and the others take them within a renew period.
+const REOWN_AFTER_EXPIRY: Duration = LEASE_TTL
+    .saturating_add(LEASE_RENEW)
+    .saturating_add(Duration::from_secs(3));
 
 fn long() -> bool {
     std::env::var("OUTBOXD_LONG_HOSTS").is_ok_and(|v| v == "1")
@@ -147,18 +152,17 @@ async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
     }
     lab.heal(2);
     let healed_at = Instant::now();
-    let mut rejoined_after = None;
-    while rejoined_after.is_none() {
+    let rejoined_after = loop {
         pump(&mut reader, Duration::from_millis(100)).await;
         if converged(&env, 3).await && !held_by(&env, cut_id).await.is_empty() {
-            rejoined_after = Some(healed_at.elapsed());
+            break healed_at.elapsed();
         }
         assert!(
             healed_at.elapsed() < Duration::from_secs(30),
             "host 2 never rejoined; its log:\n{}",
             workers[1].log_text()
         );
-    }
+    };
     producing.await.unwrap();
     let drain_from = Instant::now();
     let (all, v) = read_and_judge(&mut reader, &env, total, Duration::from_secs(60)).await;
@@ -195,22 +199,12 @@ async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_whose_database_link_is_blackholed_loses_its_buckets_and_rejoins_after_the_heal() {
-    cut_host_2(
-        Link::Database,
-        Fault::Blackhole,
-        LEASE_TTL + LEASE_RENEW + Duration::from_secs(3),
-    )
-    .await;
+    cut_host_2(Link::Database, Fault::Blackhole, REOWN_AFTER_EXPIRY).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_whose_database_link_is_reset_loses_its_buckets_and_rejoins_after_the_heal() {
-    cut_host_2(
-        Link::Database,
-        Fault::Reset,
-        LEASE_TTL + LEASE_RENEW + Duration::from_secs(3),
-    )
-    .await;
+    cut_host_2(Link::Database, Fault::Reset, REOWN_AFTER_EXPIRY).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -226,12 +220,7 @@ async fn a_host_that_loses_the_broker_hands_its_buckets_over_and_takes_its_share
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fully_isolated_host_loses_its_buckets_and_rejoins_after_the_heal() {
-    cut_host_2(
-        Link::All,
-        Fault::Blackhole,
-        LEASE_TTL + LEASE_RENEW + Duration::from_secs(3),
-    )
-    .await;
+    cut_host_2(Link::All, Fault::Blackhole, REOWN_AFTER_EXPIRY).await;
 }
 
 /// 300 ms ± 100 ms and 5 % loss on host 2's database link, at the default
