@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Private PostgreSQL and RabbitMQ on loopback for the demo, the tests and the
-# benchmarks. Installs what is missing (Debian packages), keeps every byte of
-# state under $OUTBOXD_STATE_DIR (default: <repo>/.outboxd), never touches a
-# system-wide service.
+# Private PostgreSQL, PgBouncer and RabbitMQ on loopback for the demo, the
+# tests and the benchmarks. Installs what is missing (Debian packages, with
+# their system services kept from starting), keeps every byte of state under
+# $OUTBOXD_STATE_DIR (default: <repo>/.outboxd), never touches a system-wide
+# service.
 #
-#   scripts/services.sh up                 start both (idempotent); prints the env to use
-#   scripts/services.sh down               stop both
+#   scripts/services.sh up                 start them (idempotent); prints the env to use
+#   scripts/services.sh down               stop them
 #   scripts/services.sh env                print DATABASE_URL / AMQP_URL exports
 #   scripts/services.sh rabbit start DIR PORT   a further private broker (tests that restart one)
 #   scripts/services.sh rabbit stop  DIR PORT
 #   scripts/services.sh rabbit ctl   DIR PORT ARGS…  rabbitmqctl against that broker
 #   scripts/services.sh pg start|stop      only PostgreSQL
+#   scripts/services.sh pg standby HOST PORT   a streaming replica of HOST:PORT (pg_basebackup), started
+#   scripts/services.sh pg promote         promote that replica to primary
+#   scripts/services.sh pgbouncer start|repoint DIR PORT HOST PGPORT
+#                                          a PgBouncer (transaction mode) in DIR on PORT in front of
+#                                          HOST:PGPORT; repoint rewrites the target and RELOADs
+#   scripts/services.sh pgbouncer stop DIR
 #
 # Environment: OUTBOXD_STATE_DIR, OUTBOXD_PG_PORT (55432), OUTBOXD_AMQP_PORT
-# (55672), OUTBOXD_PG_BIN; OUTBOXD_LISTEN: the address PostgreSQL and a
+# (55672), OUTBOXD_PGBOUNCER_PORT (56432), OUTBOXD_PG_BIN; OUTBOXD_LISTEN: the address PostgreSQL and a
 # private broker listen on (127.0.0.1; scripts/hosts.sh gives a test
 # network's address). For a RabbitMQ cluster node in a test host
 # (scripts/hosts.sh): OUTBOXD_RABBIT_NODE_HOST (the node's IP, long node
@@ -25,6 +32,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 state=${OUTBOXD_STATE_DIR:-$repo/.outboxd}
 pg_port=${OUTBOXD_PG_PORT:-55432}
 amqp_port=${OUTBOXD_AMQP_PORT:-55672}
+bouncer_port=${OUTBOXD_PGBOUNCER_PORT:-56432}
 listen=${OUTBOXD_LISTEN:-127.0.0.1}
 node_host=${OUTBOXD_RABBIT_NODE_HOST:-}
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -43,13 +51,24 @@ apt_install() {
     mkdir -p "$state" && touch "$state/.apt-updated"
   fi
   log "apt-get install $*"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+  # Debian starts a package's system service on install (a second RabbitMQ
+  # on 5672, a PgBouncer on 6432): a policy-rc.d that says "no" prevents
+  # that for the length of the install.
+  local policy=/usr/sbin/policy-rc.d guard=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && guard=1
+  fi
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2 || rc=$?
+  [ -z "$guard" ] || rm -f "$policy"
+  return "$rc"
 }
 
 ensure_packages() {
   local want=()
   [ -x "$pg_bin/postgres" ] || want+=(postgresql-15)
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want+=(rabbitmq-server)
+  [ -x /usr/sbin/pgbouncer ] || want+=(pgbouncer)
   if [ "${#want[@]}" -gt 0 ]; then apt_install "${want[@]}"; fi
   if [ ! -x "$pg_bin/postgres" ]; then
     pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
@@ -108,6 +127,97 @@ pg_start() {
 pg_stop() {
   [ -f "$state/pg/PG_VERSION" ] || return 0
   as_svc "$pg_bin/pg_ctl" -D "$state/pg" -m "${1:-fast}" -w stop >/dev/null 2>&1 || true
+}
+
+# A streaming replica of HOST:PORT in this state directory, started.
+pg_standby() {
+  local data=$state/pg
+  own_state
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "pg_basebackup of $1:$2 into $data"
+    as_svc mkdir -p "$data"
+    as_svc chmod 700 "$data"
+    as_svc env PGPASSWORD=outboxd "$pg_bin/pg_basebackup" -h "$1" -p "$2" -U outboxd \
+      -D "$data" -R -X stream -c fast
+  fi
+  pg_start
+}
+
+pg_promote() {
+  as_svc "$pg_bin/pg_ctl" -D "$state/pg" -w -t 60 promote >/dev/null
+}
+
+# A PgBouncer in transaction mode: every database name goes to HOST:PGPORT.
+# Fewer server connections than clients, so statements of one client do
+# travel over different server sessions.
+pgbouncer_conf() {
+  local dir=$1 port=$2 host=$3 pgport=$4
+  cat <<EOF
+[databases]
+* = host=$host port=$pgport
+[pgbouncer]
+listen_addr = $listen
+listen_port = $port
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+admin_users = outboxd
+pool_mode = transaction
+default_pool_size = 8
+max_client_conn = 2000
+ignore_startup_parameters = extra_float_digits
+server_login_retry = 1
+query_wait_timeout = 30
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+}
+
+pgbouncer_admin() {
+  local port=$1
+  shift
+  PGPASSWORD=outboxd "$pg_bin/psql" -h "$listen" -p "$port" -U outboxd -d pgbouncer -qtAc "$@"
+}
+
+pgbouncer_start() {
+  local dir=$1 port=$2
+  own_state
+  as_svc mkdir -p "$dir"
+  as_svc sh -c "echo '\"outboxd\" \"outboxd\"' > '$dir/userlist.txt'"
+  pgbouncer_conf "$@" | as_svc sh -c "cat > '$dir/pgbouncer.ini'"
+  if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
+    return 0
+  fi
+  as_svc /usr/sbin/pgbouncer -d -q "$dir/pgbouncer.ini"
+  local i
+  for i in $(seq 1 50); do
+    if pgbouncer_admin "$port" "SHOW VERSION" >/dev/null 2>&1; then
+      log "PgBouncer up on $listen:$port -> $3:$4 ($dir)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  log "PgBouncer did not start; see $dir/pgbouncer.log"
+  exit 1
+}
+
+pgbouncer_repoint() {
+  local dir=$1 port=$2
+  pgbouncer_conf "$@" | as_svc sh -c "cat > '$dir/pgbouncer.ini'"
+  pgbouncer_admin "$port" "RELOAD" >/dev/null
+  log "PgBouncer on $listen:$port now -> $3:$4"
+}
+
+pgbouncer_stop() {
+  local dir=$1 pid i
+  [ -f "$dir/pgbouncer.pid" ] || return 0
+  pid=$(cat "$dir/pgbouncer.pid")
+  kill "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
 }
 
 # One RabbitMQ node: its own node name, data, logs, cookie and ports.
@@ -183,6 +293,7 @@ print_env() {
 export DATABASE_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/outboxd
 export AMQP_URL=amqp://guest:guest@127.0.0.1:$amqp_port/%2f
 export OUTBOXD_PG_ADMIN_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/postgres
+export OUTBOXD_PGBOUNCER_PORT=$bouncer_port
 export OUTBOXD_STATE_DIR=$state
 EOF
 }
@@ -192,11 +303,13 @@ case "$cmd" in
   up)
     ensure_packages
     pg_start
+    pgbouncer_start "$state/pgbouncer" "$bouncer_port" 127.0.0.1 "$pg_port"
     rabbit_start "$state/rabbit" "$amqp_port"
     print_env | tee "$state/env"
     ;;
   down)
     rabbit_stop "$state/rabbit" "$amqp_port"
+    pgbouncer_stop "$state/pgbouncer"
     pg_stop fast
     ;;
   env) print_env ;;
@@ -204,7 +317,21 @@ case "$cmd" in
     case "${2:-}" in
       start) ensure_packages; pg_start ;;
       stop) pg_stop "${3:-fast}" ;;
-      *) log "usage: $0 pg start|stop [fast|immediate]"; exit 2 ;;
+      standby) [ $# -ge 4 ] || { log "usage: $0 pg standby HOST PORT"; exit 2; }
+        ensure_packages; pg_standby "$3" "$4" ;;
+      promote) pg_promote ;;
+      *) log "usage: $0 pg start|stop [fast|immediate]|standby HOST PORT|promote"; exit 2 ;;
+    esac
+    ;;
+  pgbouncer)
+    case "${2:-}" in
+      start) [ $# -ge 6 ] || { log "usage: $0 pgbouncer start DIR PORT HOST PGPORT"; exit 2; }
+        ensure_packages; pgbouncer_start "$3" "$4" "$5" "$6" ;;
+      repoint) [ $# -ge 6 ] || { log "usage: $0 pgbouncer repoint DIR PORT HOST PGPORT"; exit 2; }
+        pgbouncer_repoint "$3" "$4" "$5" "$6" ;;
+      stop) [ $# -ge 3 ] || { log "usage: $0 pgbouncer stop DIR"; exit 2; }
+        pgbouncer_stop "$3" ;;
+      *) log "usage: $0 pgbouncer start|repoint|stop DIR …"; exit 2 ;;
     esac
     ;;
   rabbit)
@@ -216,5 +343,5 @@ case "$cmd" in
       *) log "usage: $0 rabbit start|stop|ctl DIR PORT [rabbitmqctl args]"; exit 2 ;;
     esac
     ;;
-  *) log "usage: $0 up|down|env|pg|rabbit"; exit 2 ;;
+  *) log "usage: $0 up|down|env|pg|pgbouncer|rabbit"; exit 2 ;;
 esac

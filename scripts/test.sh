@@ -38,7 +38,7 @@ bash scripts/hosts.sh sweep
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
 [ -x "$pg_bin/psql" ] || pg_bin=$(dirname "$(command -v psql)")
 PGPASSWORD=outboxd "$pg_bin/psql" -q -h 127.0.0.1 -p "${OUTBOXD_PG_PORT:-55432}" -U outboxd -d postgres -tA \
-  -c "SELECT format('DROP DATABASE IF EXISTS %I;', datname) FROM pg_database WHERE datname LIKE 't\_%'" \
+  -c "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database WHERE datname LIKE 't\_%'" \
   | PGPASSWORD=outboxd "$pg_bin/psql" -q -h 127.0.0.1 -p "${OUTBOXD_PG_PORT:-55432}" -U outboxd -d postgres >/dev/null
 
 # Failures print their message; set RUST_BACKTRACE=1 for backtraces.

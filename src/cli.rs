@@ -250,7 +250,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Migrate => {
             let partitioner = Partitioner::new(config.outbox.partition_count);
-            let store = Store::connect(&config, "outboxd migrate").await?;
+            let store = Store::connect_for_session(&config, "outboxd migrate").await?;
             let report = schema::migrate(&store.pool, &store.tables, partitioner).await?;
             crate::say!(
                 "schema at version {} ({} migration(s) applied); partition_count {}{}",
@@ -324,6 +324,9 @@ fn redacted_debug(c: &Config) -> Config {
     let mut c = c.clone();
     c.database.url = Redacted(&c.database.url).to_string();
     c.amqp.url = Redacted(&c.amqp.url).to_string();
+    if !c.database.listen_url.is_empty() {
+        c.database.listen_url = Redacted(&c.database.listen_url).to_string();
+    }
     if !c.dashboard.token.is_empty() {
         c.dashboard.token = "***".into();
     }

@@ -24,6 +24,7 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -129,6 +130,43 @@ pub struct DatabaseConfig {
     /// is declared dead (TCP keepalive and `TCP_USER_TIMEOUT`).
     #[serde(deserialize_with = "de_duration")]
     pub dead_peer_timeout: Duration,
+    /// What sits between outboxd and the database: `none` (a direct
+    /// connection, or a pooler in session mode) or `transaction` (a pooler
+    /// in transaction mode, e.g. PgBouncer): no named prepared statements,
+    /// every statement in a transaction of its own, no session state.
+    pub pooler: Pooler,
+    /// A direct connection to the database (bypassing the pooler), used
+    /// for `LISTEN` and, behind a transaction pooler, for `outboxd
+    /// migrate`. Empty: `LISTEN` on `url` — or, behind a transaction
+    /// pooler, no `LISTEN` at all (workers poll).
+    pub listen_url: String,
+    /// How often a worker without working `LISTEN` wake-ups looks for new
+    /// rows in the buckets it drains (one query for all of them).
+    #[serde(deserialize_with = "de_duration")]
+    pub poll_interval: Duration,
+}
+
+/// `database.pooler`: what the workers' connections go through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    /// A direct connection, or a pooler in session mode: one server
+    /// session per client connection (`session` is accepted too).
+    #[default]
+    #[serde(alias = "session")]
+    None,
+    /// A pooler in transaction mode: consecutive transactions of one client
+    /// connection may run on different server sessions.
+    Transaction,
+}
+
+impl Pooler {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::None => "none",
+            Pooler::Transaction => "transaction",
+        }
+    }
 }
 
 /// `[amqp]`: the RabbitMQ broker messages are published to.
@@ -228,7 +266,17 @@ impl Default for DatabaseConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
+            pooler: Pooler::None,
+            listen_url: String::new(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
         }
+    }
+}
+
+impl DatabaseConfig {
+    /// The direct connection for `LISTEN`, when there is one.
+    pub fn listen_url(&self) -> Option<&str> {
+        Some(self.listen_url.trim()).filter(|u| !u.is_empty())
     }
 }
 
@@ -349,6 +397,10 @@ impl Config {
             &self.database.url,
             &["postgres", "postgresql"],
         )?;
+        if let Some(url) = self.database.listen_url() {
+            validate_url("database.listen_url", url, &["postgres", "postgresql"])?;
+        }
+        positive("database.poll_interval", self.database.poll_interval)?;
         if self.amqp.urls().next().is_none() {
             return Err(invalid("amqp.url", "is empty"));
         }

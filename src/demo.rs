@@ -93,7 +93,7 @@ pub async fn produce(
                     .content_type("application/json")
                     .header("source", "outboxd-demo");
                 let mut tx = store.begin().await?;
-                producer.enqueue(&mut *tx, msg).await?;
+                producer.enqueue(&mut tx, msg).await?;
                 tx.commit().await?;
                 seq += 1;
                 if let Some(p) = period {

@@ -179,15 +179,21 @@ pub async fn maintenance_loop(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "reading partition_count failed"),
         }
-        let parked = match store.pool.acquire().await {
-            Ok(mut conn) => {
-                crate::store::repartition::park_unknown_labels(&mut conn, &store.tables).await
-            }
-            Err(source) => Err(crate::store::StoreError::Query {
-                doing: "connecting for maintenance",
-                source,
-            }),
-        };
+        // In a transaction: its two statements stay on one server session
+        // behind a transaction pooler.
+        let parked = async {
+            let mut tx = store.begin().await?;
+            let parked =
+                crate::store::repartition::park_unknown_labels(&mut tx, &store.tables).await?;
+            tx.commit()
+                .await
+                .map_err(|source| crate::store::StoreError::Query {
+                    doing: "committing the maintenance transaction",
+                    source,
+                })?;
+            Ok::<_, crate::store::StoreError>(parked)
+        }
+        .await;
         match parked {
             Ok(parked) if !parked.is_empty() => {
                 let mut labels: Vec<&str> =
@@ -246,9 +252,8 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
 pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
     let store = Store::connect(config, "outboxd repartition").await?;
     schema::check_version(&store.pool, &store.tables).await?;
-    let mut conn = store.pool.acquire().await?;
     let r = crate::store::repartition::repartition(
-        &mut conn,
+        &store.pool,
         &store.tables,
         args.to,
         args.dry_run,

@@ -144,7 +144,7 @@ pub async fn run(
         stats.clone(),
         background.clone(),
     ));
-    let listener = tokio::spawn(wakeups.clone().listen(store.clone(), background.clone()));
+    let wakeup_sources = wakeups.start(&store, &config.database, &background);
     let keep_connected = tokio::spawn(broker.clone().keep_connected(background.clone()));
     let retention =
         (!config.outbox.retention.is_zero() && !opts.once).then_some(config.outbox.retention);
@@ -252,7 +252,10 @@ pub async fn run(
             tokio::time::timeout_at(farewell, reporter.tick(&store, &labels, totals, true)).await;
     }
     reporter.finish();
-    for task in [heartbeat, listener, keep_connected] {
+    for task in [heartbeat, keep_connected]
+        .into_iter()
+        .chain(wakeup_sources)
+    {
         finish_within(farewell, task).await;
     }
     let fatal = finish_within(farewell, maintenance)

@@ -269,7 +269,7 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
     }
     let mut tx = pool.begin().await.unwrap();
     let ghost = producer
-        .enqueue(&mut *tx, Message::new("a", "", queue.clone(), "ghost"))
+        .enqueue(&mut tx, Message::new("a", "", queue.clone(), "ghost"))
         .await
         .unwrap();
     tx.rollback().await.unwrap();

@@ -234,7 +234,7 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(outboxd::ops::PURGE_LOCK)
-        .execute(&mut *holder)
+        .execute(&mut holder)
         .await
         .unwrap();
     let out = run(&env, &["purge", "--older-than", "7d"]);

@@ -482,7 +482,7 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
         let mut tx = pool.begin().await.unwrap();
         let id = producer
             .enqueue(
-                &mut *tx,
+                &mut tx,
                 Message::new(format!("trickle-{}", i % 7), "", queue.clone(), "x"),
             )
             .await

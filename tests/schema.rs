@@ -78,7 +78,7 @@ async fn enqueue_is_part_of_the_callers_transaction() {
 
     let mut tx = pool.begin().await.unwrap();
     producer
-        .enqueue(&mut *tx, Message::new("order-1", "", "q", "rolled back"))
+        .enqueue(&mut tx, Message::new("order-1", "", "q", "rolled back"))
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -87,7 +87,7 @@ async fn enqueue_is_part_of_the_callers_transaction() {
     let mut tx = pool.begin().await.unwrap();
     let id = producer
         .enqueue(
-            &mut *tx,
+            &mut tx,
             Message::new("order-1", "orders", "order.created", br#"{"a":1}"#.to_vec())
                 .content_type("application/json")
                 .header("tenant", "acme"),
@@ -192,7 +192,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .bind(15_000f64)
     .bind(None::<uuid::Uuid>)
     .bind(None::<i64>)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut tx)
     .await
     .unwrap();
     tx.rollback().await.unwrap();

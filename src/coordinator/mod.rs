@@ -62,8 +62,8 @@ impl Membership {
     pub async fn join(&self, store: &Store) -> Result<(), JoinError> {
         let workers = &store.tables.workers;
         let mut tx = store.begin().await?;
-        workers.lock_registrations(&mut *tx).await?;
-        let others = workers.live_others(&mut *tx, self.worker_id).await?;
+        workers.lock_registrations(&mut tx).await?;
+        let others = workers.live_others(&mut tx, self.worker_id).await?;
         if self.mode == WorkerMode::Leasing {
             if let Some(w) = others
                 .iter()
@@ -89,7 +89,7 @@ impl Membership {
         }
         workers
             .register(
-                &mut *tx,
+                &mut tx,
                 self.worker_id,
                 &self.hostname,
                 self.mode,

@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
 use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
 use crate::coordinator::lease::LeaseGrant;
@@ -46,7 +46,7 @@ pub(crate) struct BucketDrainer {
     pub lease: Option<LeaseGrant>,
     fence: Option<Fence>,
     pub ctx: Arc<RelayContext>,
-    pub wake: Arc<Notify>,
+    pub wake: BucketWakeup,
     pub cancel: CancellationToken,
     channel: Option<ConfirmChannel>,
     careful: bool,
@@ -57,7 +57,7 @@ impl BucketDrainer {
         partition_key: String,
         lease: Option<LeaseGrant>,
         ctx: Arc<RelayContext>,
-        wake: Arc<Notify>,
+        wake: BucketWakeup,
         cancel: CancellationToken,
     ) -> Self {
         Self {
@@ -327,7 +327,7 @@ impl BucketDrainer {
                     } else {
                         outbox
                             .record_published(
-                                &mut *tx,
+                                &mut tx,
                                 confirmed,
                                 token,
                                 &self.partition_key,
@@ -335,7 +335,7 @@ impl BucketDrainer {
                             )
                             .await?
                     };
-                    outbox.release(&mut *tx, token).await?;
+                    outbox.release(&mut tx, token).await?;
                     (published, None)
                 };
                 tx.commit().await.map_err(|source| StoreError::Query {

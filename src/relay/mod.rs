@@ -2,10 +2,11 @@
 //!
 //! One [`bucket::BucketDrainer`] task per drained bucket, each with its own
 //! confirm channel, so buckets progress independently and a failing head
-//! blocks only its own bucket. Idle drainers sleep until a `NOTIFY` from
-//! `<outbox>_enqueue()` names their bucket ([`Wakeups`]), or
-//! `idle_backoff_ms` passes (the fallback for plain `INSERT`s and for
-//! notifications lost while the listener reconnected).
+//! blocks only its own bucket. Idle drainers sleep until a wake-up names
+//! their bucket ([`wakeups`]: a `NOTIFY` from `<outbox>_enqueue()`, or
+//! polling where `LISTEN` cannot work), or `idle_backoff_ms` passes (the
+//! fallback for plain `INSERT`s and for notifications lost while the
+//! listener reconnected).
 //!
 //! The relay decides nothing about *which* buckets to drain: in
 //! `--no-leasing` mode that is all of them; in fleet mode the coordinator
@@ -13,13 +14,11 @@
 
 pub mod bucket;
 pub mod stats;
+pub mod wakeups;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -28,6 +27,7 @@ use crate::config::Config;
 use crate::coordinator::lease::LeaseGrant;
 use crate::store::Store;
 pub use stats::RelayStats;
+pub use wakeups::Wakeups;
 
 /// The relay's share of the configuration.
 #[derive(Debug, Clone)]
@@ -70,99 +70,6 @@ pub enum Drain {
     Forever,
     /// Until nothing in the bucket is ready (`--once`).
     UntilEmpty,
-}
-
-/// Wake-up signals fed by `LISTEN`: one per bucket (new rows), one for the
-/// fleet coordinator (workers joining, leaving, releasing buckets).
-#[derive(Clone, Default)]
-pub struct Wakeups {
-    buckets: Arc<HashMap<String, Arc<Notify>>>,
-    fleet: Arc<Notify>,
-}
-
-impl Wakeups {
-    pub fn new(labels: &[String]) -> Self {
-        Self {
-            buckets: Arc::new(
-                labels
-                    .iter()
-                    .map(|l| (l.clone(), Arc::new(Notify::new())))
-                    .collect(),
-            ),
-            fleet: Arc::new(Notify::new()),
-        }
-    }
-
-    /// The coordinator's signal.
-    pub fn fleet(&self) -> Arc<Notify> {
-        self.fleet.clone()
-    }
-
-    /// The signal of one bucket.
-    pub fn of(&self, label: &str) -> Arc<Notify> {
-        self.buckets.get(label).cloned().unwrap_or_default()
-    }
-
-    fn wake(&self, label: &str) {
-        if let Some(n) = self.buckets.get(label) {
-            // notify_one keeps a permit when the drainer is busy, so a
-            // notification that arrives mid-batch is not lost.
-            n.notify_one();
-        }
-    }
-
-    fn wake_all(&self) {
-        self.buckets.values().for_each(|n| n.notify_one());
-        self.fleet.notify_one();
-    }
-
-    /// Listens for `<outbox>_enqueued` and `<outbox>_fleet` notifications
-    /// until cancelled. Reconnects by itself; after a reconnect everything is
-    /// woken, since notifications sent meanwhile are lost.
-    pub async fn listen(self, store: Store, cancel: CancellationToken) {
-        let channel = store.tables.notify_channel();
-        let fleet_channel = store.tables.fleet_channel();
-        let mut delay = Duration::from_millis(100);
-        while !cancel.is_cancelled() {
-            let listener = async {
-                let mut l = PgListener::connect_with(&store.pool).await?;
-                l.listen_all([channel.as_str(), fleet_channel.as_str()])
-                    .await?;
-                Ok::<_, sqlx::Error>(l)
-            }
-            .await;
-            let mut listener = match listener {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "cannot LISTEN for wake-ups; polling meanwhile");
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                    continue;
-                }
-            };
-            delay = Duration::from_millis(100);
-            self.wake_all();
-            loop {
-                let next = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    n = listener.try_recv() => n,
-                };
-                match next {
-                    Ok(Some(n)) if n.channel() == fleet_channel => self.fleet.notify_one(),
-                    Ok(Some(n)) => self.wake(n.payload()),
-                    // The connection was lost and re-established.
-                    Ok(None) => self.wake_all(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "LISTEN connection failed; reconnecting");
-                        break;
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Runs drainers for a set of buckets.

@@ -13,6 +13,7 @@
 //! Only the operator's long statements (migrations, repartitioning, a
 //! purge's count and VACUUM) run unbounded.
 //!
+//! - [`pool`]: the connection pool; transaction poolers and switchovers.
 //! - [`schema`]: migrations, schema version check, deployment settings.
 //! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
 //! - [`partitions`]: one row per bucket (leases, in fleet mode).
@@ -22,6 +23,7 @@
 
 pub mod outbox;
 pub mod partitions;
+pub mod pool;
 pub mod repartition;
 pub mod schema;
 pub mod stats;
@@ -31,11 +33,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration};
+use crate::config::{Config, TablesConfig, fmt_duration};
+pub use pool::{DbPool, Tx, connect};
 
 /// A database error, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +80,18 @@ struct Cause<'a>(&'a sqlx::Error);
 impl std::fmt::Display for Cause<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
-            sqlx::Error::Database(db) => f.write_str(db.message()),
+            sqlx::Error::Database(db) => {
+                f.write_str(db.message())?;
+                // 42P05 duplicate / 26000 unknown prepared statement: named
+                // statements meeting a transaction pooler.
+                if matches!(db.code().as_deref(), Some("42P05" | "26000")) {
+                    f.write_str(
+                        " (is the database reached through a pooler in transaction mode? \
+                         set database.pooler = \"transaction\")",
+                    )?;
+                }
+                Ok(())
+            }
             other => other.fmt(f),
         }
     }
@@ -91,9 +103,11 @@ fn is_transient(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => {
             // 08: connection exception, 57P: operator intervention (admin
             // shutdown, crash shutdown, cannot connect now), 40: serialization
-            // failure / deadlock, 53: insufficient resources.
+            // failure / deadlock, 53: insufficient resources, 25006: a
+            // read-only server (a standby, a switchover in progress).
             db.code().is_some_and(|c| {
-                c.starts_with("08")
+                c == "25006"
+                    || c.starts_with("08")
                     || c.starts_with("57P")
                     || c.starts_with("40")
                     || c.starts_with("53")
@@ -110,8 +124,13 @@ pub(crate) trait QueryContext<T> {
 
 impl<T> QueryContext<T> for Result<T, sqlx::Error> {
     fn doing(self, doing: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Query { doing, source })
+        self.map_err(|source| query_error(doing, source))
     }
+}
+
+fn query_error(doing: &'static str, source: sqlx::Error) -> StoreError {
+    pool::note_failure(&source);
+    StoreError::Query { doing, source }
 }
 
 /// Bound on each worker statement, in milliseconds (`database.query_timeout`;
@@ -132,7 +151,7 @@ pub(crate) trait Bounded<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
         let after = query_timeout();
         async move {
             match tokio::time::timeout(after, self).await {
-                Ok(result) => result.map_err(|source| StoreError::Query { doing, source }),
+                Ok(result) => result.map_err(|source| query_error(doing, source)),
                 Err(_) => Err(StoreError::Timeout { doing, after }),
             }
         }
@@ -201,45 +220,11 @@ impl Tables {
     }
 }
 
-/// Opens a pool for a worker or a command.
-pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<PgPool, StoreError> {
-    let connect_err = |source| StoreError::Connect {
-        url: Redacted(&db.url).to_string(),
-        source,
-    };
-    let options: PgConnectOptions = db.url.parse().map_err(connect_err)?;
-    let options = options.application_name(application_name);
-    QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
-    let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
-    // One connection first, by hand: a pool reports every failure to
-    // connect as "pool timed out", and the cause (refused, wrong password,
-    // no such database) is what the operator needs.
-    let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
-        .await
-        .map_err(|_| StoreError::ConnectTimeout {
-            url: Redacted(&db.url).to_string(),
-            after: db.connect_timeout,
-        })?
-        .map_err(connect_err)?;
-    let _ = first.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(db.max_connections)
-        .min_connections(0)
-        .acquire_timeout(db.connect_timeout)
-        .after_connect(move |_conn, _meta| {
-            Box::pin(async move {
-                crate::net::harden_connections_to(port, dead_after);
-                Ok(())
-            })
-        })
-        .connect_lazy_with(options))
-}
-
 /// The pool and the statements: what every component that talks to the
 /// database holds.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pub pool: PgPool,
+    pub pool: DbPool,
     pub tables: Tables,
 }
 
@@ -260,13 +245,38 @@ impl Store {
     }
 
     /// Starts a transaction.
-    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    pub async fn begin(&self) -> Result<Tx, StoreError> {
         self.pool.begin().bounded("starting a transaction").await
     }
 
     pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {
         Ok(Self {
             pool: connect(&config.database, application_name).await?,
+            tables: Tables::new(&config.tables),
+        })
+    }
+
+    /// A store for a command that needs a session of its own (`outboxd
+    /// migrate`): behind a transaction pooler, on the direct
+    /// `database.listen_url` when there is one (else the command refuses).
+    pub async fn connect_for_session(
+        config: &Config,
+        application_name: &str,
+    ) -> Result<Self, StoreError> {
+        let db = &config.database;
+        let pool = match (db.pooler, db.listen_url()) {
+            (crate::config::Pooler::Transaction, Some(direct)) => {
+                tracing::info!(
+                    url = %crate::config::Redacted(direct),
+                    "behind a transaction pooler: using the direct database.listen_url"
+                );
+                pool::connect_to(db, direct, crate::config::Pooler::None, 2, application_name)
+                    .await?
+            }
+            _ => connect(db, application_name).await?,
+        };
+        Ok(Self {
+            pool,
             tables: Tables::new(&config.tables),
         })
     }

@@ -13,7 +13,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
-use sqlx::{PgExecutor, Postgres, Transaction};
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::{Bounded, QueryContext, Sql, StoreError};
@@ -163,6 +163,7 @@ pub struct OutboxSql {
     release: Sql,
     clear_claims: Sql,
     bucket_heads: Sql,
+    ready_buckets: Sql,
     list_pending: Sql,
     list_pending_key: Sql,
     list_published: Sql,
@@ -265,8 +266,18 @@ impl OutboxSql {
             ) h ON true
             ORDER BY b.partition_key"
             .to_string();
+        // One index probe per bucket: its head, if ready.
+        let ready_buckets = "SELECT b.partition_key FROM unnest($1::text[]) AS b(partition_key)
+            CROSS JOIN LATERAL (
+                SELECT available_at FROM {outbox} o
+                WHERE o.partition_key BETWEEN b.partition_key AND b.partition_key
+                  AND o.published_at IS NULL AND o.failed_at IS NULL
+                ORDER BY o.partition_key, o.id LIMIT 1
+            ) h
+            WHERE h.available_at <= now()";
         Self {
             enqueue: Sql::render(t, "SELECT {outbox}_enqueue($1, $2, $3, $4, $5, $6)"),
+            ready_buckets: Sql::render(t, ready_buckets),
             claim: Sql::render(t, claim),
             record_published: Sql::render(t, &record_published),
             record_failure: Sql::render(t, &record_failure),
@@ -659,6 +670,20 @@ impl OutboxSql {
             .bounded("reading bucket heads")
             .await
     }
+
+    /// Which of `partition_keys` have a head that is ready to publish (the
+    /// polling that replaces `LISTEN` where it cannot work).
+    pub async fn ready_buckets<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        partition_keys: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(self.ready_buckets.q())
+            .bind(partition_keys)
+            .fetch_all(exec)
+            .bounded("polling for new rows")
+            .await
+    }
 }
 
 /// Records the outcome of a batch whose row `failed_at` failed: the
@@ -667,7 +692,7 @@ impl OutboxSql {
 /// leaves the claim to expire rather than a half-recorded batch.
 #[allow(clippy::too_many_arguments)]
 pub async fn record_partial_failure(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut super::Tx,
     sql: &OutboxSql,
     confirmed: &[i64],
     failed: i64,
@@ -680,20 +705,12 @@ pub async fn record_partial_failure(
     let published = if confirmed.is_empty() {
         0
     } else {
-        sql.record_published(&mut **tx, confirmed, token, partition_key, fence)
+        sql.record_published(&mut *tx, confirmed, token, partition_key, fence)
             .await?
     };
     let parked = sql
-        .record_failure(
-            &mut **tx,
-            failed,
-            token,
-            error,
-            policy,
-            partition_key,
-            fence,
-        )
+        .record_failure(&mut *tx, failed, token, error, policy, partition_key, fence)
         .await?;
-    sql.release(&mut **tx, token).await?;
+    sql.release(&mut *tx, token).await?;
     Ok((published, parked))
 }

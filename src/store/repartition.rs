@@ -27,10 +27,10 @@
 //! worker that somehow outlived the change (a stopped process that
 //! resumes) stops when its maintenance task sees the new count.
 
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::{QueryContext, StoreError, Tables, render};
+use super::{DbPool, QueryContext, StoreError, Tables, Tx, render};
 
 /// What [`repartition`] did, or (dry run) would do.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -60,19 +60,20 @@ pub enum RepartitionError {
 /// counts what would change and changes nothing. `actor` goes to the
 /// audit record.
 pub async fn repartition(
-    conn: &mut PgConnection,
+    pool: &DbPool,
     tables: &Tables,
     to: u32,
     dry_run: bool,
     actor: &str,
 ) -> Result<RepartitionReport, RepartitionError> {
     let sql = |template: &str| AssertSqlSafe(render(&tables.names, template));
-    let mut tx = sqlx::Connection::begin(&mut *conn)
+    let mut tx = pool
+        .begin()
         .await
         .doing("starting the repartition transaction")?;
 
-    tables.workers.lock_registrations(&mut *tx).await?;
-    let live = tables.workers.live_others(&mut *tx, Uuid::nil()).await?;
+    tables.workers.lock_registrations(&mut tx).await?;
+    let live = tables.workers.live_others(&mut tx, Uuid::nil()).await?;
     if !live.is_empty() {
         let list = live
             .iter()
@@ -89,27 +90,27 @@ pub async fn repartition(
     let from: i32 = sqlx::query_scalar(sql(
         "SELECT partition_count FROM {outbox}_settings FOR UPDATE",
     ))
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut tx)
     .await
     .doing("reading partition_count")?
     .ok_or(RepartitionError::NotMigrated)?;
 
     if !dry_run {
         sqlx::query(sql("LOCK TABLE {outbox} IN SHARE ROW EXCLUSIVE MODE"))
-            .execute(&mut *tx)
+            .execute(&mut tx)
             .await
             .doing("locking the outbox table against producers")?;
     }
     sqlx::query(sql("UPDATE {outbox}_settings SET partition_count = $1"))
         .bind(to as i32)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .doing("recording the new partition_count")?;
 
     let unpublished: i64 = sqlx::query_scalar(sql(
         "SELECT count(*) FROM {outbox} WHERE published_at IS NULL",
     ))
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut tx)
     .await
     .doing("counting unpublished rows")?;
     // The label is computed once per distinct key, not once per row: the
@@ -121,7 +122,7 @@ pub async fn repartition(
              )
              SELECT count(*) FROM {outbox} o JOIN keys USING (message_key)
              WHERE o.published_at IS NULL AND o.partition_key <> keys.label"))
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut tx)
         .await
         .doing("counting the rows to re-label")?
     } else {
@@ -133,7 +134,7 @@ pub async fn repartition(
              FROM keys
              WHERE o.message_key = keys.message_key AND o.published_at IS NULL
                AND o.partition_key <> keys.label"))
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .doing("re-labelling unpublished rows")?
         .rows_affected();
@@ -141,7 +142,7 @@ pub async fn repartition(
             "UPDATE {outbox} SET claim_token = NULL, claimed_until = NULL
              WHERE published_at IS NULL AND claim_token IS NOT NULL",
         ))
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .doing("dropping claims")?;
         moved as i64
@@ -172,7 +173,7 @@ pub async fn repartition(
          ON CONFLICT (partition_key) DO NOTHING",
     ))
     .bind(&labels)
-    .execute(&mut *tx)
+    .execute(&mut tx)
     .await
     .doing("replacing the bucket rows")?;
     sqlx::query(sql("INSERT INTO {outbox}_audit (actor, action, detail)
@@ -183,7 +184,7 @@ pub async fn repartition(
     .bind(to as i32)
     .bind(unpublished)
     .bind(relabelled)
-    .execute(&mut *tx)
+    .execute(&mut tx)
     .await
     .doing("recording the audit entry")?;
     tx.commit().await.doing("committing the repartition")?;
@@ -206,7 +207,7 @@ pub struct ParkedUnknown {
 /// Finding the labels costs one probe of the pending index per distinct
 /// pending label (a skip scan), whatever the number of rows.
 pub async fn park_unknown_labels(
-    conn: &mut PgConnection,
+    tx: &mut Tx,
     tables: &Tables,
 ) -> Result<Vec<ParkedUnknown>, StoreError> {
     // Two statements: with the UPDATE in the same statement the planner
@@ -225,7 +226,7 @@ pub async fn park_unknown_labels(
          WHERE l IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.partition_key = l)",
     )))
-    .fetch_all(&mut *conn)
+    .fetch_all(&mut *tx)
     .await
     .doing("looking for unknown bucket labels")?;
     if unknown.is_empty() {
@@ -245,7 +246,7 @@ pub async fn park_unknown_labels(
          RETURNING o.id, o.partition_key",
     )))
     .bind(&unknown)
-    .fetch_all(&mut *conn)
+    .fetch_all(&mut *tx)
     .await
     .doing("parking rows with unknown bucket labels")
 }

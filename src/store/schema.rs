@@ -14,9 +14,10 @@
 use std::borrow::Cow;
 
 use sqlx::migrate::{Migration, Migrator};
-use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
 
-use super::{QueryContext, StoreError, Tables, render};
+use super::{DbPool, QueryContext, StoreError, Tables, render};
+use crate::config::Pooler;
 use crate::partitioner::Partitioner;
 
 static EMBEDDED: Migrator = sqlx::migrate!("./migrations");
@@ -52,13 +53,16 @@ pub fn latest_version() -> i64 {
 /// Applies pending migrations, records `partition_count` on first run, and
 /// makes sure every bucket has its row in the partitions table.
 pub async fn migrate(
-    pool: &PgPool,
+    pool: &DbPool,
     tables: &Tables,
     partitioner: Partitioner,
 ) -> Result<MigrateReport, StoreError> {
+    if pool.pooler() == Pooler::Transaction {
+        return Err(StoreError::Schema(MIGRATE_NEEDS_SESSION.into()));
+    }
     let before = applied_versions(pool, tables).await?;
     migrator(tables)
-        .run(pool)
+        .run(pool.sqlx())
         .await
         .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
     let after = applied_versions(pool, tables).await?;
@@ -72,17 +76,17 @@ pub async fn migrate(
         "INSERT INTO {outbox}_settings (partition_count) VALUES ($1) ON CONFLICT (singleton) DO NOTHING",
     )))
     .bind(partitioner.count() as i32)
-    .execute(&mut *tx)
+    .execute(&mut tx)
     .await
     .doing("recording partition_count")?
     .rows_affected();
-    let recorded = partition_count(&mut *tx, tables)
+    let recorded = partition_count(&mut tx, tables)
         .await?
         .unwrap_or(partitioner.count());
     if recorded != partitioner.count() {
         return Err(partition_count_mismatch(recorded, partitioner.count()));
     }
-    super::partitions::ensure_rows(&mut *tx, tables, &partitioner.labels()).await?;
+    super::partitions::ensure_rows(&mut tx, tables, &partitioner.labels()).await?;
     tx.commit()
         .await
         .doing("committing the settings transaction")?;
@@ -92,6 +96,12 @@ pub async fn migrate(
         partition_count_recorded: inserted == 1,
     })
 }
+
+/// Why [`migrate`] refuses a pool behind a transaction pooler.
+pub const MIGRATE_NEEDS_SESSION: &str = "outboxd migrate holds a lock for the length of its session, \
+     which a pooler in transaction mode does not keep (database.pooler = \"transaction\"): \
+     set database.listen_url to a direct connection to the database (migrate uses it), \
+     or run migrate with a direct database.url and database.pooler = \"none\"";
 
 /// What [`migrate`] did.
 #[derive(Debug)]
@@ -107,7 +117,7 @@ pub struct MigrateReport {
 /// Refuses to run against a database that is not at exactly this binary's
 /// schema, or that was set up with another bucket count.
 pub async fn check(
-    pool: &PgPool,
+    pool: &DbPool,
     tables: &Tables,
     partitioner: Partitioner,
 ) -> Result<(), StoreError> {
@@ -125,7 +135,7 @@ pub async fn check(
 
 /// Refuses a database that is not at exactly this binary's schema version
 /// (whatever its bucket count).
-pub async fn check_version(pool: &PgPool, tables: &Tables) -> Result<(), StoreError> {
+pub async fn check_version(pool: &DbPool, tables: &Tables) -> Result<(), StoreError> {
     let applied = applied_versions(pool, tables).await?;
     let latest = latest_version();
     let known: Vec<i64> = EMBEDDED.iter().map(|m| m.version).collect();
@@ -158,7 +168,7 @@ pub fn partition_count_mismatch(recorded: u32, configured: u32) -> StoreError {
 
 /// Successfully applied migration versions, ascending; empty when the
 /// migrations table does not exist.
-async fn applied_versions(pool: &PgPool, tables: &Tables) -> Result<Vec<i64>, StoreError> {
+async fn applied_versions(pool: &DbPool, tables: &Tables) -> Result<Vec<i64>, StoreError> {
     let table = migrations_table(tables);
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(&table)

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod hosts;
+pub mod pooler;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -42,6 +43,22 @@ pub fn admin_url() -> String {
     env_or_explain("OUTBOXD_PG_ADMIN_URL")
 }
 
+/// The shared PgBouncer (transaction mode) in front of the shared
+/// PostgreSQL, as a URL without a database name.
+pub fn pgbouncer_url() -> String {
+    format!(
+        "postgres://outboxd:outboxd@127.0.0.1:{}/",
+        env_or_explain("OUTBOXD_PGBOUNCER_PORT")
+    )
+}
+
+/// `url` with another database name.
+pub fn with_database(url: &str, db: &str) -> String {
+    let mut url = url::Url::parse(url).unwrap();
+    url.set_path(db);
+    url.to_string()
+}
+
 pub fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -57,7 +74,10 @@ pub fn unique(prefix: &str) -> String {
 /// A fresh database, migrated, plus a config file pointing at it.
 pub struct TestEnv {
     pub db_name: String,
+    /// A direct URL of the test database (the test's own inspections).
     pub db_url: String,
+    /// The URL the workers use (through a pooler when the test says so).
+    pub worker_db_url: String,
     pub config: Config,
     pub store: Store,
     pub dir: PathBuf,
@@ -85,6 +105,12 @@ pub struct Tuning {
     pub query_timeout: &'static str,
     pub dead_peer_timeout: &'static str,
     pub amqp_connect_timeout: &'static str,
+    /// Workers reach the database through this PgBouncer (a URL without a
+    /// database name) with `database.pooler = "transaction"`.
+    pub pooler_url: Option<String>,
+    /// With `pooler_url`: `database.listen_url` is the direct URL (else the
+    /// workers poll).
+    pub listen_direct: bool,
 }
 
 impl Default for Tuning {
@@ -107,6 +133,8 @@ impl Default for Tuning {
             query_timeout: "10s",
             dead_peer_timeout: "5s",
             amqp_connect_timeout: "5s",
+            pooler_url: None,
+            listen_direct: false,
         }
     }
 }
@@ -120,6 +148,16 @@ impl Tuning {
             lease_renew: "1s",
             heartbeat_ttl: "3s",
             ..Self::default()
+        }
+    }
+
+    /// Workers through the shared PgBouncer in transaction mode; with
+    /// `listen_direct`, LISTEN on a direct connection, else polling.
+    pub fn pgbouncer(self, listen_direct: bool) -> Self {
+        Self {
+            pooler_url: Some(pgbouncer_url()),
+            listen_direct,
+            ..self
         }
     }
 
@@ -153,15 +191,27 @@ impl TestEnv {
             .await
             .expect("create test database");
         conn.close().await.ok();
-        let mut url = url::Url::parse(&admin).unwrap();
-        url.set_path(&db_name);
-        let db_url = url.to_string();
+        let db_url = with_database(&admin, &db_name);
+        let (worker_db_url, pooler) = match &t.pooler_url {
+            Some(bouncer) => {
+                let listen = if t.listen_direct {
+                    format!("listen_url = \"{db_url}\"\n")
+                } else {
+                    String::new()
+                };
+                (
+                    with_database(bouncer, &db_name),
+                    format!("pooler = \"transaction\"\n{listen}"),
+                )
+            }
+            None => (db_url.clone(), String::new()),
+        };
 
         let dir = std::env::temp_dir().join(unique("outboxd-test"));
         std::fs::create_dir_all(&dir).unwrap();
         let amqp = t.amqp_url.clone().unwrap_or_else(amqp_url);
         let toml = format!(
-            "[database]\nurl = \"{db_url}\"\nmax_connections = 6\n\
+            "[database]\nurl = \"{worker_db_url}\"\nmax_connections = 6\n{pooler}\
              query_timeout = \"{qt}\"\ndead_peer_timeout = \"{dp}\"\n\
              [amqp]\nurl = \"{amqp}\"\nconfirm_timeout = \"{ct}\"\nreconnect_backoff_max = \"1s\"\n\
              connect_timeout = \"{act}\"\ndead_peer_timeout = \"{dp}\"\n\
@@ -188,7 +238,11 @@ impl TestEnv {
         std::fs::write(&config_path, &toml).unwrap();
         let config = Config::from_toml(&toml).expect("test config parses");
         config.validate().expect("test config is valid");
-        let store = Store::connect(&config, "outboxd test")
+        // The test's own connection is direct, whatever the workers use.
+        let mut direct = config.clone();
+        direct.database.url = db_url.clone();
+        direct.database.pooler = Default::default();
+        let store = Store::connect(&direct, "outboxd test")
             .await
             .expect("connect to test db");
         if t.migrate {
@@ -203,6 +257,7 @@ impl TestEnv {
         Self {
             db_name,
             db_url,
+            worker_db_url,
             config,
             store,
             dir,
@@ -217,9 +272,14 @@ impl TestEnv {
     /// An `outboxd` command with this environment's config and no inherited
     /// DATABASE_URL / AMQP_URL (the config file is the source of truth).
     pub fn command(&self, args: &[&str]) -> Command {
+        self.command_with(&self.config_path, args)
+    }
+
+    /// [`TestEnv::command`] with another config file.
+    pub fn command_with(&self, config: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("--config")
-            .arg(&self.config_path)
+            .arg(config)
             .args(args)
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
@@ -486,18 +546,23 @@ impl PrivatePostgres {
 
     /// A server listening on `host` (a test network's gateway).
     pub fn start_on(host: &str) -> Self {
+        let pg = Self::unstarted(host);
+        pg.run(&["start"]);
+        pg
+    }
+
+    /// A port and a data directory for a server on `host`.
+    fn unstarted(host: &str) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 28000 + 2 * (rand_u16() % 2000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("pg-{port}"));
-        let pg = Self {
+        Self {
             dir,
             port,
             host: host.to_string(),
-        };
-        pg.run(&["start"]);
-        pg
+        }
     }
 
     pub fn admin_url(&self) -> String {

@@ -1,0 +1,436 @@
+//! The connection pool every component talks to the database through, and
+//! what it does differently behind a transaction pooler or after a
+//! switchover.
+//!
+//! [`DbPool`] is a sqlx executor like `&PgPool`. With `database.pooler =
+//! "transaction"` (PgBouncer in transaction mode, Debian 12's 1.18 included,
+//! which tracks no prepared statements) it keeps every statement within what
+//! such a pooler carries from one client to one server session:
+//!
+//! - no named prepared statements (the statement cache is off, so sqlx
+//!   parses each statement unnamed);
+//! - sqlx sends an unnamed statement in two exchanges (parse, then bind and
+//!   execute), and a pooler may hand the second to another server session
+//!   once the first ended outside a transaction; so each statement that
+//!   takes parameters runs inside a transaction of its own (`BEGIN`, the
+//!   statement, `COMMIT`), which the pooler keeps on one session. Explicit
+//!   transactions ([`DbPool::begin`]) are that already; plain-text
+//!   statements (`raw_sql`, one exchange) run as they are;
+//! - nothing relies on session state: advisory locks are transaction-level,
+//!   `LISTEN` uses `database.listen_url` or is replaced by polling
+//!   ([`crate::relay::wakeups`]), and `outboxd migrate` (sqlx's migrator
+//!   holds a session lock) refuses or uses `listen_url`.
+//!
+//! After a switchover the old address may answer as a read-only standby: a
+//! statement failing with SQLSTATE 25006 (read-only transaction) marks every
+//! connection opened before it as stale, and the pool closes stale
+//! connections instead of handing them out, so workers reconnect (to
+//! whatever the name or the pooler points at now) and retry.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow,
+    PgStatement, PgTypeInfo,
+};
+use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
+
+use super::{QUERY_TIMEOUT_MS, StoreError};
+use crate::config::{DatabaseConfig, Pooler, Redacted};
+
+/// A pool of database connections that knows what sits in front of the
+/// database (see the module docs). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DbPool {
+    inner: PgPool,
+    pooler: Pooler,
+}
+
+impl DbPool {
+    /// The pooler the connections go through.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
+    }
+
+    /// Starts a transaction.
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        Ok(Tx {
+            inner: self.inner.begin().await?,
+            unnamed: self.unnamed_statements(),
+        })
+    }
+
+    /// A connection of the pool, for statements that must share one
+    /// (behind a transaction pooler: only inside a transaction).
+    pub async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, sqlx::Error> {
+        self.inner.acquire().await
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        self.inner.close().await
+    }
+
+    /// The sqlx pool underneath (for sqlx APIs that take one).
+    pub fn sqlx(&self) -> &PgPool {
+        &self.inner
+    }
+
+    /// Behind a transaction pooler: unnamed statements, each statement
+    /// with parameters in a transaction.
+    fn unnamed_statements(&self) -> bool {
+        self.pooler == Pooler::Transaction
+    }
+}
+
+/// A transaction of a [`DbPool`]: an executor like `&mut PgConnection`
+/// that, behind a transaction pooler, prepares no named statement (a named
+/// statement outlives the transaction on a server session other clients
+/// get next).
+#[derive(Debug)]
+pub struct Tx {
+    inner: sqlx::Transaction<'static, Postgres>,
+    unnamed: bool,
+}
+
+impl Tx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.inner.commit().await
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.inner.rollback().await
+    }
+}
+
+/// Opens a pool for a worker or a command, on `db.url`.
+pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<DbPool, StoreError> {
+    connect_to(db, &db.url, db.pooler, db.max_connections, application_name).await
+}
+
+/// Opens a pool on `url` (`db.url`, or the direct `db.listen_url`) with
+/// `db`'s timeouts.
+pub async fn connect_to(
+    db: &DatabaseConfig,
+    url: &str,
+    pooler: Pooler,
+    max_connections: u32,
+    application_name: &str,
+) -> Result<DbPool, StoreError> {
+    let connect_err = |source| StoreError::Connect {
+        url: Redacted(url).to_string(),
+        source,
+    };
+    let options: PgConnectOptions = url.parse().map_err(connect_err)?;
+    // extra_float_digits is a startup parameter PgBouncer refuses unless
+    // told to ignore it; PostgreSQL 12+ prints floats exactly without it.
+    let mut options = options
+        .application_name(application_name)
+        .extra_float_digits(None);
+    if pooler == Pooler::Transaction {
+        options = options.statement_cache_capacity(0);
+    }
+    QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
+    let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
+    // One connection first, by hand: a pool reports every failure to
+    // connect as "pool timed out", and the cause (refused, wrong password,
+    // no such database) is what the operator needs.
+    let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
+        .await
+        .map_err(|_| StoreError::ConnectTimeout {
+            url: Redacted(url).to_string(),
+            after: db.connect_timeout,
+        })?
+        .map_err(connect_err)?;
+    let _ = first.close().await;
+    let inner = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(db.connect_timeout)
+        // A wait for a free connection is normal under load (more buckets
+        // than connections); only failing to get one is worth a line.
+        .acquire_slow_threshold(db.connect_timeout)
+        .after_connect(move |_conn, _meta| {
+            Box::pin(async move {
+                crate::net::harden_connections_to(port, dead_after);
+                Ok(())
+            })
+        })
+        .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
+        .connect_lazy_with(options);
+    Ok(DbPool { inner, pooler })
+}
+
+/// When a statement last failed because the database is read-only, in
+/// milliseconds since [`epoch`] (0: never).
+static READ_ONLY_SEEN_MS: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn since_epoch_ms(at: Instant) -> u64 {
+    // +1 so that a mark at the epoch itself is not "never".
+    at.saturating_duration_since(epoch()).as_millis() as u64 + 1
+}
+
+/// True when an error says the server is read-only: a standby, or a
+/// primary being demoted (SQLSTATE 25006, read_only_sql_transaction).
+pub fn is_read_only(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
+}
+
+/// Called with every failed statement: a read-only server makes every
+/// connection opened so far stale.
+pub(crate) fn note_failure(e: &sqlx::Error) {
+    if is_read_only(e) {
+        mark_read_only(Instant::now());
+    }
+}
+
+/// Every connection opened up to `at` is stale.
+fn mark_read_only(at: Instant) {
+    let _ = epoch();
+    let now = since_epoch_ms(at);
+    let before = READ_ONLY_SEEN_MS.swap(now, Ordering::Relaxed);
+    if before == 0 || now.saturating_sub(before) > 10_000 {
+        tracing::warn!(
+            "the database is read-only (a standby, or a switchover in progress): \
+             reconnecting every connection and retrying"
+        );
+    }
+}
+
+/// True when a connection of age `age` was opened before (or when) the
+/// database was last seen read-only.
+fn opened_before_stale(age: Duration) -> bool {
+    let seen = READ_ONLY_SEEN_MS.load(Ordering::Relaxed);
+    if seen == 0 {
+        return false;
+    }
+    let opened = Instant::now().checked_sub(age).unwrap_or_else(epoch);
+    since_epoch_ms(opened) <= seen
+}
+
+/// A query whose arguments were taken out to look at them, put back
+/// together as an unnamed statement.
+struct Taken {
+    sql: SqlStr,
+    arguments: Option<PgArguments>,
+}
+
+impl<'q> Execute<'q, Postgres> for Taken {
+    fn sql(self) -> SqlStr {
+        self.sql
+    }
+
+    fn statement(&self) -> Option<&PgStatement> {
+        None
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, BoxDynError> {
+        Ok(self.arguments.take())
+    }
+
+    fn persistent(&self) -> bool {
+        false
+    }
+}
+
+/// How a query runs behind a transaction pooler.
+enum Route<E> {
+    /// As it is: plain text (one exchange, no statement) or an already
+    /// prepared statement.
+    AsIs(E),
+    /// Parameters, so an unnamed statement in two exchanges: outside an
+    /// explicit transaction, in a transaction of its own.
+    Unnamed(Taken),
+}
+
+fn route<'q, E: Execute<'q, Postgres>>(mut query: E) -> Result<Route<E>, sqlx::Error> {
+    if query.statement().is_some() {
+        return Ok(Route::AsIs(query));
+    }
+    match query.take_arguments().map_err(sqlx::Error::Encode)? {
+        None => Ok(Route::AsIs(query)),
+        Some(arguments) => Ok(Route::Unnamed(Taken {
+            sql: query.sql(),
+            arguments: Some(arguments),
+        })),
+    }
+}
+
+impl<'p> Executor<'p> for &'_ DbPool {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.unnamed_statements() {
+            return (&self.inner).fetch_many(query);
+        }
+        let pool = self.inner.clone();
+        let rows = async move {
+            let taken = match route(query)? {
+                Route::AsIs(query) => return collect((&pool).fetch_many(query)).await,
+                Route::Unnamed(taken) => taken,
+            };
+            let mut tx = pool.begin().await?;
+            let rows = collect(tx.fetch_many(taken)).await?;
+            tx.commit().await?;
+            Ok(rows)
+        };
+        futures_util::stream::once(rows)
+            .map_ok(|rows| futures_util::stream::iter(rows.into_iter().map(Ok)))
+            .try_flatten()
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.unnamed_statements() {
+            return (&self.inner).fetch_optional(query);
+        }
+        let pool = self.inner.clone();
+        Box::pin(async move {
+            let taken = match route(query)? {
+                Route::AsIs(query) => return (&pool).fetch_optional(query).await,
+                Route::Unnamed(taken) => taken,
+            };
+            let mut tx = pool.begin().await?;
+            let row = tx.fetch_optional(taken).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        let pool = self.inner.clone();
+        Box::pin(async move { (&pool).prepare_with(sql, parameters).await })
+    }
+
+    #[doc(hidden)]
+    fn describe<'e>(
+        self,
+        sql: SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>> {
+        let pool = self.inner.clone();
+        Box::pin(async move { (&pool).describe(sql).await })
+    }
+}
+
+impl<'c> Executor<'c> for &'c mut Tx {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let conn: &'c mut PgConnection = &mut self.inner;
+        if !self.unnamed {
+            return conn.fetch_many(query);
+        }
+        match route(query) {
+            Ok(Route::AsIs(query)) => conn.fetch_many(query),
+            Ok(Route::Unnamed(taken)) => conn.fetch_many(taken),
+            Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+        }
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let conn: &'c mut PgConnection = &mut self.inner;
+        if !self.unnamed {
+            return conn.fetch_optional(query);
+        }
+        match route(query) {
+            Ok(Route::AsIs(query)) => conn.fetch_optional(query),
+            Ok(Route::Unnamed(taken)) => conn.fetch_optional(taken),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let conn: &'c mut PgConnection = &mut self.inner;
+        conn.prepare_with(sql, parameters)
+    }
+
+    #[doc(hidden)]
+    fn describe<'e>(
+        self,
+        sql: SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let conn: &'c mut PgConnection = &mut self.inner;
+        conn.describe(sql)
+    }
+}
+
+async fn collect<'e>(
+    s: BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>,
+) -> Result<Vec<Either<PgQueryResult, PgRow>>, sqlx::Error> {
+    s.try_collect().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_opened_before_a_read_only_error_are_stale_and_later_ones_are_not() {
+        let _ = epoch();
+        std::thread::sleep(Duration::from_millis(30));
+        // Opened 20 ms ago, then the database turned out read-only.
+        let opened_earlier = Instant::now() - Duration::from_millis(20);
+        mark_read_only(Instant::now());
+        std::thread::sleep(Duration::from_millis(5));
+        let age = |opened: Instant| Instant::now().duration_since(opened);
+        assert!(opened_before_stale(age(opened_earlier)));
+        // A connection opened after the error.
+        let opened_later = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!opened_before_stale(age(opened_later)));
+    }
+}
