@@ -8,6 +8,8 @@
 //!    ceiling: a bare lapin publisher sending the same messages with confirms
 //!    and the same in-flight window (16 channels × one batch), no database;
 //! 2. latency — commit-to-queue latency of a trickle at 100 and 1000 msg/s;
+//!    and of 200 messages at 100 msg/s through PgBouncer (transaction mode)
+//!    with `listen_url` and with polling;
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows;
 //! 4. rebalance — re-own time after a graceful leave and after a kill, with
@@ -428,6 +430,42 @@ impl Bench {
             );
         }
         terminate(&mut worker);
+
+        // Through PgBouncer in transaction mode (the services' own, in
+        // front of the same PostgreSQL): wake-ups by LISTEN on the direct
+        // listen_url, and by polling (database.poll_interval).
+        let bouncer_port = std::env::var("OUTBOXD_PGBOUNCER_PORT").unwrap_or("56432".into());
+        let mut via = url::Url::parse(&db_url).unwrap();
+        via.set_port(Some(bouncer_port.parse().unwrap())).unwrap();
+        for (name, listen) in [("listen_url", true), ("polling", false)] {
+            let listen_line = if listen {
+                format!("listen_url = \"{db_url}\"\n")
+            } else {
+                String::new()
+            };
+            let toml = std::fs::read_to_string(&config).unwrap().replacen(
+                &format!("url = \"{db_url}\"\n"),
+                &format!("url = \"{via}\"\npooler = \"transaction\"\n{listen_line}"),
+                1,
+            );
+            let pooled = self.dir.join(format!("latency-pgbouncer-{name}.toml"));
+            std::fs::write(&pooled, toml).unwrap();
+            let mut worker = self.spawn(&pooled, &["--silent"]);
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            // 200 messages at 100 msg/s.
+            let lat = trickle(&db_url, &self.amqp_url, queue, 100, Duration::from_secs(2)).await;
+            let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+            self.row(
+                &format!("commit-to-queue latency through PgBouncer, {name} (p50 / p99 / max, 200 at 100 msg/s)"),
+                format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
+                String::new(),
+            );
+            out.insert(
+                format!("pgbouncer_{name}"),
+                json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) }),
+            );
+            terminate(&mut worker);
+        }
         store.pool.close().await;
         self.results.insert("latency".into(), Value::Object(out));
     }
