@@ -192,9 +192,11 @@ fn init_tracing(silent: bool) {
     use tracing_subscriber::EnvFilter;
     let default = if silent { "warn" } else { "info" };
     let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
-        // lapin logs every returned message at WARN, with its whole content;
-        // the relay reports the failure itself, once, with the row id.
-        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=error")))
+        // lapin logs every returned message at WARN, with its whole content,
+        // and a channel the broker closed (a missing exchange) as an ERROR
+        // with its debug form; the relay reports each failure itself, once,
+        // with the row id and the broker's reason.
+        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=off")))
         .unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
@@ -311,16 +313,20 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config => {
-            let c = &config;
-            crate::say!("database.url = {}", Redacted(&c.database.url));
-            crate::say!("amqp.url = {}", Redacted(&c.amqp.url));
-            crate::say!("{:#?}", redacted_debug(c));
+            let text = toml::to_string(&redacted(&config))
+                .context("cannot print the configuration as TOML")?;
+            crate::say!(
+                "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
+                 # passwords and the dashboard token redacted. Valid as a config file.\n\n{}",
+                text.trim_end()
+            );
             Ok(())
         }
     }
 }
 
-fn redacted_debug(c: &Config) -> Config {
+/// `c` with every secret replaced by `***`.
+fn redacted(c: &Config) -> Config {
     let mut c = c.clone();
     c.database.url = Redacted(&c.database.url).to_string();
     c.amqp.url = Redacted(&c.amqp.url).to_string();

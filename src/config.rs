@@ -13,7 +13,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::coordinator::assignment::Assignment;
 use crate::partitioner::{MAX_PARTITIONS, MIN_PARTITIONS};
@@ -77,7 +77,7 @@ fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub database: DatabaseConfig,
@@ -89,7 +89,7 @@ pub struct Config {
 }
 
 /// `[dashboard]`: the web monitor (`outboxd ui`, `outboxd work --ui`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DashboardConfig {
     /// Address to bind; loopback unless deliberately opened.
@@ -112,7 +112,7 @@ impl Default for DashboardConfig {
 }
 
 /// `[database]`: the PostgreSQL database holding the outbox.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// Connection URL; `DATABASE_URL` overrides it.
@@ -120,15 +120,15 @@ pub struct DatabaseConfig {
     /// Pool size of one worker process.
     pub max_connections: u32,
     /// Bound on establishing a connection and on acquiring one from the pool.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub connect_timeout: Duration,
     /// Bound on each statement a worker runs (client-side): a call that
     /// takes longer fails and is retried like a lost connection.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub query_timeout: Duration,
     /// A database connection whose peer acknowledges nothing for this long
     /// is declared dead (TCP keepalive and `TCP_USER_TIMEOUT`).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub dead_peer_timeout: Duration,
     /// What sits between outboxd and the database: `none` (a direct
     /// connection, or a pooler in session mode) or `transaction` (a pooler
@@ -142,12 +142,12 @@ pub struct DatabaseConfig {
     pub listen_url: String,
     /// How often a worker without working `LISTEN` wake-ups looks for new
     /// rows in the buckets it drains (one query for all of them).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub poll_interval: Duration,
 }
 
 /// `database.pooler`: what the workers' connections go through.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pooler {
     /// A direct connection, or a pooler in session mode: one server
@@ -170,30 +170,30 @@ impl Pooler {
 }
 
 /// `[amqp]`: the RabbitMQ broker messages are published to.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AmqpConfig {
     /// Connection URL, or several separated by commas (the nodes of a
     /// cluster, tried in turn); `AMQP_URL` overrides it.
     pub url: String,
     /// Bound on connecting to one node.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub connect_timeout: Duration,
     /// A broker connection whose peer acknowledges nothing for this long
     /// is declared dead (TCP keepalive and `TCP_USER_TIMEOUT`).
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub dead_peer_timeout: Duration,
     /// How long a batch may wait for its publisher confirms before the
     /// channel is dropped and the batch replayed.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub confirm_timeout: Duration,
     /// Ceiling of the exponential reconnect backoff.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub reconnect_backoff_max: Duration,
 }
 
 /// `[outbox]`: how rows are drained.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutboxConfig {
     /// Number of buckets; must equal the count the database was migrated with.
@@ -201,15 +201,15 @@ pub struct OutboxConfig {
     /// Rows claimed, published and recorded per round trip of one bucket.
     pub batch_size: u32,
     /// How long a claim protects its rows from other claimers.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub claim_ttl: Duration,
     /// Polling interval of an idle bucket when no NOTIFY wakes it earlier.
     pub idle_backoff_ms: u64,
     /// First retry delay of a failing row; doubles per attempt.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub retry_backoff_initial: Duration,
     /// Longest retry delay of a failing row.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub retry_backoff: Duration,
     /// Park a row (`failed_at`) after this many failed attempts at publishing
     /// it; 0 retries forever.
@@ -218,27 +218,27 @@ pub struct OutboxConfig {
     pub max_payload_bytes: u64,
     /// Published rows older than this are deleted by the workers; "0s"
     /// keeps them forever.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub retention: Duration,
 }
 
 /// `[worker]`: membership and leases (fleet mode).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub lease_ttl: Duration,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub lease_renew: Duration,
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub heartbeat_ttl: Duration,
     /// How long SIGTERM waits for in-flight batches before abandoning them.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub shutdown_timeout: Duration,
     /// A worker that has not reached the broker for this long gives its
     /// leases up and stays out of the fleet's targets until it reaches it
     /// again.
-    #[serde(deserialize_with = "de_duration")]
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub broker_grace: Duration,
     /// How buckets are spread over workers: `modulo` or `sticky`.
     pub assignment: Assignment,
@@ -250,7 +250,7 @@ pub struct WorkerConfig {
 }
 
 /// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TablesConfig {
     pub outbox: String,
@@ -619,7 +619,11 @@ fn redact_one(raw: &str) -> String {
             }
             url.to_string()
         }
-        // Unparsable: do not echo anything that might hold a secret.
+        // Unparsable: echo it only when it cannot hold a secret (a single
+        // word, no user-info separators); else only its scheme.
+        Err(_) if !raw.contains(['@', ':']) && !raw.contains(char::is_whitespace) => {
+            raw.to_string()
+        }
         Err(_) => match raw.find("://") {
             Some(i) => format!("{}://***", &raw[..i]),
             None => "***".into(),
@@ -676,6 +680,10 @@ pub fn fmt_duration(d: Duration) -> String {
     } else {
         format!("{ms}ms")
     }
+}
+
+fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&fmt_duration(*d))
 }
 
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -797,5 +805,21 @@ mod tests {
         assert!(!redact_url("postgres://u:sec ret@h:bad port").contains("sec"));
         let e = problem("[database]\nurl = \"postgres://u:hunter2@h:notaport/db\"");
         assert!(!e.contains("hunter2"), "{e}");
+        // A value that cannot hold a password is shown as it is.
+        assert_eq!(redact_url("not-a-url"), "not-a-url");
+        assert_eq!(redact_url("not a url hunter2"), "***");
+    }
+
+    #[test]
+    fn the_configuration_prints_as_toml_that_reads_back_the_same() {
+        let text = "[database]\nurl = \"postgres://u@db:6432/app\"\npooler = \"transaction\"\n\
+                    query_timeout = \"2500ms\"\n[outbox]\nretention = \"7d\"\n\
+                    [worker]\nassignment = \"sticky\"\nlease_ttl = \"1m\"\n";
+        let config = Config::from_toml(text).unwrap();
+        let printed = toml::to_string(&config).unwrap();
+        let again = Config::from_toml(&printed).unwrap();
+        assert_eq!(format!("{config:?}"), format!("{again:?}"), "{printed}");
+        assert!(printed.contains("query_timeout = \"2500ms\""), "{printed}");
+        assert!(printed.contains("retention = \"7d\""), "{printed}");
     }
 }

@@ -370,3 +370,51 @@ async fn a_worker_whose_stderr_closes_still_stops_on_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Without any database URL configured, the error says the built-in default
+/// was used and how to set one; a value that cannot hold a password is shown.
+#[test]
+fn errors_say_when_the_default_url_was_used_and_show_harmless_values() {
+    let dir = temp_dir();
+    let out = run(&["status"], &[], &dir);
+    assert_one_line_error(&out, "the built-in default: set DATABASE_URL");
+    let line = String::from_utf8_lossy(&out.stderr);
+    assert!(line.contains("127.0.0.1:5432"), "{line}");
+    let out = run(&["status"], &[("DATABASE_URL", "not-a-url")], &dir);
+    assert_one_line_error(&out, "database.url is not a valid URL");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(": not-a-url"));
+}
+
+/// `outboxd config` prints the effective configuration as TOML that reads
+/// back as the same configuration, secrets redacted.
+#[test]
+fn config_prints_toml_that_reads_back_the_same() {
+    let dir = temp_dir();
+    let file = dir.join("outboxd.toml");
+    std::fs::write(
+        &file,
+        "[database]\nurl = \"postgres://app:hunter2@db:6432/app\"\npooler = \"transaction\"\n\
+         query_timeout = \"2500ms\"\n[worker]\nassignment = \"sticky\"\nlease_ttl = \"1m\"\n\
+         lease_renew = \"20s\"\n[dashboard]\ntoken = \"hunter2hunter2hunter2\"\n",
+    )
+    .unwrap();
+    let out = run(&["--config", path_str(&file), "config"], &[], &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(!printed.contains("hunter2"), "{printed}");
+    let mut again = outboxd::config::Config::from_toml(&printed).expect("the output is TOML");
+    assert_eq!(again.database.url, "postgres://app:***@db:6432/app");
+    assert_eq!(again.dashboard.token, "***");
+    // Everything but the secrets reads back the same.
+    let original = outboxd::config::Config::from_file(&file).unwrap();
+    again.database.url = original.database.url.clone();
+    again.dashboard.token = original.dashboard.token.clone();
+    again.amqp.url = original.amqp.url.clone();
+    again.validate().expect("a valid configuration");
+    assert_eq!(format!("{original:?}"), format!("{again:?}"));
+    assert_eq!(again.database.pooler, outboxd::config::Pooler::Transaction);
+}

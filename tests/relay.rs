@@ -586,3 +586,44 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row() {
         "no claim is left behind"
     );
 }
+
+/// A row for an exchange that does not exist: the broker closes the
+/// channel, which is the row's fault, not the connection's. The log says so
+/// in one line per attempt that names the exchange — no lapin internals, no
+/// "connection lost".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_is_one_clear_line_naming_it() {
+    let env = TestEnv::new().await;
+    let exchange = unique("nosuchexchange");
+    Producer::default()
+        .enqueue(
+            &env.store.pool,
+            Message::new("k", exchange.as_str(), "rk", "x"),
+        )
+        .await
+        .unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    env.wait_count("attempts >= 2", 1, Duration::from_secs(20))
+        .await;
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+    let log = worker.log_text();
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("publish failed"))
+        .collect();
+    assert!(failures.len() >= 2, "{log}");
+    for line in &failures {
+        assert!(
+            line.contains(&format!("no exchange '{exchange}'")),
+            "{line}"
+        );
+    }
+    for noise in [
+        "ERROR",
+        "Channel closed",
+        "connection lost",
+        "connection error",
+    ] {
+        assert!(!log.contains(noise), "'{noise}' in:\n{log}");
+    }
+}

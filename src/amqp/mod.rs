@@ -629,7 +629,9 @@ fn classify(e: &lapin::Error) -> PublishError {
                 | AMQPSoftError::NOROUTE
         )
     {
-        return PublishError::Rejected(format!("refused by the broker: {amqp}"));
+        // The broker's reply text names the problem and the object, e.g.
+        // "NOT_FOUND - no exchange 'orders' in vhost '/'".
+        return PublishError::Rejected(format!("refused by the broker: {}", amqp.get_message()));
     }
     PublishError::Unavailable(e.to_string())
 }

@@ -2,7 +2,7 @@
 //! ids of the live workers. Pure; every worker computes the same answer from
 //! the same membership, so the fleet agrees without talking.
 //!
-//! - [`Assignment::Modulo`] (default, SPEC §4): the worker at index `i` of `n`
+//! - [`Assignment::Modulo`] (default; docs/DESIGN.md §4): the worker at index `i` of `n`
 //!   targets every bucket `b` with `b % n == i`. Balanced to within one
 //!   bucket, but a join or leave shifts the index of many workers, so most
 //!   buckets move.
@@ -11,13 +11,13 @@
 //!   A join or leave moves only the buckets won or lost by that worker, about
 //!   `1/n` of them, at the price of a less even spread.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::partitioner::Bucket;
 
 /// How buckets are spread over workers (`worker.assignment`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Assignment {
     #[default]

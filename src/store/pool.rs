@@ -124,7 +124,7 @@ pub async fn connect_to(
     application_name: &str,
 ) -> Result<DbPool, StoreError> {
     let connect_err = |source| StoreError::Connect {
-        url: Redacted(url).to_string(),
+        url: shown(url),
         source,
     };
     let options: PgConnectOptions = url.parse().map_err(connect_err)?;
@@ -144,7 +144,7 @@ pub async fn connect_to(
     let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
         .await
         .map_err(|_| StoreError::ConnectTimeout {
-            url: Redacted(url).to_string(),
+            url: shown(url),
             after: db.connect_timeout,
         })?
         .map_err(connect_err)?;
@@ -165,6 +165,19 @@ pub async fn connect_to(
         .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
         .connect_lazy_with(options);
     Ok(DbPool { inner, pooler })
+}
+
+/// A URL as errors show it: redacted, and saying so when it is the built-in
+/// default (nothing configured it).
+fn shown(url: &str) -> String {
+    if url == crate::config::DEFAULT_DATABASE_URL {
+        format!(
+            "{} (the built-in default: set DATABASE_URL, --database-url or database.url)",
+            Redacted(url)
+        )
+    } else {
+        Redacted(url).to_string()
+    }
 }
 
 /// When a statement last failed because the database is read-only, in
