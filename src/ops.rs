@@ -350,10 +350,11 @@ fn print_status(s: &Summary) {
             w.hostname,
             w.pid,
             w.mode,
-            match (w.can_publish, &w.broker_error) {
-                (true, _) => "ok",
-                (false, None) => "starting",
-                (false, Some(_)) => "no-broker",
+            match (w.can_publish, &w.broker_error, &w.broker_blocked) {
+                (true, _, Some(_)) => "blocked",
+                (true, _, None) => "ok",
+                (false, None, _) => "starting",
+                (false, Some(_), _) => "no-broker",
             },
             if w.live {
                 format!("{:.1}s", w.heartbeat_ttl_seconds)
@@ -365,12 +366,17 @@ fn print_status(s: &Summary) {
             w.published_total
         );
     }
-    for w in s.workers.iter().filter(|w| w.live && !w.can_publish) {
-        if let Some(error) = &w.broker_error {
-            say!(
+    for w in s.workers.iter().filter(|w| w.live) {
+        match (w.can_publish, &w.broker_error, &w.broker_blocked) {
+            (false, Some(error), _) => say!(
                 "worker {} cannot reach RabbitMQ and holds no buckets: {error}",
                 short(Some(w.worker_id)),
-            );
+            ),
+            (true, _, Some(reason)) => say!(
+                "worker {}: RabbitMQ blocks its connection (a resource alarm), nothing is claimed until it lifts: {reason}",
+                short(Some(w.worker_id)),
+            ),
+            _ => {}
         }
     }
     say!(

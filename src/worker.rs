@@ -146,6 +146,12 @@ pub async fn run(
     ));
     let wakeup_sources = wakeups.start(&store, &config.database, &background);
     let keep_connected = tokio::spawn(broker.clone().keep_connected(background.clone()));
+    let blocked = tokio::spawn(report_blocked(
+        store.clone(),
+        membership.worker_id,
+        broker.blocked(),
+        background.clone(),
+    ));
     let retention =
         (!config.outbox.retention.is_zero() && !opts.once).then_some(config.outbox.retention);
     let maintenance = tokio::spawn(crate::ops::maintenance_loop(
@@ -252,7 +258,7 @@ pub async fn run(
             tokio::time::timeout_at(farewell, reporter.tick(&store, &labels, totals, true)).await;
     }
     reporter.finish();
-    for task in [heartbeat, keep_connected]
+    for task in [heartbeat, keep_connected, blocked]
         .into_iter()
         .chain(wakeup_sources)
     {
@@ -304,8 +310,39 @@ async fn finish_within<T>(
     }
 }
 
-/// Adds this worker's counts to the per-minute throughput table once per
-/// tick, and prunes old minutes now and then.
+/// Writes RabbitMQ's flow control of this worker's connection (a resource
+/// alarm) to its row whenever it changes, for the dashboard.
+async fn report_blocked(
+    store: Store,
+    worker_id: uuid::Uuid,
+    mut blocked: tokio::sync::watch::Receiver<Option<String>>,
+    cancel: CancellationToken,
+) {
+    let mut written: Option<Option<String>> = None;
+    loop {
+        let now = blocked.borrow_and_update().clone();
+        if written.as_ref() != Some(&now) {
+            match store
+                .tables
+                .workers
+                .set_broker_blocked(&store.pool, worker_id, now.as_deref())
+                .await
+            {
+                Ok(()) => written = Some(now),
+                Err(e) => tracing::debug!(error = %e, "recording broker flow control failed"),
+            }
+        }
+        let retry = written.is_none() || written.as_ref() != Some(&*blocked.borrow());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = blocked.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
+        }
+    }
+}
+
+/// Adds this worker's counts to the throughput tables (per minute, per
+/// second) once per tick, and prunes old rows every minute or so.
 #[derive(Default)]
 struct ThroughputRecorder {
     recorded: StatsSnapshot,
@@ -327,7 +364,7 @@ impl ThroughputRecorder {
                 Err(e) => tracing::debug!(error = %e, "recording throughput failed"),
             }
         }
-        if self.ticks.is_multiple_of(3600) {
+        if self.ticks.is_multiple_of(60) {
             let _ = store.tables.stats.prune(&store.pool).await;
         }
         self.ticks += 1;
@@ -421,8 +458,9 @@ impl Reporter {
             let d = now_stats.since(&self.window_start);
             let secs = now.duration_since(self.window_at).as_secs_f64().max(1e-3);
             let line = format!(
-                "{} published {} ({:.0}/s) failed {} parked {} lag {} buckets {} pending {}",
+                "{} last {:.0}s: published {} ({:.0}/s) failed {} parked {} | now: lag {} buckets {} ({} with pending rows)",
                 tick.ts.format("%H:%M:%S"),
+                secs,
                 d.published,
                 d.published as f64 / secs,
                 d.failed,

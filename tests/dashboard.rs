@@ -119,6 +119,9 @@ async fn every_endpoint_answers_what_the_database_holds() {
 
     let r = get(&format!("{base}/healthz")).await;
     assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+    // The site's root leads to the dashboard.
+    let r = get(&format!("{base}/")).await;
+    assert_eq!((r.status, r.header("location")), (303, Some("/outbox/")));
 
     // Workers.
     let w = get(&format!("{api}/workers")).await.json();
@@ -222,6 +225,26 @@ async fn every_endpoint_answers_what_the_database_holds() {
     assert_eq!(minutes.len(), 60);
     assert_eq!(minutes[59]["published"], 7);
     assert_eq!(t["failed_last_hour"], 1);
+    // And per second: 300 seconds, the counts in the last one or two.
+    let seconds = t["seconds"].as_array().unwrap();
+    assert_eq!(seconds.len(), 300);
+    let recent: i64 = seconds
+        .iter()
+        .map(|s| s["published"].as_i64().unwrap())
+        .sum();
+    assert_eq!(recent, 7, "{seconds:?}");
+
+    // Lease events of the last minutes: the fixture's four acquisitions.
+    let events = get(&format!("{api}/lease-events?since_seconds=300"))
+        .await
+        .json();
+    let events = events.as_array().unwrap();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["action"] == "acquire" && e["worker_id"] == f.worker.to_string())
+    );
 
     let s = get(&format!("{api}/summary")).await.json();
     assert_eq!(s["totals"]["parked"], 2);

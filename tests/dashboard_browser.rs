@@ -1,8 +1,11 @@
 //! The dashboard in a real headless browser (Debian's Chromium, driven by
 //! tests/browser/dashboard.mjs through playwright-core) against a real
 //! 3-worker fleet with a producer running: workers, leases and throughput
-//! show the database's values, a value changes live without a reload, and a
-//! parked message is requeued through the UI — then published for real.
+//! show the database's values, a value changes live without a reload, the
+//! live per-second rate moves, a worker stopped with SIGTERM shows up on the
+//! lease timeline as its buckets' release and the survivors' acquisitions
+//! (without a reload), and a parked message is requeued through the UI —
+//! then published for real.
 //!
 //! `scripts/test.sh` installs Chromium, Node.js and the script's package.
 //! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.
@@ -124,9 +127,13 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         .collect();
     let expect =
         serde_json::json!({ "workers": workers_expected, "owners": owners, "parkedId": parked });
+    // The browser stops the third worker (not the one serving the page).
+    let leaving = worker_id_of(&env, &workers[2]).await;
     let mut cmd = Command::new("node");
     cmd.arg(&script)
         .env("DASH_URL", format!("{base}/outbox/"))
+        .env("DASH_STOP_PID", workers[2].pid().to_string())
+        .env("DASH_STOP_ID", leaving.to_string())
         .env("DASH_EXPECT", expect.to_string())
         .env("CHROMIUM", &chromium);
     if let Ok(path) = std::env::var("OUTBOXD_SCREENSHOT") {
@@ -164,6 +171,12 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     assert_eq!(published, 1, "the requeued message was not published");
     traffic.abort();
     draining.abort();
+    let mut left = workers.pop().unwrap();
+    assert!(
+        left.wait(Duration::from_secs(15)).success(),
+        "{}",
+        left.log_text()
+    );
     for w in &mut workers {
         assert!(
             w.terminate(Duration::from_secs(15)).success(),

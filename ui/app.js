@@ -42,6 +42,7 @@ function renderKpis(s) {
   $("#kpi-buckets").textContent = `${t.buckets_owned} / ${t.buckets}`;
   $("#kpi-pending").textContent = num(t.pending) + (t.pending_capped ? "+" : "");
   $("#kpi-lag").textContent = secs(t.max_lag_seconds);
+  $("#kpi-now").textContent = `${s.throughput.per_second_now.toFixed(1)}/s`;
   $("#kpi-rate").textContent = num(s.throughput.current_per_minute);
   $("#kpi-hour").textContent = num(s.throughput.published_last_hour);
   $("#kpi-parked").textContent = num(t.parked);
@@ -50,29 +51,104 @@ function renderKpis(s) {
   $("#kpi-blocked").classList.toggle("bad", t.blocked_buckets > 0);
 }
 
-function renderChart(minutes) {
-  const svg = $("#chart");
+// Bars of published (and failed, red) per slot, scaled to the busiest slot.
+function bars(svg, slots, label) {
   const w = 600, h = 120, pad = 4;
-  const max = Math.max(1, ...minutes.map((m) => m.published + m.failed));
-  const bw = w / minutes.length;
+  const max = Math.max(1, ...slots.map((m) => m.published + m.failed));
+  const bw = w / slots.length;
   let out = "";
-  minutes.forEach((m, i) => {
+  slots.forEach((m, i) => {
     const ph = ((h - pad) * m.published) / max;
     const fh = ((h - pad) * m.failed) / max;
-    const x = i * bw + 1;
-    out += `<rect class="bar" x="${x}" y="${h - ph}" width="${bw - 2}" height="${ph}"><title>${time(m.minute)}: ${m.published} published, ${m.failed} failed</title></rect>`;
-    if (fh > 0) out += `<rect class="fail" x="${x}" y="${h - ph - fh}" width="${bw - 2}" height="${fh}"></rect>`;
+    const x = i * bw + (bw > 3 ? 1 : 0);
+    const width = bw > 3 ? bw - 2 : bw;
+    out += `<rect class="bar" x="${x}" y="${h - ph}" width="${width}" height="${ph}"><title>${label(m)}: ${m.published} published, ${m.failed} failed</title></rect>`;
+    if (fh > 0) out += `<rect class="fail" x="${x}" y="${h - ph - fh}" width="${width}" height="${fh}"></rect>`;
   });
   svg.innerHTML = out;
-  $("#chart-max").textContent = num(max);
+  return max;
 }
 
-function renderWorkers(workers) {
+function renderCharts(t) {
+  $("#chart-max").textContent = num(bars($("#chart"), t.minutes, (m) => time(m.minute)));
+  $("#live-max").textContent = num(bars($("#live"), t.seconds, (m) => time(m.second)));
+}
+
+// The lease timeline: one row per bucket over the last 5 minutes, each
+// stretch coloured by the worker that held it, rebuilt from the lease
+// events (fetched incrementally) and the current leases.
+const WINDOW_S = 300;
+const timeline = { events: [], lastId: 0, loaded: false };
+const colour = (id) => `hsl(${parseInt(String(id).replace(/-/g, "").slice(0, 6), 16) % 360} 62% 52%)`;
+
+async function loadEvents() {
+  const q = timeline.loaded ? `after=${timeline.lastId}` : `since_seconds=${WINDOW_S}`;
+  const fresh = await api("/lease-events?" + q);
+  timeline.loaded = true;
+  for (const e of fresh) { timeline.events.push(e); timeline.lastId = Math.max(timeline.lastId, e.id); }
+}
+
+function renderTimeline(s) {
+  const now = Date.parse(s.now), start = now - WINDOW_S * 1000;
+  timeline.events = timeline.events.filter((e) => Date.parse(e.at) >= start);
+  const buckets = s.partitions.map((p) => p.partition_key);
+  const rowH = 14, w = 600, h = buckets.length * rowH;
+  const x = (t) => ((Math.max(t, start) - start) / (WINDOW_S * 1000)) * w;
+  const svg = $("#timeline");
+  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
+  svg.style.height = `${h}px`;
+  const owners = new Set();
+  let out = "";
+  buckets.forEach((b, row) => {
+    const p = s.partitions[row];
+    const y = row * rowH;
+    // Backwards from now: whoever holds it now, then before each event.
+    let owner = p.lease_owner && p.lease_ttl_seconds > 0 ? p.lease_owner : null;
+    let end = now;
+    const evs = timeline.events.filter((e) => e.partition_key === b);
+    const stretch = (from, to, who) => {
+      if (!who || to <= from) return;
+      owners.add(who);
+      out += `<rect class="held" data-bucket="${esc(b)}" data-owner="${esc(who)}" x="${x(from)}" y="${y + 2}" width="${Math.max(0.5, x(to) - x(from))}" height="${rowH - 4}" fill="${colour(who)}"><title>${esc(b)}: ${short(who)}</title></rect>`;
+    };
+    for (let i = evs.length - 1; i >= 0; i--) {
+      const e = evs[i], at = Date.parse(e.at);
+      stretch(at, end, owner);
+      owner = e.action === "acquire" ? e.old_owner : e.worker_id;
+      end = at;
+    }
+    stretch(start, end, owner);
+    for (const e of evs) {
+      const takeover = e.action === "acquire" && e.old_owner && e.old_owner !== e.worker_id;
+      const cls = e.action === "release" ? "release" : takeover ? "acquire takeover" : "acquire";
+      out += `<rect class="ev ${cls}" data-action="${e.action}" data-bucket="${esc(b)}" data-worker="${esc(e.worker_id)}" data-at="${Date.parse(e.at)}" x="${x(Date.parse(e.at)) - 1}" y="${y}" width="2" height="${rowH}"><title>${time(e.at)} ${esc(b)} ${e.action} by ${short(e.worker_id)} (epoch ${e.new_epoch}): ${esc(e.reason)}</title></rect>`;
+    }
+  });
+  svg.innerHTML = out;
+  $("#tl-labels").innerHTML = buckets.map((b) => `<div>${esc(b)}</div>`).join("");
+  const live = new Set(s.workers.filter((w) => w.live).map((w) => w.worker_id));
+  $("#tl-legend").innerHTML = [...new Set([...live, ...owners])].map((id) =>
+    `<span class="${live.has(id) ? "" : "gone"}" data-worker="${esc(id)}"><span class="swatch" style="background:${colour(id)}"></span><span class="mono">${short(id)}</span></span>`).join("");
+}
+
+// A worker's state: broker trouble first, then what its buckets are doing.
+function workerState(w, parts) {
+  if (!w.live) return `<span class="badge idle">gone</span>`;
+  if (!w.can_publish && w.broker_error) return `<span class="badge blocked" title="${esc(w.broker_error)}">broker unreachable</span>`;
+  if (w.broker_blocked) return `<span class="badge blocked" title="${esc(w.broker_blocked)}">blocked by a broker alarm</span>`;
+  if (!w.can_publish) return `<span class="badge idle">starting</span>`;
+  const mine = parts.filter((p) => p.lease_owner === w.worker_id && p.lease_ttl_seconds > 0);
+  const draining = w.mode === "no-leasing" ? parts.some((p) => p.pending > 0) : mine.some((p) => p.pending > 0);
+  if (draining) return `<span class="badge ok">draining</span>`;
+  return `<span class="badge idle">${w.mode === "no-leasing" || mine.length ? "idle" : "no buckets"}</span>`;
+}
+
+function renderWorkers(workers, parts) {
   $("#workers tbody").innerHTML = workers.map((w) => `
     <tr class="${w.live ? "" : "gone"}" data-worker="${esc(w.worker_id)}">
       <td class="mono" title="${esc(w.worker_id)}">${short(w.worker_id)}</td>
       <td>${esc(w.hostname)}</td><td>${w.pid}</td><td>${esc(w.mode)}</td>
-      <td class="state">${w.can_publish ? `<span class="badge ok">publishing</span>` : w.broker_error ? `<span class="badge blocked" title="${esc(w.broker_error)}">broker unreachable</span>` : `<span class="badge idle">starting</span>`}</td>
+      <td class="state">${workerState(w, parts)}</td>
       <td>${time(w.started_at)}</td>
       <td>${w.live ? secs(w.heartbeat_ttl_seconds) : "gone"}</td>
       <td class="buckets">${w.buckets}</td>
@@ -103,8 +179,9 @@ function renderPartitions(parts) {
 
 async function refresh() {
   try {
-    const s = await api("/summary");
-    renderKpis(s); renderChart(s.throughput.minutes); renderWorkers(s.workers); renderPartitions(s.partitions);
+    const [s] = await Promise.all([api("/summary"), loadEvents()]);
+    renderKpis(s); renderCharts(s.throughput); renderWorkers(s.workers, s.partitions); renderPartitions(s.partitions);
+    renderTimeline(s);
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
     $("#updated").dataset.at = String(Date.now());
   } catch (e) {

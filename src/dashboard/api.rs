@@ -5,10 +5,10 @@
 //! | `GET api/summary` | workers, buckets, last hour's throughput, totals (what the page polls) |
 //! | `GET api/workers` | every worker row with heartbeat TTL, buckets held, totals, rate |
 //! | `GET api/partitions` | every bucket: lease, pending/parked counts, lag, blocked head |
-//! | `GET api/throughput` | published / failed per minute, last 60 minutes |
+//! | `GET api/throughput` | published / failed per minute (last 60 minutes) and per second (last 5 minutes) |
 //! | `GET api/messages?state=pending\|published\|failed&key=K&cursor=ID&limit=N` | a page of messages |
 //! | `GET api/messages/{id}` | one message: headers, payload preview, attempts, last error |
-//! | `GET api/lease-events?after=ID` | lease changes, oldest first |
+//! | `GET api/lease-events?after=ID` or `?since_seconds=S` | lease changes, oldest first (after an event id, or of the last S seconds) |
 //! | `POST api/requeue` `{"ids":[…]}` or `{"bucket":"p03"}` | requeue parked messages |
 
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use super::error::ApiError;
 use super::{DashboardState, auth};
 use crate::store::outbox::{MessageState, MessageSummary};
 use crate::store::partitions::{BucketView, LeaseEvent};
-use crate::store::stats::Minute;
+use crate::store::stats::{Minute, Second};
 use crate::store::workers::WorkerView;
 use crate::store::{Store, StoreError};
 
@@ -40,6 +40,10 @@ pub struct Throughput {
     pub failed_last_hour: i64,
     /// Published in the last complete minute.
     pub current_per_minute: i64,
+    /// The last 300 seconds, oldest first.
+    pub seconds: Vec<Second>,
+    /// Published per second over the last 10 complete seconds.
+    pub per_second_now: f64,
 }
 
 #[derive(Serialize)]
@@ -99,13 +103,26 @@ pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary
 }
 
 async fn throughput_of(store: &Store) -> Result<Throughput, StoreError> {
-    let minutes = store.tables.stats.last_hour(&store.pool).await?;
+    let (minutes, seconds) = tokio::try_join!(
+        store.tables.stats.last_hour(&store.pool),
+        store.tables.stats.last_minutes(&store.pool),
+    )?;
     let current_per_minute = minutes.iter().rev().nth(1).map_or(0, |m| m.published);
+    // The current second is still being counted: the ten before it.
+    let recent: i64 = seconds
+        .iter()
+        .rev()
+        .skip(1)
+        .take(10)
+        .map(|s| s.published)
+        .sum();
     Ok(Throughput {
         published_last_hour: minutes.iter().map(|m| m.published).sum(),
         failed_last_hour: minutes.iter().map(|m| m.failed).sum(),
         current_per_minute,
+        per_second_now: recent as f64 / 10.0,
         minutes,
+        seconds,
     })
 }
 
@@ -219,19 +236,27 @@ pub async fn message(
 #[derive(Deserialize)]
 pub struct EventsQuery {
     pub after: Option<i64>,
+    pub since_seconds: Option<u32>,
 }
 
 pub async fn lease_events(
     State(st): State<Arc<DashboardState>>,
     Query(q): Query<EventsQuery>,
 ) -> Result<Json<Vec<LeaseEvent>>, ApiError> {
-    Ok(Json(
-        st.store
-            .tables
-            .partitions
-            .events_since(&st.store.pool, q.after.unwrap_or(0), 500)
-            .await?,
-    ))
+    let partitions = &st.store.tables.partitions;
+    let events = match q.since_seconds {
+        Some(s) => {
+            partitions
+                .events_within(&st.store.pool, f64::from(s.min(3600)), 2000)
+                .await?
+        }
+        None => {
+            partitions
+                .events_since(&st.store.pool, q.after.unwrap_or(0), 500)
+                .await?
+        }
+    };
+    Ok(Json(events))
 }
 
 #[derive(Deserialize)]

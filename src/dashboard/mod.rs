@@ -106,7 +106,16 @@ pub fn router(state: Arc<DashboardState>) -> Router {
         .route("/logout", post(logout))
         .nest("/api", api);
     // Nested, "/" answers `<path>` itself; `<path>/` is routed explicitly.
+    // The site's root leads to the dashboard.
+    let home = format!("{p}/");
     Router::new()
+        .route(
+            "/",
+            get(move || {
+                let home = home.clone();
+                async move { Redirect::to(&home) }
+            }),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics::metrics))
         .route(&format!("{p}/"), get(index))

@@ -100,6 +100,7 @@ pub struct PartitionsSql {
     release_all: Sql,
     leases: Sql,
     events_since: Sql,
+    events_within: Sql,
     overview: Sql,
 }
 
@@ -205,6 +206,15 @@ impl PartitionsSql {
                 t,
                 "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
                  FROM {outbox}_lease_events WHERE id > $1 ORDER BY id LIMIT $2",
+            ),
+            events_within: Sql::render(
+                t,
+                "SELECT * FROM (
+                    SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+                    FROM {outbox}_lease_events
+                    WHERE at > now() - make_interval(secs => $1::float8)
+                    ORDER BY at DESC, id DESC LIMIT $2
+                 ) recent ORDER BY id",
             ),
         }
     }
@@ -317,6 +327,22 @@ impl PartitionsSql {
     ) -> Result<Vec<LeaseEvent>, StoreError> {
         sqlx::query_as(self.events_since.q())
             .bind(after_id)
+            .bind(limit)
+            .fetch_all(exec)
+            .bounded("reading lease events")
+            .await
+    }
+
+    /// The latest lease changes of the last `seconds` (at most `limit`, the
+    /// most recent), oldest first.
+    pub async fn events_within<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        seconds: f64,
+        limit: i64,
+    ) -> Result<Vec<LeaseEvent>, StoreError> {
+        sqlx::query_as(self.events_within.q())
+            .bind(seconds)
             .bind(limit)
             .fetch_all(exec)
             .bounded("reading lease events")

@@ -1,6 +1,8 @@
-//! The `<outbox>_throughput` table: published and failed attempts per
-//! minute. Workers add their counts once per tick; the dashboard reads the
-//! last hour as 60 rows, never counting the outbox table itself.
+//! The `<outbox>_throughput` and `<outbox>_throughput_seconds` tables:
+//! published and failed attempts per minute and per second. Workers add
+//! their counts once per tick to both (one statement); the dashboard reads
+//! the last hour as 60 rows and the last five minutes as 300, never
+//! counting the outbox table itself.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -17,11 +19,20 @@ pub struct Minute {
     pub failed: i64,
 }
 
+/// One second of throughput.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Second {
+    pub second: DateTime<Utc>,
+    pub published: i64,
+    pub failed: i64,
+}
+
 /// The rendered statements of this module.
 #[derive(Debug)]
 pub struct StatsSql {
     record: Sql,
     last_hour: Sql,
+    last_minutes: Sql,
     prune: Sql,
 }
 
@@ -30,7 +41,13 @@ impl StatsSql {
         Self {
             record: Sql::render(
                 t,
-                "INSERT INTO {outbox}_throughput AS t (minute, published, failed)
+                "WITH per_second AS (
+                    INSERT INTO {outbox}_throughput_seconds AS t (second, published, failed)
+                    VALUES (date_trunc('second', now()), $1, $2)
+                    ON CONFLICT (second) DO UPDATE
+                    SET published = t.published + excluded.published, failed = t.failed + excluded.failed
+                 )
+                 INSERT INTO {outbox}_throughput AS t (minute, published, failed)
                  VALUES (date_trunc('minute', now()), $1, $2)
                  ON CONFLICT (minute) DO UPDATE
                  SET published = t.published + excluded.published, failed = t.failed + excluded.failed",
@@ -43,9 +60,20 @@ impl StatsSql {
                  LEFT JOIN {outbox}_throughput t ON t.minute = m
                  ORDER BY m",
             ),
+            last_minutes: Sql::render(
+                t,
+                "SELECT s AS second, coalesce(t.published, 0) AS published, coalesce(t.failed, 0) AS failed
+                 FROM generate_series(date_trunc('second', now()) - interval '299 seconds',
+                                      date_trunc('second', now()), interval '1 second') AS s
+                 LEFT JOIN {outbox}_throughput_seconds t ON t.second = s
+                 ORDER BY s",
+            ),
             prune: Sql::render(
                 t,
-                "DELETE FROM {outbox}_throughput WHERE minute < now() - interval '7 days'",
+                "WITH seconds AS (
+                    DELETE FROM {outbox}_throughput_seconds WHERE second < now() - interval '10 minutes'
+                 )
+                 DELETE FROM {outbox}_throughput WHERE minute < now() - interval '7 days'",
             ),
         }
     }
@@ -77,7 +105,18 @@ impl StatsSql {
             .await
     }
 
-    /// Drops minutes older than a week.
+    /// The last 300 seconds, oldest first, zeros included.
+    pub async fn last_minutes<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+    ) -> Result<Vec<Second>, StoreError> {
+        sqlx::query_as(self.last_minutes.q())
+            .fetch_all(exec)
+            .bounded("reading throughput")
+            .await
+    }
+
+    /// Drops minutes older than a week and seconds older than ten minutes.
     pub async fn prune<'e, E: PgExecutor<'e>>(&self, exec: E) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.prune.q())
             .execute(exec)

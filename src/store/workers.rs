@@ -71,6 +71,8 @@ pub struct WorkerView {
     pub can_publish: bool,
     /// Why it cannot publish, while it cannot.
     pub broker_error: Option<String>,
+    /// Why RabbitMQ blocked its connection (a resource alarm), while it does.
+    pub broker_blocked: Option<String>,
 }
 
 /// What a heartbeat reports besides being alive.
@@ -92,6 +94,7 @@ pub struct WorkersSql {
     live_leasing: Sql,
     remove_dead: Sql,
     set_broker_state: Sql,
+    set_broker_blocked: Sql,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -121,7 +124,7 @@ impl WorkersSql {
                         (SELECT count(*) FROM {partitions} p
                          WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
                         w.published_total, w.failed_total, w.published_rate,
-                        w.can_publish, w.broker_error
+                        w.can_publish, w.broker_error, w.broker_blocked
                  FROM {workers} w ORDER BY w.worker_id",
             ),
             remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
@@ -134,6 +137,10 @@ impl WorkersSql {
             set_broker_state: Sql::render(
                 t,
                 "UPDATE {workers} SET can_publish = $2, broker_error = $3 WHERE worker_id = $1",
+            ),
+            set_broker_blocked: Sql::render(
+                t,
+                "UPDATE {workers} SET broker_blocked = $2 WHERE worker_id = $1",
             ),
             remove_dead: Sql::render(
                 t,
@@ -253,6 +260,23 @@ impl WorkersSql {
             .await?
             .rows_affected()
             == 1)
+    }
+
+    /// Records why RabbitMQ blocks this worker's connection (`None`: it
+    /// does not), for the dashboard.
+    pub async fn set_broker_blocked<'e, E: PgExecutor<'e>>(
+        &self,
+        exec: E,
+        worker_id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(self.set_broker_blocked.q())
+            .bind(worker_id)
+            .bind(reason)
+            .execute(exec)
+            .bounded("recording broker flow control")
+            .await?;
+        Ok(())
     }
 
     /// Ids of the live fleet-mode workers that can publish, sorted: the

@@ -3,6 +3,8 @@
 // the database afterwards. Input in the environment:
 //   DASH_URL       page URL, e.g. http://127.0.0.1:41234/outbox/
 //   DASH_EXPECT    JSON: { workers: [ids], owners: {bucket: owner id}, parkedId }
+//   DASH_STOP_PID, DASH_STOP_ID  a worker (pid, id) to SIGTERM once the page is
+//                  up: its buckets' takeovers must appear on the lease timeline
 //   DASH_SCREENSHOT  optional PNG path
 // Prints one JSON line of observations; exits non-zero on the first failed check.
 import { chromium } from "playwright-core";
@@ -50,6 +52,36 @@ try {
   await page.waitForFunction((v) => Number(document.querySelector("#kpi-hour").textContent.replace(/,/g, "")) > v, seen.published_last_hour_first);
   seen.published_last_hour_later = Number((await page.textContent("#kpi-hour")).replace(/,/g, ""));
   check(navigations === before, "the page reloaded");
+
+  // The live per-second rate, and the lease timeline showing today's owners.
+  await page.waitForFunction(() => parseFloat(document.querySelector("#kpi-now").textContent) > 0);
+  seen.publishing_now = await page.textContent("#kpi-now");
+  check(await page.$$eval("#live rect.bar", (r) => r.length) === 300, "live chart bars");
+  const current = await page.$$eval("#timeline rect.held", (rs) => {
+    const last = {};
+    for (const r of rs) if (!last[r.dataset.bucket] || Number(r.getAttribute("x")) >= last[r.dataset.bucket].x) last[r.dataset.bucket] = { x: Number(r.getAttribute("x")), owner: r.dataset.owner };
+    return Object.fromEntries(Object.entries(last).map(([b, v]) => [b, v.owner]));
+  });
+  for (const [bucket, owner] of Object.entries(expect.owners)) check(current[bucket] === owner, `timeline: bucket ${bucket} ends with ${current[bucket]}, database says ${owner}`);
+
+  // A worker stops: the survivors' acquisitions of its buckets appear on
+  // the timeline without a reload.
+  if (process.env.DASH_STOP_PID) {
+    const stopped = process.env.DASH_STOP_ID;
+    const theirs = Object.entries(expect.owners).filter(([, o]) => o === stopped).map(([b]) => b);
+    check(theirs.length > 0, "the stopped worker held no bucket");
+    const acquisitions = () => page.$$eval('#timeline rect.ev[data-action="acquire"]', (rs) => rs.map((r) => `${r.dataset.bucket}@${r.dataset.at}`));
+    const earlier = await acquisitions();
+    const stoppedAt = navigations;
+    process.kill(Number(process.env.DASH_STOP_PID), "SIGTERM");
+    await page.waitForFunction(([buckets, gone, old]) => buckets.every((b) =>
+      [...document.querySelectorAll(`#timeline rect.ev[data-action="acquire"][data-bucket="${b}"]`)]
+        .some((r) => r.dataset.worker !== gone && !old.includes(`${b}@${r.dataset.at}`))), [theirs, stopped, earlier], { timeout: 30000 });
+    await page.waitForFunction(([buckets, gone]) => buckets.every((b) =>
+      [...document.querySelectorAll(`#timeline rect.ev[data-action="release"][data-bucket="${b}"]`)].some((r) => r.dataset.worker === gone)), [theirs, stopped]);
+    check(navigations === stoppedAt, "the page reloaded");
+    seen.taken_over = theirs;
+  }
 
   if (process.env.DASH_SCREENSHOT) await page.screenshot({ path: process.env.DASH_SCREENSHOT, fullPage: false });
 
