@@ -6,7 +6,7 @@
 # service.
 #
 #   scripts/services.sh up                 start them (idempotent); prints the env to use
-#   scripts/services.sh down               stop them
+#   scripts/services.sh down               stop them (and epmd, when no other node uses it)
 #   scripts/services.sh env                print DATABASE_URL / AMQP_URL exports
 #   scripts/services.sh rabbit start DIR PORT   a further private broker (tests that restart one)
 #   scripts/services.sh rabbit stop  DIR PORT
@@ -280,6 +280,15 @@ rabbit_start() {
   exit 1
 }
 
+# epmd, started by the first RabbitMQ node, outlives it; it refuses to stop
+# (harmlessly) while another node is registered with it.
+epmd_stop() {
+  local epmd
+  epmd=$(command -v epmd || ls /usr/lib/erlang/erts-*/bin/epmd 2>/dev/null | head -n 1 || true)
+  [ -n "$epmd" ] || return 0
+  as_svc env ERL_EPMD_ADDRESS=127.0.0.1 "$epmd" -kill >/dev/null 2>&1 || true
+}
+
 rabbit_stop() {
   local dir=$1 port=$2
   [ -d "$dir" ] || return 0
@@ -309,6 +318,7 @@ case "$cmd" in
     ;;
   down)
     rabbit_stop "$state/rabbit" "$amqp_port"
+    epmd_stop
     pgbouncer_stop "$state/pgbouncer"
     pg_stop fast
     ;;

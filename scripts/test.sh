@@ -33,6 +33,10 @@ fi
 # Test hosts left behind by a run that was killed (a passing or failing test
 # removes its own).
 bash scripts/hosts.sh sweep
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^oxsvc_' || true); do
+  ip netns pids "$ns" | xargs -r kill -KILL
+  ip netns del "$ns"
+done
 
 # Each test creates its own database named t_<random>; drop those of earlier runs.
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}

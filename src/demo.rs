@@ -121,7 +121,7 @@ pub async fn produce(
             }
             _ = report.tick() => {
                 let n = written.load(Ordering::Relaxed);
-                crate::say!("produced {n} messages ({:.0}/s)", n as f64 / started.elapsed().as_secs_f64());
+                crate::say!("total produced {n} ({:.0}/s on average)", n as f64 / started.elapsed().as_secs_f64());
             }
         }
     }
@@ -132,7 +132,7 @@ pub async fn produce(
         n
     };
     crate::say!(
-        "produced {n} messages in {:.1}s",
+        "total produced {n} in {:.1}s (stopped)",
         started.elapsed().as_secs_f64()
     );
     Ok(())
@@ -349,7 +349,7 @@ impl QueueReader {
     pub fn summary(&self) -> String {
         let c = &self.checker;
         format!(
-            "consumed {} (distinct {}, duplicates {}), order violations {}",
+            "total consumed {} (distinct {}, duplicates {}), order violations {}",
             c.deliveries(),
             c.unique(),
             c.duplicates(),

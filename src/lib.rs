@@ -4,7 +4,9 @@
 //! publish into an `outbox` table in the same PostgreSQL transaction as their
 //! business data; outboxd workers drain that table to RabbitMQ with publisher
 //! confirms, in `id` order per bucket, at least once, and record what was
-//! published. See `SPEC.md` in the shared docs and the README.
+//! published. The guarantees, the lease and fencing argument, the schema and
+//! what can still reorder are in `docs/DESIGN.md`; how to run it is in the
+//! README.
 //!
 //! # Layout
 //!

@@ -63,16 +63,27 @@ pub fn repo_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A short random name fragment.
+/// A short random name fragment. Names with the prefix `q` are queues:
+/// [`TestEnv`] deletes them when the test passes.
 pub fn unique(prefix: &str) -> String {
-    format!(
+    let name = format!(
         "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
+    );
+    if prefix == "q" {
+        QUEUES.lock().unwrap().push(name.clone());
+    }
+    name
 }
+
+/// Queues this test process named (nextest runs each test in a process of
+/// its own; `cargo test` runs them one at a time, see scripts/test.sh).
+static QUEUES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// A fresh database, migrated, plus a config file pointing at it.
 pub struct TestEnv {
+    /// The server's admin URL the database was created with.
+    pub admin_url: String,
     pub db_name: String,
     /// A direct URL of the test database (the test's own inspections).
     pub db_url: String,
@@ -255,6 +266,7 @@ impl TestEnv {
             .expect("migrate");
         }
         Self {
+            admin_url: admin,
             db_name,
             db_url,
             worker_db_url,
@@ -283,7 +295,6 @@ impl TestEnv {
             .args(args)
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
-            .env("OUTBOXD_LOG", "info,sqlx=warn,lapin=warn")
             .current_dir(&self.dir);
         cmd
     }
@@ -316,7 +327,6 @@ impl TestEnv {
             .args(args)
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
-            .env("OUTBOXD_LOG", "info,sqlx=warn,lapin=warn")
             .current_dir(&self.dir);
         cmd.stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -436,14 +446,63 @@ impl Drop for WorkerProcess {
 }
 
 impl Drop for TestEnv {
-    /// Removes the config and worker logs of a test that passed; a failed
-    /// test keeps them for a look (its database is dropped by the next
-    /// `scripts/test.sh`).
+    /// A test that passed leaves nothing behind: its database, its queues
+    /// on the shared broker, its config and worker logs are removed. A
+    /// failed test keeps them for a look (`scripts/test.sh` drops leftover
+    /// databases at the start of the next run).
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let (admin, db) = (self.admin_url.clone(), self.db_name.clone());
+        let queues = std::mem::take(&mut *QUEUES.lock().unwrap());
+        // Drop runs inside the test's runtime: do the async work on a
+        // thread of its own, bounded (a private server may be gone).
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let bounded = Duration::from_secs(5);
+                let _ = tokio::time::timeout(bounded, drop_database(&admin, &db)).await;
+                let _ = tokio::time::timeout(bounded, delete_queues(&queues)).await;
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+async fn drop_database(admin: &str, db: &str) {
+    if let Ok(mut conn) = PgConnection::connect(admin).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await;
+        let _ = conn.close().await;
+    }
+}
+
+async fn delete_queues(queues: &[String]) {
+    if queues.is_empty() {
+        return;
+    }
+    let Ok(url) = std::env::var("AMQP_URL") else {
+        return;
+    };
+    let props = lapin::ConnectionProperties::default();
+    let Ok(conn) = lapin::Connection::connect(&url, props).await else {
+        return;
+    };
+    for q in queues {
+        // A channel per queue: deleting one that is not there may close it.
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch.queue_delete(q.as_str().into(), Default::default()).await;
         }
     }
+    let _ = conn.close(200, "bye".into()).await;
 }
 
 /// SIGTERMs every worker and asserts each exits 0 within 15 s.
@@ -825,7 +884,6 @@ pub fn spawn_ui(env: &TestEnv, config: &Path) -> (WorkerProcess, String) {
         .args(["ui", "--listen", "127.0.0.1:0"])
         .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
-        .env("OUTBOXD_LOG", "info,sqlx=warn")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
