@@ -317,7 +317,8 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
                 .context("cannot print the configuration as TOML")?;
             crate::say!(
                 "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
-                 # passwords and the dashboard token redacted. Valid as a config file.\n\n{}",
+                 # passwords and the dashboard token redacted. Valid as a config file once the\n\
+                 # redacted secrets are filled in.\n\n{}",
                 text.trim_end()
             );
             Ok(())
