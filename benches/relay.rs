@@ -16,11 +16,21 @@
 //!    the throughput dip around it;
 //! 5. memory — peak RSS of the worker during the 1-worker throughput run;
 //! 6. churn — claim + record before and after 2M rows were published and
-//!    purged.
+//!    purged;
+//! 7. production — closer to how it runs in production, each relay figure
+//!    beside a ceiling measured the same way: a consumer draining the queue
+//!    (steady depth); the broker pinned to one core and everything else to
+//!    the other (`taskset`, standing in for a broker on its own host); a hot
+//!    key (every message one key) against one confirm channel with
+//!    `window = batch_size`; and the relay-side CPU per message: CPU time of
+//!    the worker process plus every PostgreSQL process (backends and
+//!    background), from `/proc/<pid>/stat`, over the drain, divided by the
+//!    messages.
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn` runs one section.
+//! `--only throughput|latency|backlog|rebalance|churn|production` runs one
+//! section.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -101,6 +111,9 @@ async fn main() {
     }
     if run("churn") {
         b.churn().await;
+    }
+    if run("production") {
+        b.production().await;
     }
 
     println!(
@@ -185,7 +198,13 @@ impl Bench {
     /// `queue`, bucket labels computed by the Rust partitioner; then
     /// `VACUUM ANALYZE`.
     async fn seed(&self, store: &Store, n: usize, queue: &str, published: bool) {
-        self.insert_rows(store, n, queue, published).await;
+        self.seed_keys(store, n, queue, published, KEYS).await;
+    }
+
+    /// [`Bench::seed`] over `keys` keys.
+    async fn seed_keys(&self, store: &Store, n: usize, queue: &str, published: bool, keys: usize) {
+        self.insert_rows_keys(store, n, queue, published, keys)
+            .await;
         sqlx::query("VACUUM ANALYZE outbox")
             .execute(&store.pool)
             .await
@@ -194,8 +213,20 @@ impl Bench {
 
     /// [`Bench::seed`] without the vacuum.
     async fn insert_rows(&self, store: &Store, n: usize, queue: &str, published: bool) {
+        self.insert_rows_keys(store, n, queue, published, KEYS)
+            .await;
+    }
+
+    async fn insert_rows_keys(
+        &self,
+        store: &Store,
+        n: usize,
+        queue: &str,
+        published: bool,
+        keys: usize,
+    ) {
         let p = Partitioner::new(16);
-        let labels: Vec<String> = (0..KEYS)
+        let labels: Vec<String> = (0..keys)
             .map(|k| p.label_for(&format!("key-{k}")))
             .collect();
         let chunk = 250_000;
@@ -209,7 +240,7 @@ impl Bench {
                  FROM generate_series($5::bigint, $6::bigint) g",
             )
             .bind(&labels)
-            .bind(KEYS as i64)
+            .bind(keys as i64)
             .bind(queue)
             .bind(PAYLOAD as i32)
             .bind(start as i64)
@@ -332,6 +363,12 @@ impl Bench {
     /// The same messages, the same window (16 channels, 100 in flight each,
     /// confirms awaited per batch), no database.
     async fn ceiling(&self, queue: &str, n: usize) -> f64 {
+        self.ceiling_with(queue, n, 16, 100).await
+    }
+
+    /// A bare publisher: `channels` confirm channels, `window` messages in
+    /// flight on each (confirms awaited per window), no database.
+    async fn ceiling_with(&self, queue: &str, n: usize, channels: usize, window: usize) -> f64 {
         self.declare_purged(queue).await;
         let conn = Arc::new(
             Connection::connect(&self.amqp_url, ConnectionProperties::default())
@@ -339,7 +376,6 @@ impl Bench {
                 .unwrap(),
         );
         let start = Instant::now();
-        let channels = 16;
         let mut tasks = Vec::new();
         for c in 0..channels {
             let (conn, queue) = (conn.clone(), queue.to_string());
@@ -352,7 +388,7 @@ impl Bench {
                 let mine = n / channels + usize::from(c < n % channels);
                 let mut sent = 0;
                 while sent < mine {
-                    let batch = (mine - sent).min(100);
+                    let batch = (mine - sent).min(window);
                     let mut confirms = Vec::with_capacity(batch);
                     for i in 0..batch {
                         let mut headers = FieldTable::default();
@@ -657,6 +693,278 @@ impl Bench {
         }
         self.results.insert("rebalance".into(), Value::Object(out));
     }
+}
+
+/// How the production section runs one measurement.
+#[derive(Clone, Copy, PartialEq)]
+enum Setting {
+    /// Everything shares both cores; a consumer drains the queue.
+    Shared,
+    /// RabbitMQ on core 1, everything else on core 0; a consumer drains.
+    Pinned,
+}
+
+impl Bench {
+    // ---------------------------------------------------------------- 7
+    async fn production(&mut self) {
+        let n = if self.quick { 20_000 } else { 100_000 };
+        println!("production: {n} messages of {PAYLOAD} bytes, a consumer draining the queue");
+        let queue = "bench-production";
+        let mut out = serde_json::Map::new();
+        for setting in [Setting::Shared, Setting::Pinned] {
+            let name = match setting {
+                Setting::Shared => "shared cores",
+                Setting::Pinned => "broker pinned to its own core",
+            };
+            let pinned = setting == Setting::Pinned;
+            if pinned && !pin_services(true) {
+                self.row(
+                    &format!("{name}: skipped"),
+                    "no taskset / rabbit pid".into(),
+                    String::new(),
+                );
+                continue;
+            }
+            let consumer = Drain::start(&self.amqp_url, queue).await;
+            let ceiling = self.ceiling_with(queue, n, 16, 100).await;
+            let (store, config, _) = self.fresh("outboxd_bench_prod", "").await;
+            self.seed(&store, n, queue, false).await;
+            let run = self.drain_measured(&store, &config, n, pinned).await;
+            consumer.stop().await;
+            let ratio = run.rate / ceiling;
+            let target = if pinned {
+                "target >= 0.85"
+            } else {
+                "target >= 0.75"
+            };
+            self.row(
+                &format!("{name}: ceiling, 16 channels x 100, consumer draining"),
+                format!("{ceiling:.0} msg/s"),
+                "baseline".into(),
+            );
+            self.row(
+                &format!("{name}: relay, 1 worker, default settings"),
+                format!("{:.0} msg/s", run.rate),
+                format!("{ratio:.2} x ceiling, {target}"),
+            );
+            self.row(
+                &format!("{name}: relay-side CPU per message (worker / PostgreSQL)"),
+                format!("{:.0} µs", run.worker_us + run.postgres_us),
+                format!(
+                    "{:.0} / {:.0} µs, target <= 40",
+                    run.worker_us, run.postgres_us
+                ),
+            );
+            out.insert(
+                if pinned { "pinned" } else { "shared" }.into(),
+                json!({ "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
+                        "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_postgres": run.postgres_us }),
+            );
+            store.pool.close().await;
+            if pinned {
+                pin_services(false);
+            }
+        }
+
+        // A hot key: every message one key, so one bucket, one drainer, one
+        // confirm channel; the ceiling is one channel with the same window.
+        let hot = n / 4;
+        let consumer = Drain::start(&self.amqp_url, queue).await;
+        let ceiling = self.ceiling_with(queue, hot, 1, 100).await;
+        let (store, config, _) = self.fresh("outboxd_bench_hot", "").await;
+        self.seed_keys(&store, hot, queue, false, 1).await;
+        let run = self.drain_measured(&store, &config, hot, false).await;
+        consumer.stop().await;
+        let ratio = run.rate / ceiling;
+        self.row(
+            "hot key: ceiling, 1 channel x 100 (= batch_size)",
+            format!("{ceiling:.0} msg/s"),
+            "baseline".into(),
+        );
+        self.row(
+            &format!("hot key: relay, {hot} messages of one key"),
+            format!("{:.0} msg/s", run.rate),
+            format!("{ratio:.2} x ceiling, target >= 0.8"),
+        );
+        out.insert(
+            "hot_key".into(),
+            json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio }),
+        );
+        store.pool.close().await;
+        self.results.insert("production".into(), Value::Object(out));
+    }
+
+    /// Starts one worker on `config` (on core 0 when `pinned`), waits until
+    /// the `n` seeded rows are published, and measures the rate and the CPU
+    /// the worker and PostgreSQL spent on them.
+    async fn drain_measured(
+        &self,
+        store: &Store,
+        config: &Path,
+        n: usize,
+        pinned: bool,
+    ) -> Measured {
+        let pg_before = postgres_cpu_ticks();
+        let start = Instant::now();
+        let mut child = if pinned {
+            Command::new("taskset")
+                .args(["-c", "0", BIN, "--config"])
+                .arg(config)
+                .args(["work", "--silent"])
+                .env_remove("DATABASE_URL")
+                .env_remove("AMQP_URL")
+                .env("OUTBOXD_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        } else {
+            self.spawn(config, &["--silent"])
+        };
+        let mut worker_ticks = 0;
+        loop {
+            let done: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+                    .fetch_one(&store.pool)
+                    .await
+                    .unwrap();
+            worker_ticks = cpu_ticks(child.id()).unwrap_or(worker_ticks);
+            if done as usize >= n {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(600),
+                "drain did not finish"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let took = start.elapsed();
+        let pg = postgres_cpu_ticks().saturating_sub(pg_before);
+        terminate(&mut child);
+        let per_msg = |ticks: u64| ticks as f64 * 1e6 / clock_ticks() as f64 / n as f64;
+        Measured {
+            rate: n as f64 / took.as_secs_f64(),
+            worker_us: per_msg(worker_ticks),
+            postgres_us: per_msg(pg),
+        }
+    }
+}
+
+struct Measured {
+    rate: f64,
+    worker_us: f64,
+    postgres_us: f64,
+}
+
+/// A consumer that acknowledges everything on a queue until stopped, so
+/// the queue stays short, as in production.
+struct Drain {
+    conn: Connection,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drain {
+    async fn start(amqp_url: &str, queue: &str) -> Self {
+        let conn = Connection::connect(amqp_url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+        ch.basic_qos(2000, BasicQosOptions::default())
+            .await
+            .unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                queue.into(),
+                "bench-drain".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                let _ = d.ack(BasicAckOptions::default()).await;
+            }
+        });
+        Self { conn, task }
+    }
+
+    async fn stop(self) {
+        self.task.abort();
+        self.conn.close(200, "bye".into()).await.ok();
+    }
+}
+
+/// User + system CPU of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// CPU of every PostgreSQL process on the machine (backends and background
+/// processes of the bench's server, the only one running), in clock ticks.
+fn postgres_cpu_ticks() -> u64 {
+    postgres_pids().into_iter().filter_map(cpu_ticks).sum()
+}
+
+fn postgres_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .collect()
+}
+
+fn clock_ticks() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// Pins RabbitMQ (every thread of the services' broker) to core 1 and
+/// PostgreSQL and this process to core 0 (`on`), or lets everything run
+/// anywhere again. False when it cannot (no taskset, fewer than 2 cores,
+/// no broker pid file).
+fn pin_services(on: bool) -> bool {
+    let state = std::env::var("OUTBOXD_STATE_DIR").unwrap_or_default();
+    let Ok(rabbit) = std::fs::read_to_string(format!("{state}/rabbit/rabbit.pid")) else {
+        return false;
+    };
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return false;
+    }
+    let (broker, rest) = if on { ("1", "0") } else { ("0-1", "0-1") };
+    let pin = |cpus: &str, pid: &str| {
+        Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, pid])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    // A PostgreSQL process may exit meanwhile; the postmaster's affinity is
+    // what new backends inherit.
+    for pid in postgres_pids() {
+        let _ = pin(rest, &pid.to_string());
+    }
+    pin(broker, rabbit.trim()) && pin(rest, &std::process::id().to_string())
 }
 
 fn vm_hwm_kb(pid: u32) -> u64 {

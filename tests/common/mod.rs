@@ -29,6 +29,11 @@ use uuid::Uuid;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 
+/// The log filter of every process a test starts: the binary's default
+/// (`lapin` off, `sqlx` warnings) at `info` even with `--silent`, since
+/// tests read what the processes say.
+pub const WORKER_LOG: &str = "info,sqlx=warn,lapin=off";
+
 fn env_or_explain(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the tests with `scripts/test.sh`, which starts PostgreSQL and RabbitMQ")
@@ -295,6 +300,7 @@ impl TestEnv {
             .args(args)
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
+            .env("OUTBOXD_LOG", WORKER_LOG)
             .current_dir(&self.dir);
         cmd
     }
@@ -327,6 +333,7 @@ impl TestEnv {
             .args(args)
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
+            .env("OUTBOXD_LOG", WORKER_LOG)
             .current_dir(&self.dir);
         cmd.stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -884,6 +891,7 @@ pub fn spawn_ui(env: &TestEnv, config: &Path) -> (WorkerProcess, String) {
         .args(["ui", "--listen", "127.0.0.1:0"])
         .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
+        .env("OUTBOXD_LOG", WORKER_LOG)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
