@@ -7,8 +7,10 @@
 //! which tracks no prepared statements) it keeps every statement within what
 //! such a pooler carries from one client to one server session:
 //!
-//! - no named prepared statements (the statement cache is off, so sqlx
-//!   parses each statement unnamed);
+//! - no named prepared statements: every query goes to sqlx as
+//!   non-persistent, which sqlx sends unnamed (with its statement cache
+//!   merely turned off, sqlx 0.9 would still name each statement, and never
+//!   close it);
 //! - sqlx sends an unnamed statement in two exchanges (parse, then bind and
 //!   execute), and a pooler may hand the second to another server session
 //!   once the first ended outside a transaction; so each statement that
