@@ -85,6 +85,29 @@ pub struct Tick {
     pub lag_seconds: Option<f64>,
 }
 
+/// Runs a start-up step again when a query of it was lost to a transient
+/// error (its connection killed, the server restarting): a worker started
+/// during such a moment comes up rather than exiting. A database that
+/// cannot be reached at all still ends start-up at once, with the reason.
+async fn retry_lost_query<T, F, Fut>(mut step: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 1;
+    loop {
+        match step().await {
+            Err(e @ StoreError::Query { .. }) if e.is_transient() && attempt < ATTEMPTS => {
+                tracing::warn!(error = %e, "start-up query failed; trying again");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs a worker until `cancel` fires (or, with `--once`, until the ready
 /// rows are drained). Returns the totals.
 pub async fn run(
@@ -94,7 +117,7 @@ pub async fn run(
 ) -> Result<StatsSnapshot, WorkError> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, "outboxd work").await?;
-    schema::check(&store.pool, &store.tables, partitioner).await?;
+    retry_lost_query(|| schema::check(&store.pool, &store.tables, partitioner)).await?;
 
     // Bound before joining, so a taken port stops start-up cleanly.
     let ui_listener = match opts.ui {
@@ -113,7 +136,13 @@ pub async fn run(
     // Joining first: a refusal (another worker is live) is the only thing
     // said. Peers hand buckets over only once this worker's coordinator
     // says it can publish (coordinator::fleet).
-    membership.join(&store).await?;
+    retry_lost_query(|| async {
+        match membership.join(&store).await {
+            Err(JoinError::Store(e)) => Err(e),
+            other => Ok(other),
+        }
+    })
+    .await??;
     let broker = Arc::new(Broker::new(
         &config.amqp,
         format!("outboxd {} {}", membership.hostname, membership.worker_id),

@@ -461,6 +461,48 @@ async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_query_killed_mid_flight_is_tried_again() {
+    let env = TestEnv::new().await;
+    // Holding the registration lock parks the worker's join on it; its
+    // backend is then killed while the query runs.
+    let mut holder = env.store.pool.sqlx().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(outboxd::store::workers::REGISTRATION_LOCK)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let killed = loop {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = $1 AND application_name = 'outboxd work'
+               AND wait_event_type = 'Lock'",
+        )
+        .bind(&env.db_name)
+        .fetch_one(&env.store.pool)
+        .await
+        .unwrap();
+        if n > 0 || Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        killed, 1,
+        "the worker never waited on the registration lock"
+    );
+    holder.commit().await.unwrap();
+    let id = worker_id_of(&env, &worker).await;
+    let log = worker.log_text();
+    assert!(
+        log.contains("start-up query failed; trying again"),
+        "registered as {id} without saying it retried:\n{log}"
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
     let env = TestEnv::new().await;
     assert_eq!(env.config.outbox.idle_backoff_ms, 1000);

@@ -15,7 +15,7 @@ use super::{Bounded, Sql, StoreError};
 use crate::config::TablesConfig;
 
 /// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
-const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
+pub const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
 
 /// How a worker drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
