@@ -308,22 +308,18 @@ impl Bench {
                 .collect();
             let mut peak_rss_kb = 0u64;
             loop {
-                let left: i64 =
-                    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-                        .fetch_one(&store.pool)
-                        .await
-                        .unwrap();
+                let pending = any_pending(&store).await;
                 for c in &children {
                     peak_rss_kb = peak_rss_kb.max(vm_hwm_kb(c.id()));
                 }
-                if left == 0 {
+                if !pending {
                     break;
                 }
                 assert!(
                     start.elapsed() < Duration::from_secs(600),
                     "drain did not finish"
                 );
-                tokio::time::sleep(Duration::from_millis(25)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let took = start.elapsed();
             for c in &mut children {
@@ -439,7 +435,7 @@ impl Bench {
         let mut worker = self.spawn(&config, &["--silent"]);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut out = serde_json::Map::new();
-        for rate in [100u64, 1000] {
+        for rate in [50u64, 500] {
             let secs = if self.quick { 3 } else { 10 };
             let lat = trickle(
                 &db_url,
@@ -450,11 +446,7 @@ impl Bench {
             )
             .await;
             let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
-            let target = if rate == 100 {
-                "target p99 <= 20 ms"
-            } else {
-                ""
-            };
+            let target = "target p99 <= 5 ms";
             self.row(
                 &format!("commit-to-queue latency at {rate} msg/s (p50 / p99 / max)"),
                 format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
@@ -575,7 +567,7 @@ impl Bench {
         let mut at = first;
         while at < first + n {
             sqlx::query(
-                "UPDATE outbox SET published_at = now(), claim_token = NULL, claimed_until = NULL
+                "UPDATE outbox SET published_at = now()
                  WHERE id >= $1 AND id < $2 AND published_at IS NULL",
             )
             .bind(at)
@@ -827,16 +819,8 @@ impl Bench {
             self.spawn(config, &["--silent"])
         };
         let mut worker_ticks = 0;
-        // Done when the pending index is empty: one index probe per poll,
-        // so the harness adds next to nothing to PostgreSQL's CPU (a count
-        // of the table every 25 ms cost more than the relay's statements).
         loop {
-            let pending: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL)",
-            )
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+            let pending = any_pending(store).await;
             worker_ticks = cpu_ticks(child.id()).unwrap_or(worker_ticks);
             if !pending {
                 break;
@@ -857,6 +841,18 @@ impl Bench {
             postgres_us: per_msg(pg),
         }
     }
+}
+
+/// Whether any row is still pending: one probe of the pending index, so
+/// the harness's polling adds next to nothing to PostgreSQL's CPU (a count
+/// of the table every 25 ms cost more than the relay's own statements).
+async fn any_pending(store: &Store) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL)",
+    )
+    .fetch_one(&store.pool)
+    .await
+    .unwrap()
 }
 
 struct Measured {
@@ -1007,12 +1003,13 @@ async fn claim_record_cost(store: &Store) -> Duration {
     let t = &store.tables.outbox;
     let mut conn = store.pool.acquire().await.unwrap();
     let mut times = Vec::new();
+    // One drainer's token: a bucket's claim stays with its drainer.
+    let token = ClaimToken::new();
     for i in 0..80 {
         let bucket = &labels[i % 16];
-        let token = ClaimToken::new();
         let start = Instant::now();
         let rows = t
-            .claim(&mut *conn, bucket, 100, token, 15_000, None)
+            .claim(&mut *conn, bucket, 100, token, 15_000, None, &[])
             .await
             .unwrap();
         assert_eq!(

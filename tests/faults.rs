@@ -754,10 +754,10 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
 
 // ------------------------------------------------------------- scenario 8
 
-/// Corrupted claims: a head row whose claim no worker holds. One that
-/// claims to last a year (longer than any claim_ttl) is ignored at once;
-/// one within the TTL holds its bucket until it lapses, and no longer. The
-/// other buckets never wait, nothing is lost, order holds.
+/// Corrupted claims: a bucket whose claim no worker holds. One that claims
+/// to last a year (longer than any claim_ttl) is ignored at once; one within
+/// the TTL holds its bucket until it lapses, and no longer. The other
+/// buckets never wait, nothing is lost, order holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl() {
     let env = TestEnv::new().await;
@@ -766,38 +766,34 @@ async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl()
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let producer = Producer::default();
     let pool = &env.store.pool;
-    let mut heads = Vec::new();
     for bucket in ["p01", "p02", "p03"] {
         let keys = keys_in_bucket(p, bucket, 3, "c");
-        let mut first = None;
         for round in 0..3 {
             for k in &keys {
-                let id = producer
+                producer
                     .enqueue(
                         pool,
                         Message::new(k.clone(), "", queue.clone(), round.to_string()),
                     )
                     .await
                     .unwrap();
-                first.get_or_insert(id);
             }
         }
-        heads.push(first.unwrap());
     }
     // p01: a year-long claim nobody holds; p02: one that lapses in 4 s.
     sqlx::query(
-        "UPDATE outbox SET claim_token = gen_random_uuid(), claimed_until = now() + interval '1 year'
-         WHERE id = $1",
+        "UPDATE outbox_partitions SET claim_token = gen_random_uuid(),
+                claimed_until = now() + interval '1 year'
+         WHERE partition_key = 'p01'",
     )
-    .bind(heads[0])
     .execute(pool)
     .await
     .unwrap();
     sqlx::query(
-        "UPDATE outbox SET claim_token = gen_random_uuid(), claimed_until = now() + interval '4 s'
-         WHERE id = $1",
+        "UPDATE outbox_partitions SET claim_token = gen_random_uuid(),
+                claimed_until = now() + interval '4 s'
+         WHERE partition_key = 'p02'",
     )
-    .bind(heads[1])
     .execute(pool)
     .await
     .unwrap();

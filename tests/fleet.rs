@@ -295,7 +295,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows() {
     let token = ClaimToken::new();
     let claimed = t
         .outbox
-        .claim(&store.pool, "p04", 2, token, 15_000, Some(old_fence))
+        .claim(&store.pool, "p04", 2, token, 15_000, Some(old_fence), &[])
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
@@ -320,7 +320,8 @@ async fn writes_under_a_superseded_lease_match_zero_rows() {
             .clear_claims(&store.pool, "p04", new_fence)
             .await
             .unwrap(),
-        2
+        1,
+        "the old owner's claim on the bucket is dropped"
     );
 
     // Every write of the old owner now matches 0 rows.
@@ -361,7 +362,8 @@ async fn writes_under_a_superseded_lease_match_zero_rows() {
                 10,
                 ClaimToken::new(),
                 15_000,
-                Some(old_fence)
+                Some(old_fence),
+                &[]
             )
             .await
             .unwrap()
@@ -396,6 +398,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows() {
             ClaimToken::new(),
             15_000,
             Some(new_fence),
+            &[],
         )
         .await
         .unwrap();

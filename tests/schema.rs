@@ -169,12 +169,13 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
                 outboxd::store::outbox::ClaimToken::new(),
                 15_000,
                 None,
+                &[],
             )
             .await
             .unwrap();
         assert!(!rows.is_empty());
         assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
-        sqlx::query("UPDATE outbox SET claim_token = NULL, claimed_until = NULL")
+        sqlx::query("UPDATE outbox_partitions SET claim_token = NULL, claimed_until = NULL")
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -192,6 +193,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .bind(15_000f64)
     .bind(None::<uuid::Uuid>)
     .bind(None::<i64>)
+    .bind(Vec::<i64>::new())
     .fetch_all(&mut tx)
     .await
     .unwrap();

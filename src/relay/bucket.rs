@@ -1,25 +1,39 @@
-//! One bucket's drain loop: claim → publish → record, strictly in `id` order.
+//! One bucket's drain loop: claim → publish → record, strictly in `id` order,
+//! with the database and the broker working at the same time.
 //!
 //! ```text
-//!            ┌──────────── wake (NOTIFY) / idle_backoff ────────────┐
-//!            ▼                                                      │
-//!   [wait while broker blocked] → claim ready prefix ── empty ──────┘
-//!                                     │ rows (id order)
+//!            ┌──────────── wake (NOTIFY / poll) / idle_backoff ─────────┐
+//!            ▼                                                          │
+//!   [wait while broker blocked] → record previous batch, claim ─ empty ─┘
+//!                                     │ batch N (id order)
 //!                                     ▼
-//!                     publish in order, await confirms in order
+//!        ┌─ broker: publish N in order, await its confirms in order
+//!        └─ database, meanwhile: record N-1, claim N+1 (skipping N's rows)
 //!                                     │
-//!        all confirmed ───────────────┼──── row k failed
+//!        all of N confirmed ──────────┼──── row k of N failed
 //!              │                      │            │
-//!   record published (fenced)         │   prefix published, row k: attempts+1,
-//!              │                      │   last_error, available_at += backoff,
-//!              └────── next batch ◄───┘   rest of the claim handed back
+//!   N+1 is the next batch;            │   prefix of N recorded, row k:
+//!   N is recorded during N+1          │   attempts+1, last_error,
+//!              └────── next round ◄───┘   available_at += backoff;
+//!                                         N+1 dropped unsent
 //! ```
 //!
-//! After a failure the bucket is *careful*: it claims one row at a time until
-//! one succeeds, so a failing head is retried alone and nothing queues up in
-//! flight behind it. The failed row keeps its place as the head: the claim
-//! only takes a ready prefix, so rows behind a head that waits for its
-//! backoff are not claimed. Other buckets are unaffected.
+//! Batch N+1 is sent only once every row of N is confirmed, so reading it
+//! ahead changes nothing about order: a failed row still stops everything
+//! behind it. The claim that reads N+1 skips exactly N's rows (not every id
+//! below N's last): a row with a lower id that committed late is taken at
+//! its place, ahead of the rows after it.
+//!
+//! After a failure the bucket is *careful*: it claims one row at a time,
+//! without reading ahead, until one succeeds, so a failing head is retried
+//! alone and nothing queues up in flight behind it. The failed row keeps its
+//! place as the head: the claim only takes a ready prefix, so rows behind a
+//! head that waits for its backoff are not claimed. Other buckets are
+//! unaffected.
+//!
+//! The drainer holds the bucket's claim under one token for its lifetime
+//! (`store::outbox`), records what is confirmed before it idles or stops,
+//! and hands the claim back when it stops.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +64,12 @@ pub(crate) struct BucketDrainer {
     pub cancel: CancellationToken,
     channel: Option<ConfirmChannel>,
     careful: bool,
+    /// This drainer's claim on the bucket (one token for its lifetime).
+    token: ClaimToken,
+    /// The next batch, read while the current one was being confirmed.
+    next: Option<Vec<ClaimedMessage>>,
+    /// Ids of the last confirmed batch, recorded during the next round.
+    unrecorded: Option<Vec<i64>>,
 }
 
 impl BucketDrainer {
@@ -69,6 +89,9 @@ impl BucketDrainer {
             cancel,
             channel: None,
             careful: false,
+            token: ClaimToken::new(),
+            next: None,
+            unrecorded: None,
         }
     }
 
@@ -110,8 +133,22 @@ impl BucketDrainer {
                 }
             }
         }
+        self.flush_record().await;
+        self.release_claim().await;
         if let Some(channel) = self.channel.take() {
             channel.close().await;
+        }
+    }
+
+    /// Hands the bucket's claim back on the way out, so that the bucket's
+    /// next drainer (this worker's after a lease move back, or a restarted
+    /// `--no-leasing` worker) need not wait for it to expire. Best effort:
+    /// an unreleased claim lapses after `claim_ttl`.
+    async fn release_claim(&self) {
+        let outbox = &self.ctx.store.tables.outbox;
+        let release = outbox.release(&self.ctx.store.pool, &self.partition_key, self.token);
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), release).await {
+            tracing::debug!(bucket = %self.partition_key, error = %e, "could not release the bucket's claim");
         }
     }
 
@@ -155,7 +192,8 @@ impl BucketDrainer {
         }
     }
 
-    /// One claim-publish-record round.
+    /// One round: publish a batch, and meanwhile record the previous one
+    /// and claim the next.
     async fn step(&mut self) -> Result<Step, StoreError> {
         let channel = match self.channel.take() {
             Some(ch) if ch.is_usable() => ch,
@@ -169,33 +207,24 @@ impl BucketDrainer {
                 }
             }
         };
-        let settings = &self.ctx.settings;
-        let limit = if self.careful { 1 } else { settings.batch_size };
-        let token = ClaimToken::new();
-        let claim_started = std::time::Instant::now();
-        let rows = self
-            .ctx
-            .store
-            .tables
-            .outbox
-            .claim(
-                &self.ctx.store.pool,
-                &self.partition_key,
-                limit,
-                token,
-                settings.claim_ttl.as_millis() as u64,
-                self.fence,
-            )
-            .await;
-        self.ctx
-            .stats
-            .claim_latency
-            .observe(claim_started.elapsed());
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(e) => {
-                self.channel = Some(channel);
-                return Err(e);
+        let rows = match self.next.take() {
+            Some(rows) if !rows.is_empty() => rows,
+            _ => {
+                // Nothing claimed ahead: the previous batch's record first,
+                // so an idle bucket leaves nothing unrecorded.
+                self.flush_record().await;
+                let limit = if self.careful {
+                    1
+                } else {
+                    self.ctx.settings.batch_size
+                };
+                match self.claim(limit, &[]).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        self.channel = Some(channel);
+                        return Err(e);
+                    }
+                }
             }
         };
         if rows.is_empty() {
@@ -205,28 +234,52 @@ impl BucketDrainer {
         self.ctx.stats.add_claimed(rows.len());
 
         let limits = PublishLimits {
-            max_payload_bytes: settings.max_payload_bytes,
+            max_payload_bytes: self.ctx.settings.max_payload_bytes,
             stop_sending_at: self.lease.as_ref().map(|l| l.trust.until()),
             lease_epoch: self.fence.map(|f| f.epoch),
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
         };
-        let publish_started = std::time::Instant::now();
         let mut channel = channel;
-        let outcome = channel.publish_batch(&rows, limits).await;
-        self.ctx
-            .stats
-            .publish_latency
-            .observe(publish_started.elapsed());
+        let publish = async {
+            let started = std::time::Instant::now();
+            let outcome = channel.publish_batch(&rows, limits).await;
+            self.ctx.stats.publish_latency.observe(started.elapsed());
+            outcome
+        };
+        // While the broker confirms this batch, the database records the
+        // previous one and reads the next (skipping this batch's rows). The
+        // next batch is only sent once this one is wholly confirmed, so
+        // nothing overtakes a row that fails; after a careful (one-row)
+        // round nothing is read ahead.
+        let previous = self.unrecorded.take();
+        let read_ahead = !self.careful;
+        let database = async {
+            let recorded = match &previous {
+                Some(ids) => self.record_published(ids).await,
+                None => true,
+            };
+            if !(recorded && read_ahead) {
+                return None;
+            }
+            let in_flight: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            self.claim(self.ctx.settings.batch_size, &in_flight)
+                .await
+                .ok()
+        };
+        let (outcome, next) = tokio::join!(publish, database);
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
         match outcome.failure {
             None => {
-                self.record_published(&ids, token).await;
+                self.unrecorded = Some(ids);
+                self.next = next;
                 self.careful = false;
                 self.channel = Some(channel);
             }
             Some(failure) => {
+                // What was read ahead is dropped unsent: the failed row
+                // stays the head and everything behind it waits.
                 let failed = &rows[outcome.confirmed];
-                self.record_failure(&ids, failed, &failure, token).await;
+                self.record_failure(&ids, failed, &failure).await;
                 self.careful = true;
                 // After a nack or a return the channel is still fine, but
                 // later rows of the batch may have been confirmed on it: start
@@ -248,9 +301,46 @@ impl BucketDrainer {
         Ok(Step::Worked)
     }
 
+    /// Claims up to `limit` ready rows of the bucket, skipping `in_flight`.
+    async fn claim(
+        &self,
+        limit: u32,
+        in_flight: &[i64],
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let started = std::time::Instant::now();
+        let rows = self
+            .ctx
+            .store
+            .tables
+            .outbox
+            .claim(
+                &self.ctx.store.pool,
+                &self.partition_key,
+                limit,
+                self.token,
+                self.ctx.settings.claim_ttl.as_millis() as u64,
+                self.fence,
+                in_flight,
+            )
+            .await;
+        self.ctx.stats.claim_latency.observe(started.elapsed());
+        rows
+    }
+
+    /// Records the last confirmed batch, if it is not recorded yet.
+    async fn flush_record(&mut self) {
+        if let Some(ids) = self.unrecorded.take() {
+            self.record_published(&ids).await;
+        }
+    }
+
     /// Records the confirmed rows, retrying while the database is away: a
-    /// confirmed row that is not recorded is published again later.
-    async fn record_published(&self, ids: &[i64], token: ClaimToken) {
+    /// confirmed row that is not recorded is published again later. True
+    /// when every row was recorded.
+    async fn record_published(&self, ids: &[i64]) -> bool {
+        if ids.is_empty() {
+            return true;
+        }
         let outbox = &self.ctx.store.tables.outbox;
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
@@ -258,7 +348,7 @@ impl BucketDrainer {
                 .record_published(
                     &self.ctx.store.pool,
                     ids,
-                    token,
+                    self.token,
                     &self.partition_key,
                     self.fence,
                 )
@@ -271,12 +361,12 @@ impl BucketDrainer {
                         tracing::warn!(bucket = %self.partition_key, confirmed = ids.len(), recorded = n,
                             "some confirmed rows were no longer ours to record (claim or lease lost); they will be published again");
                     }
-                    return;
+                    return n as usize == ids.len();
                 }
                 Err(e) if self.cancel.is_cancelled() || !e.is_transient() => {
                     tracing::error!(bucket = %self.partition_key, error = %e, rows = ids.len(),
                         "could not record published rows; they will be published again");
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     let delay = backoff.next();
@@ -292,8 +382,8 @@ impl BucketDrainer {
         confirmed: &[i64],
         failed: &ClaimedMessage,
         failure: &PublishError,
-        token: ClaimToken,
     ) {
+        let token = self.token;
         let store = &self.ctx.store;
         let error = failure.to_string();
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
@@ -320,22 +410,20 @@ impl BucketDrainer {
                         self.fence,
                     )
                     .await?
+                } else if confirmed.is_empty() {
+                    (0, None)
                 } else {
-                    let outbox = &store.tables.outbox;
-                    let published = if confirmed.is_empty() {
-                        0
-                    } else {
-                        outbox
-                            .record_published(
-                                &mut tx,
-                                confirmed,
-                                token,
-                                &self.partition_key,
-                                self.fence,
-                            )
-                            .await?
-                    };
-                    outbox.release(&mut tx, token).await?;
+                    let published = store
+                        .tables
+                        .outbox
+                        .record_published(
+                            &mut tx,
+                            confirmed,
+                            token,
+                            &self.partition_key,
+                            self.fence,
+                        )
+                        .await?;
                     (published, None)
                 };
                 tx.commit().await.map_err(|source| StoreError::Query {
@@ -367,7 +455,7 @@ impl BucketDrainer {
                             attempts = failed.attempts + 1, error = %error,
                             "publish failed; the row stays the head of its bucket and is retried after a backoff");
                     } else {
-                        tracing::warn!(bucket = %self.partition_key, error = %error, "broker unavailable; batch handed back");
+                        tracing::warn!(bucket = %self.partition_key, error = %error, "broker unavailable; the rest of the batch is sent again later");
                     }
                     return;
                 }

@@ -1,15 +1,18 @@
 //! The `outbox` table: enqueue, claim, and the outcome of a publish.
 //!
-//! Claiming is one statement: it takes the first `batch_size` unpublished,
-//! unparked rows of one bucket in `id` order and claims the prefix of them
-//! that is ready (available and not claimed by someone else). A row that is
-//! not ready — a failing head waiting for its backoff — stops the prefix, so
-//! nothing behind it in the bucket is claimed: head-of-line blocking per
-//! bucket, and only per bucket.
+//! Claiming is one statement: it reads the first `batch_size` unpublished,
+//! unparked rows of one bucket in `id` order, keeps the prefix of them that
+//! is ready, and records the claim once, on the bucket's row (claim token
+//! and expiry), not on every row. A row that is not ready — a failing head
+//! waiting for its backoff — stops the prefix, so nothing behind it in the
+//! bucket is claimed: head-of-line blocking per bucket, and only per bucket.
+//! A bucket has one claim at a time: another token's live claim blocks it.
 //!
-//! Every write after the claim matches the claim token, and, in fleet mode,
-//! the lease fence `(partition_key, lease_owner, lease_epoch)` in the same
-//! statement: a worker that lost its lease writes nothing.
+//! Every write after the claim matches the bucket's claim token, and, in
+//! fleet mode, the lease fence `(partition_key, lease_owner, lease_epoch)`
+//! in the same statement (both live on the bucket's row): a worker that lost
+//! its claim or its lease writes nothing. A published message costs one
+//! row update, the record.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
@@ -128,13 +131,19 @@ pub struct BucketHead {
     pub lag_seconds: f64,
 }
 
-const FENCE: &str = "($F_OWNER::uuid IS NULL OR EXISTS (
+/// The condition every write of a drainer carries: the bucket's claim is
+/// still this drainer's (`$token`), and, in fleet mode, the lease is still
+/// the one it drains under (`$owner`, `$epoch`; NULL without leasing). One
+/// row of the partitions table holds both.
+const HELD_CLAIM: &str = "EXISTS (
         SELECT 1 FROM {partitions} p
-        WHERE p.partition_key = $F_KEY AND p.lease_owner = $F_OWNER AND p.lease_epoch = $F_EPOCH))";
+        WHERE p.partition_key = $F_KEY AND p.claim_token = $F_TOKEN
+          AND ($F_OWNER::uuid IS NULL OR (p.lease_owner = $F_OWNER AND p.lease_epoch = $F_EPOCH)))";
 
-fn fence(key: &str, owner: &str, epoch: &str) -> String {
-    FENCE
+fn held_claim(key: &str, token: &str, owner: &str, epoch: &str) -> String {
+    HELD_CLAIM
         .replace("$F_KEY", key)
+        .replace("$F_TOKEN", token)
         .replace("$F_OWNER", owner)
         .replace("$F_EPOCH", epoch)
 }
@@ -182,51 +191,52 @@ impl OutboxSql {
     pub fn new(t: &TablesConfig) -> Self {
         // The plan must stay a bounded range scan of the pending index
         // whatever the statistics say, so the statement is written to leave
-        // the planner no other good choice:
-        // - `id = ANY(ARRAY(…))` makes the scan an InitPlan followed by index
-        //   probes; a join here degraded into a nested loop over every
-        //   pending row when statistics were stale.
-        // - The bucket is a range (`BETWEEN $1 AND $1`), not an equality, and
-        //   rows are ordered by `(partition_key, id)`: only the pending index
-        //   yields that order without a sort. With `= $1 ORDER BY id` the
-        //   planner walked the primary key from the lowest id, reading every
-        //   published row of every bucket on the way.
-        // A claim counts while it has not expired and does not outlast the
-        // claim TTL: no worker makes a longer one, so a longer one is
-        // corrupt (written by hand, a clock far off) and must not hold the
-        // bucket up until then.
-        let claim = "UPDATE {outbox} o
-            SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
-            WHERE o.id = ANY (ARRAY(
-                SELECT id FROM (
-                    SELECT id, bool_or(available_at > now() OR (claim_token IS NOT NULL
-                                       AND claimed_until > now()
-                                       AND claimed_until <= now() + make_interval(secs => $4::float8 / 1000)))
-                               OVER (ORDER BY partition_key, id) AS blocked
-                    FROM (
-                        SELECT partition_key, id, available_at, claim_token, claimed_until
-                        FROM {outbox}
-                        WHERE partition_key BETWEEN $1 AND $1
-                          AND published_at IS NULL AND failed_at IS NULL
-                        ORDER BY partition_key, id
-                        LIMIT $2
-                    ) first_rows
-                ) ready_prefix
-                WHERE NOT blocked))
-              AND o.partition_key = $1 AND o.published_at IS NULL AND o.failed_at IS NULL
-              AND (o.claim_token IS NULL OR o.claimed_until <= now()
-                   OR o.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
-              AND ($5::uuid IS NULL OR EXISTS (
-                    SELECT 1 FROM {partitions} p
-                    WHERE p.partition_key = $1 AND p.lease_owner = $5 AND p.lease_epoch = $6
-                      AND p.lease_until > now()))
-            RETURNING o.id, o.message_id, o.partition_key, o.message_key, o.exchange, o.routing_key,
-                      o.headers, o.content_type, o.payload, o.attempts, o.created_at";
+        // the planner no other good choice: the bucket is a range (`BETWEEN
+        // $1 AND $1`), not an equality, and rows are ordered by
+        // `(partition_key, id)`: only the pending index yields that order
+        // without a sort. With `= $1 ORDER BY id` the planner walked the
+        // primary key from the lowest id, reading every published row of
+        // every bucket on the way.
+        //
+        // The claim writes nothing into the outbox: it takes (or renews) the
+        // bucket's claim on its row in the partitions table, and only if the
+        // bucket has ready rows. A claim held under another token blocks the
+        // bucket while it lasts; one that outlasts the claim TTL was not
+        // made by any worker (written by hand, a clock far off) and is
+        // ignored. Rows still in flight from this drainer's previous batch
+        // ($7) are skipped, never a row behind them.
+        let claim = "WITH first_rows AS (
+                SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                       headers, content_type, payload, attempts, created_at,
+                       bool_or(available_at > now()) OVER (ORDER BY partition_key, id) AS blocked
+                FROM (
+                    SELECT * FROM {outbox}
+                    WHERE partition_key BETWEEN $1 AND $1
+                      AND published_at IS NULL AND failed_at IS NULL
+                      AND id <> ALL($7::bigint[])
+                    ORDER BY partition_key, id
+                    LIMIT $2
+                ) head
+            ), ready AS (
+                SELECT * FROM first_rows WHERE NOT blocked
+            ), bucket AS (
+                UPDATE {partitions} p
+                SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
+                WHERE p.partition_key = $1 AND EXISTS (SELECT 1 FROM ready)
+                  AND (p.claim_token IS NULL OR p.claim_token = $3 OR p.claimed_until <= now()
+                       OR p.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
+                  AND ($5::uuid IS NULL OR (p.lease_owner = $5 AND p.lease_epoch = $6
+                                           AND p.lease_until > now()))
+                RETURNING 1
+            )
+            SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                   headers, content_type, payload, attempts, created_at
+            FROM ready WHERE EXISTS (SELECT 1 FROM bucket)
+            ORDER BY id";
         let record_published = format!(
-            "UPDATE {{outbox}}
-             SET published_at = now(), claim_token = NULL, claimed_until = NULL
-             WHERE id = ANY($1) AND claim_token = $2 AND published_at IS NULL AND {fence}",
-            fence = fence("$3", "$4", "$5"),
+            "UPDATE {{outbox}} SET published_at = now()
+             WHERE id = ANY($1) AND partition_key = $3 AND published_at IS NULL AND {claim}",
+            claim = held_claim("$3", "$2", "$4", "$5"),
         );
         // Backoff doubles per attempt from the initial delay, capped; the
         // attempt count in the expression is the one before this failure.
@@ -236,25 +246,22 @@ impl OutboxSql {
                  last_error = $3,
                  available_at = now() + make_interval(secs =>
                      least($7::float8, $6::float8 * power(2, least(attempts, 30))) / 1000),
-                 failed_at = CASE WHEN $4 AND $5::int > 0 AND attempts + 1 >= $5::int THEN now() END,
-                 claim_token = NULL, claimed_until = NULL
-             WHERE id = $1 AND claim_token = $2 AND published_at IS NULL AND {fence}
+                 failed_at = CASE WHEN $4 AND $5::int > 0 AND attempts + 1 >= $5::int THEN now() END
+             WHERE id = $1 AND partition_key = $8 AND published_at IS NULL AND {claim}
              RETURNING failed_at IS NOT NULL AS parked",
-            fence = fence("$8", "$9", "$10"),
+            claim = held_claim("$8", "$2", "$9", "$10"),
         );
-        // Releasing is harmless without a fence: it only clears our own claim.
-        let release = "UPDATE {outbox} SET claim_token = NULL, claimed_until = NULL
-                       WHERE claim_token = $1 AND published_at IS NULL"
+        // Releasing is harmless without a fence: it only drops our own claim.
+        let release = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                       WHERE partition_key = $1 AND claim_token = $2"
             .to_string();
-        // A new lease owner drops the claims of earlier owners: their writes
-        // are fenced out anyway, and their claims would only hold the bucket
+        // A new lease owner drops the claim of an earlier owner: its writes
+        // are fenced out anyway, and its claim would only hold the bucket
         // up until claim_ttl.
-        let clear_claims = format!(
-            "UPDATE {{outbox}} SET claim_token = NULL, claimed_until = NULL
-             WHERE partition_key BETWEEN $1 AND $1 AND published_at IS NULL AND failed_at IS NULL
-               AND claim_token IS NOT NULL AND {fence}",
-            fence = fence("$1", "$2", "$3"),
-        );
+        let clear_claims = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+             WHERE partition_key = $1 AND lease_owner = $2 AND lease_epoch = $3
+               AND claim_token IS NOT NULL"
+            .to_string();
         let bucket_heads = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                    coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds
             FROM unnest($1::text[]) AS b(partition_key)
@@ -418,9 +425,12 @@ impl OutboxSql {
             .await
     }
 
-    /// Claims the ready prefix of a bucket's first `limit` pending rows,
-    /// returned in `id` order. Empty when the bucket is empty, its head is
-    /// waiting for a retry, or (fleet mode) the lease is not ours or expired.
+    /// Claims the ready prefix of a bucket's first `limit` pending rows not
+    /// in `in_flight`, returned in `id` order, and takes or renews the
+    /// bucket's claim under `token`. Empty when nothing is ready, the head
+    /// is waiting for a retry, another token's claim holds the bucket, or
+    /// (fleet mode) the lease is not ours or expired.
+    #[allow(clippy::too_many_arguments)]
     pub async fn claim<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
@@ -429,20 +439,19 @@ impl OutboxSql {
         token: ClaimToken,
         claim_ttl_ms: u64,
         fence: Option<Fence>,
+        in_flight: &[i64],
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
-        let mut rows: Vec<ClaimedMessage> = sqlx::query_as(self.claim.q())
+        sqlx::query_as(self.claim.q())
             .bind(partition_key)
             .bind(i64::from(limit))
             .bind(token.0)
             .bind(claim_ttl_ms as f64)
             .bind(fence.map(|f| f.owner))
             .bind(fence.map(|f| f.epoch))
+            .bind(in_flight)
             .fetch_all(exec)
             .bounded("claiming a batch")
-            .await?;
-        // UPDATE … RETURNING has no defined order.
-        rows.sort_unstable_by_key(|r| r.id);
-        Ok(rows)
+            .await
     }
 
     /// Marks confirmed rows published; returns how many rows matched (fewer
@@ -497,13 +506,16 @@ impl OutboxSql {
             .await
     }
 
-    /// Hands back every row of a claim that is still unpublished.
+    /// Drops the bucket's claim if it is still `token`'s (a drainer that
+    /// stops hands its bucket back at once instead of after claim_ttl).
     pub async fn release<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
+        partition_key: &str,
         token: ClaimToken,
     ) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.release.q())
+            .bind(partition_key)
             .bind(token.0)
             .execute(exec)
             .bounded("releasing a claim")
@@ -640,7 +652,8 @@ impl OutboxSql {
             .await
     }
 
-    /// Drops every claim in a bucket just leased (fenced by that lease).
+    /// Drops the claim of an earlier drainer of a bucket just leased
+    /// (fenced by that lease).
     pub async fn clear_claims<'e, E: PgExecutor<'e>>(
         &self,
         exec: E,
@@ -711,6 +724,5 @@ pub async fn record_partial_failure(
     let parked = sql
         .record_failure(&mut *tx, failed, token, error, policy, partition_key, fence)
         .await?;
-    sql.release(&mut *tx, token).await?;
     Ok((published, parked))
 }

@@ -138,13 +138,6 @@ pub async fn repartition(
         .await
         .doing("re-labelling unpublished rows")?
         .rows_affected();
-        sqlx::query(sql(
-            "UPDATE {outbox} SET claim_token = NULL, claimed_until = NULL
-             WHERE published_at IS NULL AND claim_token IS NOT NULL",
-        ))
-        .execute(&mut tx)
-        .await
-        .doing("dropping claims")?;
         moved as i64
     };
 
@@ -165,6 +158,7 @@ pub async fn repartition(
          gone AS (DELETE FROM {partitions} WHERE partition_key <> ALL($1::text[])),
          kept AS (
              UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL,
+                    claim_token = NULL, claimed_until = NULL,
                     lease_epoch = lease_epoch + 1, updated_at = now()
              WHERE partition_key = ANY($1::text[])
          )
