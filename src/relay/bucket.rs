@@ -18,11 +18,13 @@
 //!                                         N+1 dropped unsent
 //! ```
 //!
-//! Batch N+1 is sent only once every row of N is confirmed, so reading it
-//! ahead changes nothing about order: a failed row still stops everything
-//! behind it. The claim that reads N+1 skips exactly N's rows (not every id
-//! below N's last): a row with a lower id that committed late is taken at
-//! its place, ahead of the rows after it.
+//! N+1 is read ahead only when N was a full batch (a trickle of short
+//! batches costs no extra claim per message). Batch N+1 is sent only once
+//! every row of N is confirmed, so reading it ahead changes nothing about
+//! order: a failed row still stops everything behind it. The claim that
+//! reads N+1 skips exactly N's rows (not every id below N's last): a row
+//! with a lower id that committed late is taken at its place, ahead of the
+//! rows after it.
 //!
 //! After a failure the bucket is *careful*: it claims one row at a time,
 //! without reading ahead, until one succeeds, so a failing head is retried
@@ -251,8 +253,10 @@ impl BucketDrainer {
         // next batch is only sent once this one is wholly confirmed, so
         // nothing overtakes a row that fails; after a careful (one-row)
         // round nothing is read ahead.
+        // Only a full batch suggests more is ready: a trickle (a batch
+        // shorter than the limit) costs no extra claim per message.
         let previous = self.unrecorded.take();
-        let read_ahead = !self.careful;
+        let read_ahead = !self.careful && rows.len() >= self.ctx.settings.batch_size as usize;
         let database = async {
             let recorded = match &previous {
                 Some(ids) => self.record_published(ids).await,
