@@ -165,8 +165,7 @@ impl Bench {
         self.table.push((measure.into(), value, target));
     }
 
-    /// A fresh, migrated database and a config file for it.
-    async fn fresh(&self, name: &str, worker_toml: &str) -> (Store, PathBuf, String) {
+    async fn drop_database(&self, name: &str) {
         let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
         sqlx::query(AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
@@ -174,6 +173,12 @@ impl Bench {
         .execute(&mut admin)
         .await
         .unwrap();
+    }
+
+    /// A fresh, migrated database and a config file for it.
+    async fn fresh(&self, name: &str, worker_toml: &str) -> (Store, PathBuf, String) {
+        self.drop_database(name).await;
+        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
         sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await
@@ -537,6 +542,9 @@ impl Bench {
         out.insert("rows".into(), json!(big));
         store.pool.close().await;
         store2.pool.close().await;
+        // Gigabytes of rows would keep autovacuum busy under later sections.
+        self.drop_database("outboxd_bench_bl").await;
+        self.drop_database("outboxd_bench_bl2").await;
         self.results.insert("backlog".into(), Value::Object(out));
     }
 
@@ -603,6 +611,7 @@ impl Bench {
         );
         out.insert("after_purge_ms".into(), json!(ms(after)));
         store.pool.close().await;
+        self.drop_database("outboxd_bench_churn").await;
         self.results.insert("churn".into(), Value::Object(out));
     }
 

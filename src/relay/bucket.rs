@@ -251,10 +251,10 @@ impl BucketDrainer {
         // While the broker confirms this batch, the database records the
         // previous one and reads the next (skipping this batch's rows). The
         // next batch is only sent once this one is wholly confirmed, so
-        // nothing overtakes a row that fails; after a careful (one-row)
-        // round nothing is read ahead.
-        // Only a full batch suggests more is ready: a trickle (a batch
-        // shorter than the limit) costs no extra claim per message.
+        // nothing overtakes a row that fails. Nothing is read ahead after a
+        // careful (one-row) round, nor after a batch shorter than the limit:
+        // only a full batch suggests more is ready, and a trickle then costs
+        // no extra claim per message.
         let previous = self.unrecorded.take();
         let read_ahead = !self.careful && rows.len() >= self.ctx.settings.batch_size as usize;
         let database = async {
