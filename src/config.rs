@@ -200,7 +200,8 @@ pub struct OutboxConfig {
     pub partition_count: u32,
     /// Rows claimed, published and recorded per round trip of one bucket.
     pub batch_size: u32,
-    /// How long a claim protects its rows from other claimers.
+    /// How long a drainer's claim holds its bucket against other claimers
+    /// after its last claim (renewed by every claim that finds rows).
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub claim_ttl: Duration,
     /// Polling interval of an idle bucket when no NOTIFY wakes it earlier.

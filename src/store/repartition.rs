@@ -229,7 +229,7 @@ pub async fn park_unknown_labels(
     sqlx::query_as(AssertSqlSafe(render(
         &tables.names,
         "UPDATE {outbox} o
-         SET failed_at = now(), claim_token = NULL, claimed_until = NULL,
+         SET failed_at = now(),
              last_error = format('unknown bucket label %s: this deployment has %s buckets, '
                                  'and key %L belongs to bucket %s; requeue it to re-label it',
                                  o.partition_key, s.partition_count, o.message_key,
