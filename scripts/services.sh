@@ -291,7 +291,9 @@ epmd_stop() {
 
 rabbit_stop() {
   local dir=$1 port=$2
-  [ -d "$dir" ] || return 0
+  # No pid file: the node is not running (rabbitmqctl would wait for the
+  # file to appear, forever).
+  [ -f "$dir/rabbit.pid" ] || return 0
   # With the pid file, rabbitmqctl also waits for the VM to exit, so a start
   # right after a stop never races the old node for its name.
   rabbit_ctl "$dir" "$port" -q stop "$dir/rabbit.pid" >/dev/null 2>&1 || true
