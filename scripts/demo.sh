@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: private PostgreSQL and RabbitMQ, the schema, a producer writing
+# The demo: private PostgreSQL (or MariaDB with DEMO_DB=mariadb) and
+# RabbitMQ, the schema, a producer writing
 # orders for 200 keys, a fleet of DEMO_WORKERS relay workers (default 3)
 # sharing the 16 buckets through leases, and a consumer that checks per-key
 # order, with the dashboard on http://127.0.0.1:8080/outbox/ (DEMO_UI=ADDR
@@ -11,6 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 eval "$(bash scripts/services.sh up)"
+case "${DEMO_DB:-postgres}" in
+  postgres) ;;
+  mariadb | mysql) export DATABASE_URL=$OUTBOXD_MYSQL_URL ;;
+  *) echo "demo: DEMO_DB is postgres or mariadb, not '$DEMO_DB'" >&2; exit 2 ;;
+esac
 echo "building outboxd (release; the first build takes a few minutes)..." >&2
 cargo build --release --quiet
 bin=target/release/outboxd

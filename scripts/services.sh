@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Private PostgreSQL, PgBouncer and RabbitMQ on loopback for the demo, the
+# Private PostgreSQL, PgBouncer, MariaDB and RabbitMQ on loopback for the demo, the
 # tests and the benchmarks. Installs what is missing (Debian packages, with
 # their system services kept from starting), keeps every byte of state under
 # $OUTBOXD_STATE_DIR (default: <repo>/.outboxd), never touches a system-wide
@@ -14,13 +14,15 @@
 #   scripts/services.sh pg start|stop      only PostgreSQL
 #   scripts/services.sh pg standby HOST PORT   a streaming replica of HOST:PORT (pg_basebackup), started
 #   scripts/services.sh pg promote         promote that replica to primary
+#   scripts/services.sh mariadb start|stop|kill   only MariaDB (kill: SIGKILL, a crash)
 #   scripts/services.sh pgbouncer start|repoint DIR PORT HOST PGPORT
 #                                          a PgBouncer (transaction mode) in DIR on PORT in front of
 #                                          HOST:PGPORT; repoint rewrites the target and RELOADs
 #   scripts/services.sh pgbouncer stop DIR
 #
 # Environment: OUTBOXD_STATE_DIR, OUTBOXD_PG_PORT (55432), OUTBOXD_AMQP_PORT
-# (55672), OUTBOXD_PGBOUNCER_PORT (56432), OUTBOXD_PG_BIN; OUTBOXD_LISTEN: the address PostgreSQL and a
+# (55672), OUTBOXD_PGBOUNCER_PORT (56432), OUTBOXD_MYSQL_PORT (53306),
+# OUTBOXD_PG_BIN; OUTBOXD_LISTEN: the address PostgreSQL, MariaDB and a
 # private broker listen on (127.0.0.1; scripts/hosts.sh gives a test
 # network's address). For a RabbitMQ cluster node in a test host
 # (scripts/hosts.sh): OUTBOXD_RABBIT_NODE_HOST (the node's IP, long node
@@ -33,10 +35,14 @@ state=${OUTBOXD_STATE_DIR:-$repo/.outboxd}
 pg_port=${OUTBOXD_PG_PORT:-55432}
 amqp_port=${OUTBOXD_AMQP_PORT:-55672}
 bouncer_port=${OUTBOXD_PGBOUNCER_PORT:-56432}
+mysql_port=${OUTBOXD_MYSQL_PORT:-53306}
 listen=${OUTBOXD_LISTEN:-127.0.0.1}
 node_host=${OUTBOXD_RABBIT_NODE_HOST:-}
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
 svc_user=outboxd-svc
+# The MariaDB account the server's own socket lets in without a password
+# (unix_socket authentication): the OS user the server was set up by.
+if [ "$(id -u)" = 0 ]; then svc_user_or_root=$svc_user; else svc_user_or_root=$(id -un); fi
 
 log() { echo "services: $*" >&2; }
 
@@ -69,6 +75,7 @@ ensure_packages() {
   [ -x "$pg_bin/postgres" ] || want+=(postgresql-15)
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || want+=(rabbitmq-server)
   [ -x /usr/sbin/pgbouncer ] || want+=(pgbouncer)
+  [ -x /usr/sbin/mariadbd ] || want+=(mariadb-server mariadb-client)
   if [ "${#want[@]}" -gt 0 ]; then apt_install "${want[@]}"; fi
   if [ ! -x "$pg_bin/postgres" ]; then
     pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
@@ -220,6 +227,66 @@ pgbouncer_stop() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+# MariaDB (Debian's 10.11) with its data under $state/mariadb, on its own
+# port and socket; user outboxd/outboxd with every privilege (tests create
+# and drop databases). The binary log is off: outboxd needs none, and
+# triggers that read other tables need no SUPER privilege without it.
+mariadb_start() {
+  local data=$state/mariadb
+  own_state
+  if [ ! -d "$data/mysql" ]; then
+    log "mariadb-install-db $data"
+    as_svc mkdir -p "$data"
+    as_svc mariadb-install-db --no-defaults --datadir="$data" --auth-root-authentication-method=socket \
+      --skip-test-db >"$state/mariadb-install.log" 2>&1 || { cat "$state/mariadb-install.log" >&2; exit 1; }
+  fi
+  if mariadb_ping; then
+    return 0
+  fi
+  as_svc setsid /usr/sbin/mariadbd --no-defaults --datadir="$data" --port="$mysql_port" \
+    --bind-address="$listen" --socket="$state/mariadb.sock" --pid-file="$state/mariadb.pid" \
+    --log-error="$state/mariadb.log" --skip-log-bin --innodb-buffer-pool-size=256M \
+    --innodb-log-file-size=256M --max-connections=500 --max-allowed-packet=64M --character-set-server=utf8mb4 \
+    --collation-server=utf8mb4_bin --default-time-zone=+00:00 --skip-name-resolve \
+    >/dev/null 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 120); do
+    if mariadb_ping; then
+      as_svc mariadb --no-defaults -S "$state/mariadb.sock" -u "$svc_user_or_root" -e \
+        "CREATE USER IF NOT EXISTS 'outboxd'@'%' IDENTIFIED BY 'outboxd';
+         GRANT ALL ON *.* TO 'outboxd'@'%' WITH GRANT OPTION;
+         CREATE DATABASE IF NOT EXISTS outboxd;" >/dev/null
+      log "MariaDB up on $listen:$mysql_port"
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "MariaDB did not start; see $state/mariadb.log"
+  tail -n 30 "$state/mariadb.log" >&2 || true
+  exit 1
+}
+
+mariadb_ping() {
+  [ -S "$state/mariadb.sock" ] && as_svc mariadb-admin --no-defaults -S "$state/mariadb.sock" \
+    -u "$svc_user_or_root" ping >/dev/null 2>&1
+}
+
+mariadb_stop() {
+  [ -f "$state/mariadb.pid" ] || return 0
+  local pid i
+  pid=$(cat "$state/mariadb.pid")
+  if [ "${1:-}" = kill ]; then
+    kill -KILL "$pid" 2>/dev/null || true
+  else
+    kill "$pid" 2>/dev/null || true
+  fi
+  for i in $(seq 1 600); do
+    kill -0 "$pid" 2>/dev/null || { rm -f "$state/mariadb.pid"; return 0; }
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
 # One RabbitMQ node: its own node name, data, logs, cookie and ports.
 node_name() {
   if [ -n "$node_host" ]; then echo "outboxd-$1@$node_host"; else echo "outboxd-$1@localhost"; fi
@@ -305,6 +372,8 @@ export DATABASE_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/outboxd
 export AMQP_URL=amqp://guest:guest@127.0.0.1:$amqp_port/%2f
 export OUTBOXD_PG_ADMIN_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/postgres
 export OUTBOXD_PGBOUNCER_PORT=$bouncer_port
+export OUTBOXD_MYSQL_URL=mysql://outboxd:outboxd@127.0.0.1:$mysql_port/outboxd
+export OUTBOXD_MYSQL_ADMIN_URL=mysql://outboxd:outboxd@127.0.0.1:$mysql_port/
 export OUTBOXD_STATE_DIR=$state
 EOF
 }
@@ -315,6 +384,7 @@ case "$cmd" in
     ensure_packages
     pg_start
     pgbouncer_start "$state/pgbouncer" "$bouncer_port" 127.0.0.1 "$pg_port"
+    mariadb_start
     rabbit_start "$state/rabbit" "$amqp_port"
     print_env | tee "$state/env"
     ;;
@@ -322,6 +392,7 @@ case "$cmd" in
     rabbit_stop "$state/rabbit" "$amqp_port"
     epmd_stop
     pgbouncer_stop "$state/pgbouncer"
+    mariadb_stop
     pg_stop fast
     ;;
   env) print_env ;;
@@ -333,6 +404,14 @@ case "$cmd" in
         ensure_packages; pg_standby "$3" "$4" ;;
       promote) pg_promote ;;
       *) log "usage: $0 pg start|stop [fast|immediate]|standby HOST PORT|promote"; exit 2 ;;
+    esac
+    ;;
+  mariadb)
+    case "${2:-}" in
+      start) ensure_packages; mariadb_start ;;
+      stop) mariadb_stop ;;
+      kill) mariadb_stop kill ;;
+      *) log "usage: $0 mariadb start|stop|kill"; exit 2 ;;
     esac
     ;;
   pgbouncer)
@@ -355,5 +434,5 @@ case "$cmd" in
       *) log "usage: $0 rabbit start|stop|ctl DIR PORT [rabbitmqctl args]"; exit 2 ;;
     esac
     ;;
-  *) log "usage: $0 up|down|env|pg|pgbouncer|rabbit"; exit 2 ;;
+  *) log "usage: $0 up|down|env|pg|mariadb|pgbouncer|rabbit"; exit 2 ;;
 esac

@@ -253,7 +253,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Migrate => {
             let partitioner = Partitioner::new(config.outbox.partition_count);
             let store = Store::connect_for_session(&config, "outboxd migrate").await?;
-            let report = schema::migrate(&store.pool, &store.tables, partitioner).await?;
+            let report = store.migrate(partitioner).await?;
             crate::say!(
                 "schema at version {} ({} migration(s) applied); partition_count {}{}",
                 report.version,
@@ -283,12 +283,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Ui { .. } => {
             let store = Store::connect(&config, "outboxd ui").await?;
-            schema::check(
-                &store.pool,
-                &store.tables,
-                Partitioner::new(config.outbox.partition_count),
-            )
-            .await?;
+            schema::check(&store, Partitioner::new(config.outbox.partition_count)).await?;
             let addr = config.dashboard.listen.parse().expect("validated");
             let listener = crate::dashboard::bind(addr).await?;
             let state = crate::dashboard::DashboardState::new(&config, store, None);

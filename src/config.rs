@@ -111,7 +111,8 @@ impl Default for DashboardConfig {
     }
 }
 
-/// `[database]`: the PostgreSQL database holding the outbox.
+/// `[database]`: the database holding the outbox, PostgreSQL or
+/// MySQL/MariaDB (by the URL's scheme).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
@@ -141,7 +142,8 @@ pub struct DatabaseConfig {
     /// pooler, no `LISTEN` at all (workers poll).
     pub listen_url: String,
     /// How often a worker without working `LISTEN` wake-ups looks for new
-    /// rows in the buckets it drains (one query for all of them).
+    /// rows in the buckets it drains (one query for all of them); on
+    /// MySQL/MariaDB the shortest delay of the adaptive poll.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub poll_interval: Duration,
 }
@@ -396,10 +398,26 @@ impl Config {
         validate_url(
             "database.url",
             &self.database.url,
-            &["postgres", "postgresql"],
+            &["postgres", "postgresql", "mysql", "mariadb"],
         )?;
+        let postgres = !matches!(
+            self.database.url.split_once("://").map(|(s, _)| s),
+            Some("mysql" | "mariadb")
+        );
         if let Some(url) = self.database.listen_url() {
+            if !postgres {
+                return Err(invalid(
+                    "database.listen_url",
+                    "is for PostgreSQL (LISTEN); MySQL/MariaDB has no notifications and workers poll: leave it empty",
+                ));
+            }
             validate_url("database.listen_url", url, &["postgres", "postgresql"])?;
+        }
+        if !postgres && self.database.pooler == Pooler::Transaction {
+            return Err(invalid(
+                "database.pooler",
+                "= \"transaction\" is for PostgreSQL behind a pooler such as PgBouncer; with MySQL/MariaDB leave it \"none\"",
+            ));
         }
         positive("database.poll_interval", self.database.poll_interval)?;
         if self.amqp.urls().next().is_none() {

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
 use crate::checker::Checker;
 use crate::config::{Config, Redacted};
-use crate::producer::{Message, Producer};
+use crate::producer::Message;
 use crate::store::Store;
 
 #[derive(Debug, Clone, Args)]
@@ -62,18 +62,12 @@ pub async fn produce(
 ) -> anyhow::Result<()> {
     declare_queue(&config.amqp.url, &args.queue).await?;
     let store = Store::connect(config, "outboxd produce").await?;
-    let producer = Arc::new(Producer::new(&config.tables));
     let written = Arc::new(AtomicU64::new(0));
     let tasks = args.tasks.clamp(1, args.keys.max(1));
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (store, producer, written, cancel, args) = (
-            store.clone(),
-            producer.clone(),
-            written.clone(),
-            cancel.clone(),
-            args.clone(),
-        );
+        let (store, written, cancel, args) =
+            (store.clone(), written.clone(), cancel.clone(), args.clone());
         handles.push(tokio::spawn(async move {
             let keys: Vec<u32> = (0..args.keys).filter(|k| k % tasks == t).collect();
             let per_task_rate = args.rate as f64 / tasks as f64;
@@ -92,9 +86,7 @@ pub async fn produce(
                 let msg = Message::new(key, "", args.queue.clone(), payload.to_string())
                     .content_type("application/json")
                     .header("source", "outboxd-demo");
-                let mut tx = store.begin().await?;
-                producer.enqueue(&mut tx, msg).await?;
-                tx.commit().await?;
+                store.enqueue(&msg).await?;
                 seq += 1;
                 if let Some(p) = period {
                     next += p;

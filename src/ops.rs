@@ -80,8 +80,6 @@ pub struct RepartitionArgs {
 /// Rows per purge statement: small enough that no transaction is long and
 /// no producer or relay waits behind it.
 pub const PURGE_BATCH: i64 = 5_000;
-/// Advisory lock that lets one process purge at a time ("purge" in ASCII).
-pub const PURGE_LOCK: i64 = 0x0070_7572_6765;
 /// How often a worker purges.
 pub const PURGE_EVERY: Duration = Duration::from_secs(300);
 
@@ -95,11 +93,7 @@ pub async fn purge_published(
 ) -> Result<u64, crate::store::StoreError> {
     let mut total = 0;
     loop {
-        let n = store
-            .tables
-            .outbox
-            .purge_batch(&store.pool, older_than, PURGE_BATCH, PURGE_LOCK)
-            .await?;
+        let n = store.purge_batch(older_than, PURGE_BATCH).await?;
         total += n;
         if n < PURGE_BATCH as u64 {
             break;
@@ -114,26 +108,19 @@ pub async fn purge_published(
 /// Rows deleted by one purge after which it vacuums the table itself.
 pub const VACUUM_AFTER: u64 = 50_000;
 
-/// `VACUUM (ANALYZE)` of the outbox table. Until a vacuum, the pending index
-/// still holds an entry for every row published since the last one, and
-/// each claim steps over those of its bucket: measured, a claim + record
-/// cost 1.5–2.1 × as much right after 2M rows were published and purged,
-/// and again 1.0 × after the vacuum (BENCHMARKS.md). Autovacuum gets there
-/// on its own schedule; this does it when the purge made the mess. It takes
-/// no lock that producers or the relay wait for. Failure (e.g. the role
-/// does not own the table) is logged, not fatal.
+/// Tidies the outbox table after a large purge (PostgreSQL: `VACUUM
+/// (ANALYZE)`, see [`crate::store::OutboxStore::tidy_after_purge`]).
+/// Autovacuum gets there on its own schedule; this does it when the purge
+/// made the mess. Failure (e.g. the role does not own the table) is logged,
+/// not fatal.
 async fn vacuum(store: &Store) {
-    let sql = format!("VACUUM (ANALYZE) {}", store.tables.names.outbox);
     let started = std::time::Instant::now();
-    match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&store.pool)
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(took = ?started.elapsed(), "vacuumed the outbox table after purging")
+    match store.tidy_after_purge().await {
+        Ok(()) => {
+            tracing::info!(took = ?started.elapsed(), "tidied the outbox table after purging")
         }
         Err(e) => {
-            tracing::warn!(error = %e, "could not vacuum the outbox table after purging; autovacuum will")
+            tracing::warn!(error = %e, "could not tidy the outbox table after purging; the database will do it later")
         }
     }
 }
@@ -146,7 +133,7 @@ pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(30);
 ///
 /// - at start and every [`MAINTENANCE_EVERY`], parks pending rows whose
 ///   bucket label does not exist here (see
-///   [`park_unknown_labels`](crate::store::repartition::park_unknown_labels))
+///   [`park_unknown_labels`](crate::store::RepartitionStore::park_unknown_labels))
 ///   and checks that the database's bucket count is still `partition_count`;
 /// - with a `retention`, purges published rows older than it every
 ///   [`PURGE_EVERY`].
@@ -169,7 +156,7 @@ pub async fn maintenance_loop(
             _ = cancel.cancelled() => return Ok(()),
             _ = ticks.tick() => {}
         }
-        match schema::partition_count(&store.pool, &store.tables).await {
+        match store.partition_count().await {
             Ok(Some(n)) if n != partition_count => {
                 let e = schema::partition_count_mismatch(n, partition_count);
                 tracing::error!(error = %e, "the database was repartitioned; stopping this worker");
@@ -179,22 +166,7 @@ pub async fn maintenance_loop(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "reading partition_count failed"),
         }
-        // In a transaction: its two statements stay on one server session
-        // behind a transaction pooler.
-        let parked = async {
-            let mut tx = store.begin().await?;
-            let parked =
-                crate::store::repartition::park_unknown_labels(&mut tx, &store.tables).await?;
-            tx.commit()
-                .await
-                .map_err(|source| crate::store::StoreError::Query {
-                    doing: "committing the maintenance transaction",
-                    source,
-                })?;
-            Ok::<_, crate::store::StoreError>(parked)
-        }
-        .await;
-        match parked {
+        match store.park_unknown_labels().await {
             Ok(parked) if !parked.is_empty() => {
                 let mut labels: Vec<&str> =
                     parked.iter().map(|r| r.partition_key.as_str()).collect();
@@ -227,11 +199,7 @@ pub async fn maintenance_loop(
 pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
     let (store, _) = open(config, "outboxd purge").await?;
     if args.dry_run {
-        let n = store
-            .tables
-            .outbox
-            .count_purgeable(&store.pool, args.older_than)
-            .await?;
+        let n = store.count_purgeable(args.older_than).await?;
         say!(
             "would delete {n} published row(s) older than {}",
             crate::config::fmt_duration(args.older_than)
@@ -251,15 +219,8 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
 /// one); the schema version does.
 pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
     let store = Store::connect(config, "outboxd repartition").await?;
-    schema::check_version(&store.pool, &store.tables).await?;
-    let r = crate::store::repartition::repartition(
-        &store.pool,
-        &store.tables,
-        args.to,
-        args.dry_run,
-        &actor(),
-    )
-    .await?;
+    schema::check_version(&store).await?;
+    let r = store.repartition(args.to, args.dry_run, &actor()).await?;
     if args.dry_run {
         say!(
             "dry run: {} → {} buckets would re-label {} of {} unpublished row(s); nothing changed",
@@ -289,7 +250,7 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
 async fn open(config: &Config, name: &str) -> anyhow::Result<(Store, Partitioner)> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, name).await?;
-    schema::check(&store.pool, &store.tables, partitioner).await?;
+    schema::check(&store, partitioner).await?;
     Ok((store, partitioner))
 }
 
@@ -421,7 +382,6 @@ fn print_status(s: &Summary) {
 
 pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> {
     let (store, p) = open(config, "outboxd failed").await?;
-    let outbox = &store.tables.outbox;
     match cmd {
         FailedCommand::List {
             bucket,
@@ -434,12 +394,11 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                         p.parse_label(b).is_some(),
                         "'{b}' is not a bucket of this deployment (p00…)"
                     );
-                    outbox.parked_in_bucket(&store.pool, b, *limit).await?
+                    store.parked_in_bucket(b, *limit).await?
                 }
                 None => {
-                    outbox
-                        .list(
-                            &store.pool,
+                    store
+                        .list_messages(
                             crate::store::outbox::MessageState::Failed,
                             None,
                             None,
@@ -486,9 +445,7 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                 !ids.is_empty() || !buckets.is_empty() || *all,
                 "give message ids, --bucket B or --all"
             );
-            let done = outbox
-                .requeue(&store.pool, ids, &buckets, *all, &actor())
-                .await?;
+            let done = store.requeue(ids, &buckets, *all, &actor()).await?;
             say!("requeued {} message(s): {:?}", done.len(), done);
         }
         FailedCommand::Drop { ids, yes, reason } => {
@@ -498,9 +455,7 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                 );
                 std::process::exit(2);
             }
-            let done = outbox
-                .drop_parked(&store.pool, ids, &actor(), reason)
-                .await?;
+            let done = store.drop_parked(ids, &actor(), reason).await?;
             let skipped: Vec<i64> = ids.iter().filter(|i| !done.contains(i)).copied().collect();
             say!("dropped {} message(s): {:?}", done.len(), done);
             if !skipped.is_empty() {

@@ -15,29 +15,31 @@
 //! # let _ = id; Ok(()) }
 //! ```
 //!
+//! The same call works on MySQL/MariaDB with a `sqlx::MySqlPool` or one of
+//! its transactions.
+//!
 //! The message key is the first argument of [`Message::new`]: a message
-//! cannot be built without one. The bucket is computed by the database's
-//! `<outbox>_enqueue()`, the same function producers in other languages
-//! call, so every producer agrees on it.
+//! cannot be built without one. The bucket is computed by the database
+//! (PostgreSQL's `<outbox>_enqueue()`, MySQL's insert trigger), the same
+//! code that labels the rows of producers in other languages, so every
+//! producer agrees on it.
 
+use futures_util::future::BoxFuture;
 use serde_json::Value as Json;
-use sqlx::PgExecutor;
 
 use crate::config::TablesConfig;
-use crate::store::StoreError;
-use crate::store::outbox::OutboxSql;
+use crate::store::{Sql, StoreError};
 
 /// A message to enqueue.
 #[derive(Debug, Clone)]
 pub struct Message {
-    message_key: String,
-    exchange: String,
-    routing_key: String,
-    payload: Vec<u8>,
-    headers: Json,
-    content_type: Option<String>,
+    pub(crate) message_key: String,
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Json,
+    pub(crate) content_type: Option<String>,
 }
-
 impl Message {
     /// A message for `message_key` (the aggregate or stream id whose messages
     /// must stay in order), to `exchange` (`""` = the default exchange) with
@@ -74,10 +76,12 @@ impl Message {
     }
 }
 
-/// Enqueues messages into one deployment's outbox table.
+/// Enqueues messages into one deployment's outbox table, on PostgreSQL or
+/// MySQL/MariaDB: whichever database the executor it is given talks to.
 #[derive(Debug)]
 pub struct Producer {
-    sql: OutboxSql,
+    postgres: Sql,
+    mysql: Sql,
 }
 
 impl Default for Producer {
@@ -91,27 +95,58 @@ impl Producer {
     /// A producer for the given table names.
     pub fn new(tables: &TablesConfig) -> Self {
         Self {
-            sql: OutboxSql::new(tables),
+            postgres: crate::store::postgres::outbox::enqueue_statement(tables),
+            mysql: crate::store::mysql::outbox::enqueue_statement(tables),
         }
     }
 
     /// Enqueues `message` on `exec` — pass `&mut *tx` to make it part of the
     /// caller's transaction. Returns the message's outbox id.
-    pub async fn enqueue<'e, E: PgExecutor<'e>>(
-        &self,
+    pub async fn enqueue<'e, E>(&self, exec: E, message: Message) -> Result<i64, StoreError>
+    where
+        E: sqlx::Executor<'e>,
+        E::Database: ProducerDatabase,
+    {
+        <E::Database as ProducerDatabase>::enqueue(self, exec, &message).await
+    }
+}
+
+/// A database a [`Producer`] enqueues into: [`sqlx::Postgres`] (through
+/// `<outbox>_enqueue()`) or [`sqlx::MySql`] (a plain `INSERT`; the table's
+/// trigger computes the bucket).
+pub trait ProducerDatabase: sqlx::Database {
+    #[doc(hidden)]
+    fn enqueue<'a, 'e: 'a, E: sqlx::Executor<'e, Database = Self> + 'a>(
+        producer: &'a Producer,
         exec: E,
-        message: Message,
-    ) -> Result<i64, StoreError> {
-        self.sql
-            .enqueue(
-                exec,
-                &message.message_key,
-                &message.exchange,
-                &message.routing_key,
-                &message.payload,
-                &message.headers,
-                message.content_type.as_deref(),
-            )
-            .await
+        message: &'a Message,
+    ) -> BoxFuture<'a, Result<i64, StoreError>>;
+}
+
+impl ProducerDatabase for sqlx::Postgres {
+    fn enqueue<'a, 'e: 'a, E: sqlx::Executor<'e, Database = Self> + 'a>(
+        producer: &'a Producer,
+        exec: E,
+        message: &'a Message,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(crate::store::postgres::outbox::enqueue(
+            &producer.postgres,
+            exec,
+            message,
+        ))
+    }
+}
+
+impl ProducerDatabase for sqlx::MySql {
+    fn enqueue<'a, 'e: 'a, E: sqlx::Executor<'e, Database = Self> + 'a>(
+        producer: &'a Producer,
+        exec: E,
+        message: &'a Message,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(crate::store::mysql::outbox::enqueue(
+            &producer.mysql,
+            exec,
+            message,
+        ))
     }
 }

@@ -30,7 +30,7 @@ use crate::relay::stats::StatsSnapshot;
 use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
 use crate::store::outbox::BucketHead;
 use crate::store::workers::WorkerMode;
-use crate::store::{Store, StoreError, schema};
+use crate::store::{Channel, Store, StoreError, schema};
 
 /// How `outboxd work` runs and reports.
 #[derive(Debug, Clone)]
@@ -117,7 +117,7 @@ pub async fn run(
 ) -> Result<StatsSnapshot, WorkError> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, "outboxd work").await?;
-    retry_lost_query(|| schema::check(&store.pool, &store.tables, partitioner)).await?;
+    retry_lost_query(|| schema::check(&store, partitioner)).await?;
 
     // Bound before joining, so a taken port stops start-up cleanly.
     let ui_listener = match opts.ui {
@@ -173,7 +173,12 @@ pub async fn run(
         stats.clone(),
         background.clone(),
     ));
-    let wakeup_sources = wakeups.start(&store, &config.database, &background);
+    let wakeup_sources = wakeups.start(
+        &store,
+        &config.database,
+        Duration::from_millis(config.outbox.idle_backoff_ms),
+        &background,
+    );
     let keep_connected = tokio::spawn(broker.clone().keep_connected(background.clone()));
     let blocked = tokio::spawn(report_blocked(
         store.clone(),
@@ -312,7 +317,7 @@ pub async fn run(
             "the database did not answer in time; the worker row expires after heartbeat_ttl"
         );
     }
-    let _ = tokio::time::timeout_at(farewell, store.pool.close()).await;
+    let _ = tokio::time::timeout_at(farewell, store.close()).await;
     match fatal {
         Some(e) => Err(e.into()),
         None => Ok(totals),
@@ -351,12 +356,7 @@ async fn report_blocked(
     loop {
         let now = blocked.borrow_and_update().clone();
         if written.as_ref() != Some(&now) {
-            match store
-                .tables
-                .workers
-                .set_broker_blocked(&store.pool, worker_id, now.as_deref())
-                .await
-            {
+            match store.set_broker_blocked(worker_id, now.as_deref()).await {
                 Ok(()) => written = Some(now),
                 Err(e) => tracing::debug!(error = %e, "recording broker flow control failed"),
             }
@@ -382,26 +382,21 @@ impl ThroughputRecorder {
     async fn record(&mut self, store: &Store, now: StatsSnapshot) {
         let delta = now.since(&self.recorded);
         if delta.published > 0 || delta.failed > 0 {
-            match store
-                .tables
-                .stats
-                .record(&store.pool, delta.published, delta.failed)
-                .await
-            {
+            match store.record_throughput(delta.published, delta.failed).await {
                 Ok(()) => self.recorded = now,
                 // Kept for the next tick: nothing is lost while the database is away.
                 Err(e) => tracing::debug!(error = %e, "recording throughput failed"),
             }
         }
         if self.ticks.is_multiple_of(60) {
-            let _ = store.tables.stats.prune(&store.pool).await;
+            let _ = store.prune_throughput().await;
         }
         self.ticks += 1;
     }
 }
 
 async fn announce(store: &Store, what: &str) {
-    if let Err(e) = Store::notify(&store.pool, &store.tables.fleet_channel(), what).await {
+    if let Err(e) = store.notify(Channel::Fleet, what).await {
         tracing::debug!(error = %e, what, "could not announce to the fleet");
     }
 }
@@ -447,7 +442,7 @@ impl Reporter {
         if !self.json && !self.human {
             return;
         }
-        let heads = store.tables.outbox.bucket_heads(&store.pool, labels).await;
+        let heads = store.bucket_heads(labels).await;
         let heads: Option<Vec<BucketHead>> = match heads {
             Ok(h) => Some(h),
             Err(e) => {

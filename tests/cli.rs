@@ -120,10 +120,10 @@ fn environment_urls_are_validated_and_redacted() {
     let dir = temp_dir();
     let out = run(
         &["work", "--no-leasing"],
-        &[("DATABASE_URL", "mysql://u:hunter2@h/db")],
+        &[("DATABASE_URL", "sqlite://u:hunter2@h/db")],
         &dir,
     );
-    assert_one_line_error(&out, "database.url has scheme 'mysql'");
+    assert_one_line_error(&out, "database.url has scheme 'sqlite'");
     let out = run(
         &["work", "--no-leasing"],
         &[("AMQP_URL", "not a url at all hunter2")],
@@ -205,11 +205,10 @@ fn database_connection_errors_say_their_cause_once() {
     }
 }
 
-#[tokio::test]
-async fn work_refuses_an_unmigrated_database() {
+async fn work_refuses_an_unmigrated_database(db: Db) {
     let env = TestEnv::with(Tuning {
         migrate: false,
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let out = env
@@ -237,16 +236,14 @@ async fn work_refuses_an_unmigrated_database() {
     );
 }
 
-#[tokio::test]
-async fn work_refuses_a_newer_schema() {
-    let env = TestEnv::new().await;
-    sqlx::query(
-        "INSERT INTO outbox_schema_migrations (version, description, success, checksum, execution_time)
-         VALUES (999999, 'from the future', true, '\\x00', 0)",
-    )
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+async fn work_refuses_a_newer_schema(db: Db) {
+    let env = TestEnv::on(db).await;
+    env.db
+        .exec(
+            "INSERT INTO outbox_schema_migrations (version, description, success, checksum, execution_time)
+             VALUES (999999, 'from the future', true, '\\x00', 0)",
+        )
+        .await;
     let out = env
         .command(&["work", "--no-leasing", "--once"])
         .output()
@@ -254,9 +251,8 @@ async fn work_refuses_a_newer_schema() {
     assert_one_line_error(&out, "newer than this outboxd knows");
 }
 
-#[tokio::test]
-async fn work_refuses_a_partition_count_that_differs_from_the_database() {
-    let env = TestEnv::new().await;
+async fn work_refuses_a_partition_count_that_differs_from_the_database(db: Db) {
+    let env = TestEnv::on(db).await;
     let path = env.dir.join("other.toml");
     let text = std::fs::read_to_string(&env.config_path)
         .unwrap()
@@ -283,18 +279,19 @@ async fn work_refuses_a_partition_count_that_differs_from_the_database() {
     assert_one_line_error(&out, "has 16 buckets");
 }
 
-#[tokio::test]
-async fn no_leasing_refuses_to_start_while_another_worker_is_live() {
-    let env = TestEnv::new().await;
+async fn no_leasing_refuses_to_start_while_another_worker_is_live(db: Db) {
+    let env = TestEnv::on(db).await;
     let mut first = env.spawn_worker(&["--no-leasing", "--silent"]);
     // Wait for the first worker's row.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let n: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox_workers WHERE heartbeat_until > now()")
-                .fetch_one(&env.store.pool)
-                .await
-                .unwrap();
+        let n: i64 = env
+            .db
+            .value(&format!(
+                "SELECT count(*) FROM outbox_workers WHERE heartbeat_until > {}",
+                env.db.now()
+            ))
+            .await;
         if n == 1 {
             break;
         }
@@ -418,3 +415,10 @@ fn config_prints_toml_that_reads_back_the_same() {
     assert_eq!(format!("{original:?}"), format!("{again:?}"));
     assert_eq!(again.database.pooler, outboxd::config::Pooler::Transaction);
 }
+
+on_every_db!(
+    work_refuses_an_unmigrated_database,
+    work_refuses_a_newer_schema,
+    work_refuses_a_partition_count_that_differs_from_the_database,
+    no_leasing_refuses_to_start_while_another_worker_is_live,
+);

@@ -120,7 +120,7 @@ async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away()
     // Production outlasts the three faults.
     let total = 16_000;
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         total,
         300,

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use outboxd::producer::{Message, Producer};
-use outboxd::store::workers::WorkerMode;
+use outboxd::producer::Message;
+use outboxd::store::workers::{Registration, WorkerMode};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -24,15 +24,13 @@ struct Fixture {
     blocked_head: i64,
 }
 
-async fn fixture() -> Fixture {
-    let env = TestEnv::new().await;
-    let pool = &env.store.pool;
-    let producer = Producer::default();
+async fn fixture(db: Db) -> Fixture {
+    let env = TestEnv::on(db).await;
     let mut ids = Vec::new();
     for i in 0..40 {
-        let id = producer
+        let id = env
+            .db
             .enqueue(
-                pool,
                 Message::new(
                     format!("k{}", i % 10),
                     "orders",
@@ -42,50 +40,50 @@ async fn fixture() -> Fixture {
                 .content_type("application/json")
                 .header("tenant", "acme"),
             )
-            .await
-            .unwrap();
+            .await;
         ids.push(id);
     }
     let published = ids[..5].to_vec();
     let parked = ids[5..7].to_vec();
     let blocked_head = ids[7];
-    sqlx::query("UPDATE outbox SET published_at = now() WHERE id = ANY($1)")
-        .bind(&published)
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE outbox SET failed_at = now(), attempts = 3, last_error = 'unroutable: returned by the broker (312 NO_ROUTE)' WHERE id = ANY($1)")
-        .bind(&parked)
-        .execute(pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE outbox SET attempts = 2, last_error = 'boom', available_at = now() + interval '1 hour' WHERE id = $1")
-        .bind(blocked_head)
-        .execute(pool)
-        .await
-        .unwrap();
+    let now = env.db.now();
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET published_at = {now} WHERE id IN ({})",
+            list(&published)
+        ))
+        .await;
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET failed_at = {now}, attempts = 3, \
+             last_error = 'unroutable: returned by the broker (312 NO_ROUTE)' WHERE id IN ({})",
+            list(&parked)
+        ))
+        .await;
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET attempts = 2, last_error = 'boom', available_at = {} WHERE id = {blocked_head}",
+            env.db.now_plus(3600)
+        ))
+        .await;
     let worker = Uuid::new_v4();
-    let t = &env.store.tables;
-    t.workers
-        .register(
-            pool,
-            worker,
-            "host-a",
-            WorkerMode::Leasing,
-            Duration::from_secs(60),
-            true,
-        )
-        .await
-        .unwrap();
+    let me = Registration {
+        worker_id: worker,
+        hostname: "host-a",
+        mode: WorkerMode::Leasing,
+        heartbeat_ttl: Duration::from_secs(60),
+        can_publish: true,
+    };
+    env.store.register(me, &|_| true).await.unwrap();
     let mine: Vec<String> = ["p00", "p01", "p02", "p03"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    t.partitions
-        .acquire(pool, worker, &mine, Duration::from_secs(60), "test")
+    env.store
+        .acquire(worker, &mine, Duration::from_secs(60), "test")
         .await
         .unwrap();
-    t.stats.record(pool, 7, 1).await.unwrap();
+    env.store.record_throughput(7, 1).await.unwrap();
     let pending = ids[7..].to_vec();
     Fixture {
         env,
@@ -110,9 +108,8 @@ fn ids_of(page: &Value) -> Vec<i64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_endpoint_answers_what_the_database_holds() {
-    let f = fixture().await;
+async fn every_endpoint_answers_what_the_database_holds(db: Db) {
+    let f = fixture(db).await;
     let env = &f.env;
     let (mut ui, base) = spawn_ui(env, &env.config_path);
     let api = format!("{base}/outbox/api");
@@ -154,12 +151,13 @@ async fn every_endpoint_answers_what_the_database_holds() {
         let owned = ["p00", "p01", "p02", "p03"].contains(&key);
         assert_eq!(p["lease_owner"] == f.worker.to_string(), owned, "{key}");
     }
-    let blocked_bucket: String =
-        sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
-            .bind(f.blocked_head)
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+    let blocked_bucket: String = env
+        .db
+        .value(&format!(
+            "SELECT partition_key FROM outbox WHERE id = {}",
+            f.blocked_head
+        ))
+        .await;
     let blocked = parts
         .iter()
         .find(|p| p["partition_key"] == blocked_bucket)
@@ -185,12 +183,12 @@ async fn every_endpoint_answers_what_the_database_holds() {
     let page = get(&format!("{api}/messages?state=pending&key=k3"))
         .await
         .json();
-    let k3: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM outbox WHERE message_key = 'k3' AND published_at IS NULL AND failed_at IS NULL ORDER BY id",
-    )
-    .fetch_all(&env.store.pool)
-    .await
-    .unwrap();
+    let k3: Vec<i64> = env
+        .db
+        .column(
+            "SELECT id FROM outbox WHERE message_key = 'k3' AND published_at IS NULL AND failed_at IS NULL ORDER BY id",
+        )
+        .await;
     assert_eq!(ids_of(&page), k3);
     let page = get(&format!("{api}/messages?key=%23{}", f.parked[0]))
         .await
@@ -277,11 +275,10 @@ async fn every_endpoint_answers_what_the_database_holds() {
         .await,
         1
     );
-    let audited: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_audit WHERE action = 'requeue'")
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+    let audited: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_audit WHERE action = 'requeue'")
+        .await;
     assert_eq!(audited, 1);
 
     // Metrics.
@@ -316,9 +313,8 @@ async fn every_endpoint_answers_what_the_database_holds() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_token_everything_but_healthz_is_refused_without_it() {
-    let f = fixture().await;
+async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
+    let f = fixture(db).await;
     let env = &f.env;
     let config = env.dir.join("token.toml");
     let text = std::fs::read_to_string(&env.config_path).unwrap();
@@ -463,3 +459,8 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it() {
         "the token leaked into the log"
     );
 }
+
+on_every_db!(
+    every_endpoint_answers_what_the_database_holds,
+    with_a_token_everything_but_healthz_is_refused_without_it,
+);

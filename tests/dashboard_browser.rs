@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
-use outboxd::producer::{Message, Producer};
+use outboxd::producer::Message;
 
 fn prerequisites() -> (String, std::path::PathBuf) {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -36,27 +36,28 @@ fn prerequisites() -> (String, std::path::PathBuf) {
     (chromium, script)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui() {
+async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui(
+    db: Db,
+) {
     let (chromium, script) = prerequisites();
     let env = TestEnv::with(Tuning {
         max_attempts: 1,
-        ..Tuning::fleet()
+        ..Tuning::fleet().on(db)
     })
     .await;
-    let pool = &env.store.pool;
     let queue = unique("q");
     let missing = unique("missing");
     // The consumer keeps the demo queue short.
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
-    let parked = producer
-        .enqueue(
-            pool,
-            Message::new("parked-key", "", missing.clone(), "parked payload"),
-        )
-        .await
-        .unwrap();
+    let parked = env
+        .db
+        .enqueue(Message::new(
+            "parked-key",
+            "",
+            missing.clone(),
+            "parked payload",
+        ))
+        .await;
 
     let mut workers = vec![env.spawn_worker(&["--silent", "--ui", "127.0.0.1:0"])];
     workers.extend((0..2).map(|_| env.spawn_worker(&["--silent"])));
@@ -65,8 +66,8 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     // The fleet settles and the unroutable message is parked.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let live = env.store.tables.workers.live_leasing(pool).await.unwrap();
-        let leases = env.store.tables.partitions.leases(pool).await.unwrap();
+        let live = live(&env).await;
+        let leases = leases(&env).await;
         // Converged: every bucket held by the owner the modulo rule names.
         let settled = live.len() == 3
             && leases.iter().enumerate().all(|(b, l)| {
@@ -88,23 +89,11 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Steady traffic for the live check.
-    let db_url = env.db_url.clone();
-    let q = queue.clone();
+    let (db, q) = (env.db.clone(), queue.clone());
     let traffic = tokio::spawn(async move {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&db_url)
-            .await
-            .unwrap();
-        let producer = Producer::default();
         for i in 0..3000 {
-            producer
-                .enqueue(
-                    &pool,
-                    Message::new(format!("key-{}", i % 40), "", q.as_str(), "x"),
-                )
-                .await
-                .unwrap();
+            db.enqueue(Message::new(format!("key-{}", i % 40), "", q.as_str(), "x"))
+                .await;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
@@ -114,14 +103,9 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     // Fix the cause, so the requeued message can be published.
     let _fixed = QueueReader::open(&amqp_url(), &missing).await.unwrap();
 
-    let workers_expected = env.store.tables.workers.live_leasing(pool).await.unwrap();
-    let owners: BTreeMap<String, String> = env
-        .store
-        .tables
-        .partitions
-        .leases(pool)
+    let workers_expected = live(&env).await;
+    let owners: BTreeMap<String, String> = leases(&env)
         .await
-        .unwrap()
         .into_iter()
         .map(|l| (l.partition_key, l.lease_owner.unwrap().to_string()))
         .collect();
@@ -153,14 +137,19 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     );
 
     // The requeue really happened: audited, and the message went out.
-    let audited: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND detail->'ids' @> to_jsonb($1::bigint)",
-    )
-    .bind(parked)
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    assert_eq!(audited, 1);
+    let audits: Vec<serde_json::Value> = env
+        .db
+        .column("SELECT detail FROM outbox_audit WHERE action = 'requeue'")
+        .await;
+    let audited = audits
+        .iter()
+        .filter(|d| {
+            d["ids"]
+                .as_array()
+                .is_some_and(|ids| ids.contains(&parked.into()))
+        })
+        .count();
+    assert_eq!(audited, 1, "{audits:?}");
     let published = env
         .wait_count(
             &format!("id = {parked} AND published_at IS NOT NULL"),
@@ -185,3 +174,5 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         );
     }
 }
+
+on_every_db!(the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui,);

@@ -19,18 +19,17 @@ use std::time::{Duration, Instant};
 use common::*;
 use outboxd::checker::{OrderViolation, Verdict};
 use outboxd::demo::QueueReader;
-use outboxd::producer::{Message, Producer};
+use outboxd::producer::Message;
 
 /// RabbitMQ memory alarm: the broker blocks publishing connections. The
 /// relay logs the blocked state, publishes nothing while it lasts, stays
 /// responsive, and drains the backlog once the alarm clears, losing nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears() {
+async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(db: Db) {
     let broker = PrivateBroker::start();
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         confirm_timeout: "3s",
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let queue = unique("q");
@@ -39,7 +38,7 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         300,
         30,
@@ -55,7 +54,7 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
     broker.ctl(&["set_vm_memory_high_watermark", "0"]);
     let alarm_at = Instant::now();
     produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         1_000,
         50,
@@ -140,24 +139,20 @@ struct Producers {
 }
 
 impl Producers {
-    fn start(db_url: &str, exchange: &str, routing_key: &str, tasks: usize, rate: f64) -> Self {
+    fn start(env: &TestEnv, exchange: &str, routing_key: &str, tasks: usize, rate: f64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let period = Duration::from_secs_f64(tasks as f64 / rate);
         let tasks = (0..tasks)
             .map(|t| {
-                let (db_url, exchange, routing_key, stop) = (
-                    db_url.to_string(),
+                let (kind, db_url, exchange, routing_key, stop) = (
+                    env.kind,
+                    env.db_url.clone(),
                     exchange.to_string(),
                     routing_key.to_string(),
                     stop.clone(),
                 );
                 tokio::spawn(async move {
-                    let pool = sqlx::postgres::PgPoolOptions::new()
-                        .max_connections(1)
-                        .acquire_timeout(Duration::from_secs(2))
-                        .connect_lazy(&db_url)
-                        .unwrap();
-                    let producer = Producer::default();
+                    let db = TestDb::connect_lazy(kind, &db_url, 1, Duration::from_secs(2));
                     let mut committed = 0;
                     let mut next = tokio::time::Instant::now();
                     for i in 0u64.. {
@@ -172,19 +167,12 @@ impl Producers {
                             routing_key.as_str(),
                             i.to_string(),
                         );
-                        let Ok(mut tx) = pool.begin().await else {
-                            continue;
-                        };
-                        if producer.enqueue(&mut *tx, message).await.is_err() {
-                            continue;
-                        }
-                        if i % 7 == 6 {
-                            let _ = tx.rollback().await;
-                        } else if tx.commit().await.is_ok() {
+                        let commit = i % 7 != 6;
+                        if db.enqueue_in_tx(vec![message], commit).await.is_ok() && commit {
                             committed += 1;
                         }
                     }
-                    pool.close().await;
+                    db.close().await;
                     committed
                 })
             })
@@ -200,6 +188,15 @@ impl Producers {
             n += t.await.unwrap();
         }
         n
+    }
+}
+
+/// A backlog of `n` rows over 300 keys, written with plain `INSERT`s.
+async fn seed(env: &TestEnv, queue: &str, n: usize) {
+    let keys: Vec<String> = (0..300).map(|k| format!("seed-{k}")).collect();
+    for chunk in 0..n.div_ceil(5_000) {
+        let rows = (n - chunk * 5_000).min(5_000);
+        env.db.exec(&plain_insert(&keys, queue, rows)).await;
     }
 }
 
@@ -244,35 +241,22 @@ async fn wait_publishing(env: &TestEnv, from: i64, timeout: Duration) -> Duratio
 /// relay (this test, publishing with outboxd's headers) delivers one key
 /// out of order, skips a message, sends one twice, and sends the row of a
 /// rolled-back transaction; the verdict names exactly those.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
-    let env = TestEnv::new().await;
-    let pool = &env.store.pool;
-    let producer = Producer::default();
+async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut a = Vec::new();
     let mut b = Vec::new();
     for i in 0..4 {
-        a.push(
-            producer
-                .enqueue(pool, Message::new("a", "", queue.clone(), i.to_string()))
-                .await
-                .unwrap(),
-        );
-        b.push(
-            producer
-                .enqueue(pool, Message::new("b", "", queue.clone(), i.to_string()))
-                .await
-                .unwrap(),
-        );
+        let m = |key| Message::new(key, "", queue.clone(), i.to_string());
+        a.push(env.db.enqueue(m("a")).await);
+        b.push(env.db.enqueue(m("b")).await);
     }
-    let mut tx = pool.begin().await.unwrap();
-    let ghost = producer
-        .enqueue(&mut tx, Message::new("a", "", queue.clone(), "ghost"))
+    let ghost = env
+        .db
+        .enqueue_in_tx(vec![Message::new("a", "", queue.clone(), "ghost")], false)
         .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+        .unwrap()[0];
 
     let broken = [
         ("a", a[0]),
@@ -333,11 +317,9 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
 
     // The real relay on the same rows: clean.
     let queue2 = unique("q");
-    sqlx::query("UPDATE outbox SET routing_key = $1")
-        .bind(&queue2)
-        .execute(pool)
-        .await
-        .unwrap();
+    env.db
+        .exec(&format!("UPDATE outbox SET routing_key = '{queue2}'"))
+        .await;
     let mut reader = QueueReader::open(&amqp_url(), &queue2).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     let (all, v) = read_and_judge(&mut reader, &env, 8, Duration::from_secs(20)).await;
@@ -351,13 +333,12 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents() {
 /// producers write: 0 lost, 0 unexpected, 0 order violations; duplicates
 /// within the killed workers' in-flight batches; the backlog gone within
 /// lease_ttl + a few seconds of the last kill.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_a_random_worker_every_few_seconds_loses_nothing() {
-    let env = TestEnv::with(Tuning::fleet()).await;
+async fn sigkill_a_random_worker_every_few_seconds_loses_nothing(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let queue = unique("q");
     drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
     let mut fleet: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
-    let producers = Producers::start(&env.db_url, "", &queue, 4, 400.0);
+    let producers = Producers::start(&env, "", &queue, 4, 400.0);
     let length = scenario_length(20, 60);
     let start = Instant::now();
     let mut kills = 0;
@@ -367,15 +348,14 @@ async fn sigkill_a_random_worker_every_few_seconds_loses_nothing() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         round += 1;
         let victim = (uuid::Uuid::new_v4().as_u128() % 3) as usize;
-        let pid = fleet[victim].pid() as i32;
-        let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox_partitions p JOIN outbox_workers w
-             ON w.worker_id = p.lease_owner WHERE w.pid = $1",
-        )
-        .bind(pid)
-        .fetch_one(&env.store.pool)
-        .await
-        .unwrap();
+        let pid = fleet[victim].pid();
+        let held: i64 = env
+            .db
+            .value(&format!(
+                "SELECT count(*) FROM outbox_partitions p JOIN outbox_workers w
+                 ON w.worker_id = p.lease_owner WHERE w.pid = {pid}"
+            ))
+            .await;
         fleet[victim].signal("KILL");
         fleet[victim].wait(Duration::from_secs(5));
         kills += 1;
@@ -404,30 +384,22 @@ async fn sigkill_a_random_worker_every_few_seconds_loses_nothing() {
 // ------------------------------------------------------------- scenario 3
 
 /// kill -9 of RabbitMQ during a drain, restarted, twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing() {
+async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing(db: Db) {
     let broker = PrivateBroker::start();
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         confirm_timeout: "3s",
-        ..Tuning::fleet()
+        ..Tuning::fleet().on(db)
     })
     .await;
     let queue = unique("q");
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
-    sqlx::query(
-        "SELECT outbox_enqueue('seed-' || (i % 300), '', $1, convert_to(i::text, 'UTF8'))
-         FROM generate_series(1, 20000) i",
-    )
-    .bind(&queue)
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    seed(&env, &queue, 20_000).await;
     let mut fleet = [
         env.spawn_worker(&["--silent"]),
         env.spawn_worker(&["--silent"]),
     ];
-    let producers = Producers::start(&env.db_url, "", &queue, 3, 300.0);
+    let producers = Producers::start(&env, "", &queue, 3, 300.0);
     let mut recoveries = Vec::new();
     for _ in 0..2 {
         let before = env.count("published_at IS NOT NULL").await;
@@ -453,56 +425,49 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing() {
 
 // ------------------------------------------------------------- scenario 4
 
-/// PostgreSQL stopped with `-m immediate` (a crash) during a drain and
-/// started again; then the relay's backends terminated repeatedly.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_crashed_and_restarted_during_a_drain_loses_nothing() {
-    let pg = PrivatePostgres::start();
+/// The database crashed during a drain (PostgreSQL stopped with `-m
+/// immediate`, MariaDB's server killed with SIGKILL) and started again;
+/// then the relay's connections terminated repeatedly.
+async fn the_database_crashed_and_restarted_during_a_drain_loses_nothing(db: Db) {
+    let server = PrivateDatabase::start(db);
     let env = TestEnv::with(Tuning {
-        pg_admin_url: Some(pg.admin_url()),
-        ..Tuning::fleet()
+        server_admin_url: Some(server.admin_url()),
+        ..Tuning::fleet().on(db)
     })
     .await;
     let queue = unique("q");
     drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
-    sqlx::query(
-        "SELECT outbox_enqueue('seed-' || (i % 300), '', $1, convert_to(i::text, 'UTF8'))
-         FROM generate_series(1, 20000) i",
-    )
-    .bind(&queue)
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    seed(&env, &queue, 20_000).await;
     let mut fleet = [
         env.spawn_worker(&["--silent"]),
         env.spawn_worker(&["--silent"]),
     ];
-    let producers = Producers::start(&env.db_url, "", &queue, 3, 300.0);
+    let producers = Producers::start(&env, "", &queue, 3, 300.0);
     wait_publishing(&env, 500, Duration::from_secs(30)).await;
-    pg.run(&["stop", "immediate"]);
+    server.crash();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    pg.run(&["start"]);
+    server.restart();
     let down = env.count("published_at IS NOT NULL").await;
     let resumed = wait_publishing(&env, down, Duration::from_secs(60)).await;
 
     // Then the relay's connections, killed five times over two seconds.
     let mut terminated = 0;
     for _ in 0..5 {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE application_name = 'outboxd work' AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&env.store.pool)
-        .await
-        .unwrap();
-        terminated += n;
+        terminated += env
+            .db
+            .kill_worker_connections(
+                &server.admin_url(),
+                &env.db_name,
+                &fleet.iter().map(WorkerProcess::pid).collect::<Vec<_>>(),
+            )
+            .await;
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     producers.stop().await;
     let drained = wait_drained(&env, Duration::from_secs(120)).await;
     let v = judge_queue(&env, &amqp_url(), &queue).await;
     println!(
-        "PostgreSQL -m immediate for 3 s: publishing resumed {resumed:?} after the restart; {terminated} relay backends terminated after; drained {drained:?} later; {}",
+        "database crashed for 3 s: publishing resumed {resumed:?} after the restart; {terminated} relay backends terminated after; drained {drained:?} later; {}",
         v.summary()
     );
     assert!(terminated > 0);
@@ -515,10 +480,9 @@ async fn postgres_crashed_and_restarted_during_a_drain_loses_nothing() {
 /// The binding a bucket's messages route through is removed mid-run: the
 /// heads fail as unroutable with a visible error and nothing behind them is
 /// published; once the binding is back, everything goes out in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order() {
+async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order(db: Db) {
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
-    let env = TestEnv::new().await;
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let exchange = unique("ex");
     drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
@@ -545,7 +509,7 @@ async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order() {
     };
     bind().await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
-    let producers = Producers::start(&env.db_url, &exchange, "orders", 3, 300.0);
+    let producers = Producers::start(&env, &exchange, "orders", 3, 300.0);
     wait_publishing(&env, 300, Duration::from_secs(30)).await;
 
     ch.queue_unbind(
@@ -623,32 +587,30 @@ async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order() {
 /// Scale 2 → 6 → 2 workers every 4 s, under load: one owner per bucket per
 /// epoch, first deliveries of a bucket never go back to an older epoch, no
 /// bucket unowned longer than lease_ttl + lease_renew, nothing lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
-    let env = TestEnv::with(Tuning::fleet()).await;
+async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue)
         .await
         .unwrap()
         .keep_log();
     let mut fleet: Vec<WorkerProcess> = (0..2).map(|_| env.spawn_worker(&["--silent"])).collect();
-    let producers = Producers::start(&env.db_url, "", &queue, 4, 400.0);
+    let producers = Producers::start(&env, "", &queue, 4, 400.0);
 
     // Samples every 100 ms how long each bucket has been without a valid lease.
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
-        let (pool, stop) = (env.store.pool.clone(), stop.clone());
+        let (db, stop) = (env.db.clone(), stop.clone());
+        let query = format!(
+            "SELECT partition_key, lease_owner IS NOT NULL AND lease_until > {}
+             FROM outbox_partitions",
+            env.db.now()
+        );
         tokio::spawn(async move {
             let mut unowned_since: HashMap<String, Instant> = HashMap::new();
             let mut worst = Duration::ZERO;
             while !stop.load(Ordering::Relaxed) {
-                let rows: Vec<(String, bool)> = sqlx::query_as(
-                    "SELECT partition_key, lease_owner IS NOT NULL AND lease_until > now()
-                     FROM outbox_partitions",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
+                let rows: Vec<(String, bool)> = db.rows(&query).await;
                 for (bucket, owned) in rows {
                     if owned {
                         if let Some(since) = unowned_since.remove(&bucket) {
@@ -691,26 +653,25 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
     producers.stop().await;
     wait_drained(&env, Duration::from_secs(60)).await;
 
-    let shared: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT partition_key, new_epoch, count(DISTINCT worker_id) FROM outbox_lease_events
-         WHERE action = 'acquire' GROUP BY 1, 2 HAVING count(DISTINCT worker_id) > 1",
-    )
-    .fetch_all(&env.store.pool)
-    .await
-    .unwrap();
-    let acquisitions: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+    let shared: Vec<(String, i64, i64)> = env
+        .db
+        .rows(
+            "SELECT partition_key, new_epoch, count(DISTINCT worker_id) FROM outbox_lease_events
+             WHERE action = 'acquire' GROUP BY 1, 2 HAVING count(DISTINCT worker_id) > 1",
+        )
+        .await;
+    let acquisitions: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
+        .await;
     // Every hand-over was a release and an acquisition: no bucket waited
     // for a lease to expire.
-    let after_expiry: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire' AND reason LIKE 'expired%'",
-    )
-    .fetch_one(&env.store.pool)
-    .await
-    .unwrap();
+    let after_expiry: i64 = env
+        .db
+        .value(
+            "SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire' AND reason LIKE 'expired%'",
+        )
+        .await;
     let committed = env.count("true").await as usize;
     let (all, v) = read_and_judge(&mut reader, &env, committed, Duration::from_secs(60)).await;
     assert!(all, "{}", v.summary());
@@ -758,45 +719,37 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket() {
 /// to last a year (longer than any claim_ttl) is ignored at once; one within
 /// the TTL holds its bucket until it lapses, and no longer. The other
 /// buckets never wait, nothing is lost, order holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl() {
-    let env = TestEnv::new().await;
+async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl(db: Db) {
+    let env = TestEnv::on(db).await;
     let p = env.partitioner();
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
-    let pool = &env.store.pool;
     for bucket in ["p01", "p02", "p03"] {
         let keys = keys_in_bucket(p, bucket, 3, "c");
         for round in 0..3 {
             for k in &keys {
-                producer
-                    .enqueue(
-                        pool,
-                        Message::new(k.clone(), "", queue.clone(), round.to_string()),
-                    )
-                    .await
-                    .unwrap();
+                env.db
+                    .enqueue(Message::new(
+                        k.clone(),
+                        "",
+                        queue.clone(),
+                        round.to_string(),
+                    ))
+                    .await;
             }
         }
     }
     // p01: a year-long claim nobody holds; p02: one that lapses in 4 s.
-    sqlx::query(
-        "UPDATE outbox_partitions SET claim_token = gen_random_uuid(),
-                claimed_until = now() + interval '1 year'
-         WHERE partition_key = 'p01'",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "UPDATE outbox_partitions SET claim_token = gen_random_uuid(),
-                claimed_until = now() + interval '4 s'
-         WHERE partition_key = 'p02'",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    let corrupt = |bucket: &str, secs: i64| {
+        format!(
+            "UPDATE outbox_partitions SET claim_token = {}, claimed_until = {}
+             WHERE partition_key = '{bucket}'",
+            env.db.random_uuid(),
+            env.db.now_plus(secs)
+        )
+    };
+    env.db.exec(&corrupt("p01", 365 * 86_400)).await;
+    env.db.exec(&corrupt("p02", 4)).await;
     let start = Instant::now();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     let bucket_done = |bucket: &'static str| {
@@ -839,8 +792,7 @@ async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl()
 /// `max_message_size`, lowered to 1 MiB here; outboxd's own limit is
 /// higher) and a row whose headers nest too deep: each fails with a clear
 /// error, is parked after max_attempts, and blocks no other bucket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clear_errors() {
+async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clear_errors(db: Db) {
     let broker = PrivateBroker::start();
     broker.ctl(&[
         "eval",
@@ -849,50 +801,45 @@ async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clea
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         max_attempts: 2,
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&broker.url(), &queue).await.unwrap();
-    let pool = &env.store.pool;
-    let producer = Producer::default();
-    let big = producer
-        .enqueue(
-            pool,
-            Message::new("big", "", queue.clone(), vec![7u8; 2 * 1024 * 1024]),
-        )
-        .await
-        .unwrap();
+    let big = env
+        .db
+        .enqueue(Message::new(
+            "big",
+            "",
+            queue.clone(),
+            vec![7u8; 2 * 1024 * 1024],
+        ))
+        .await;
     let mut deep = serde_json::json!(1);
     for _ in 0..20 {
         deep = serde_json::json!({ "n": deep });
     }
-    let nested = producer
-        .enqueue(
-            pool,
-            Message::new("nested", "", queue.clone(), "x").header("deep", deep),
-        )
-        .await
-        .unwrap();
+    let nested = env
+        .db
+        .enqueue(Message::new("nested", "", queue.clone(), "x").header("deep", deep))
+        .await;
     let mut good = Vec::new();
     for i in 0..30 {
         good.push(
-            producer
-                .enqueue(pool, Message::new(format!("g{i}"), "", queue.clone(), "x"))
-                .await
-                .unwrap(),
+            env.db
+                .enqueue(Message::new(format!("g{i}"), "", queue.clone(), "x"))
+                .await,
         );
     }
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("failed_at IS NOT NULL", 2, Duration::from_secs(30))
         .await;
-    let errors: HashMap<i64, String> =
-        sqlx::query_as("SELECT id, last_error FROM outbox WHERE failed_at IS NOT NULL")
-            .fetch_all(pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let errors: HashMap<i64, String> = env
+        .db
+        .rows::<(i64, String)>("SELECT id, last_error FROM outbox WHERE failed_at IS NOT NULL")
+        .await
+        .into_iter()
+        .collect();
     println!("parked: {errors:?}");
     assert!(errors[&big].contains("larger than"), "{errors:?}");
     assert!(errors[&nested].contains("nested deeper"), "{errors:?}");
@@ -909,3 +856,15 @@ async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clea
     assert!(!reader.checker.has(big) && !reader.checker.has(nested));
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
+
+on_every_db!(
+    a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears,
+    the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents,
+    sigkill_a_random_worker_every_few_seconds_loses_nothing,
+    rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing,
+    the_database_crashed_and_restarted_during_a_drain_loses_nothing,
+    a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order,
+    scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket,
+    corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl,
+    a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clear_errors,
+);

@@ -43,20 +43,18 @@ async fn pump(reader: &mut QueueReader, d: Duration) {
 
 /// Pairs (bucket, epoch) that more than one worker acquired: must be none.
 async fn epochs_held_twice(env: &TestEnv) -> Vec<(String, i64)> {
-    sqlx::query_as(
-        "SELECT partition_key, new_epoch FROM outbox_lease_events WHERE action = 'acquire'
-         GROUP BY partition_key, new_epoch HAVING count(DISTINCT worker_id) > 1",
-    )
-    .fetch_all(&env.store.pool)
-    .await
-    .unwrap()
+    env.db
+        .rows(
+            "SELECT partition_key, new_epoch FROM outbox_lease_events WHERE action = 'acquire'
+             GROUP BY partition_key, new_epoch HAVING count(DISTINCT worker_id) > 1",
+        )
+        .await
 }
 
 async fn lease_changes(env: &TestEnv) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
-        .fetch_one(&env.store.pool)
+    env.db
+        .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
         .await
-        .unwrap()
 }
 
 /// Whether every bucket of `held` is validly leased by another worker under
@@ -114,7 +112,7 @@ async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
     let cut_id = worker_id_of(&env, &workers[1]).await;
     let total = 4_000;
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         total,
         200,
@@ -272,22 +270,19 @@ async fn a_slow_lossy_database_link_keeps_publishing_without_lease_flapping() {
     let held_before = held_by(&env, slow_id).await;
     let started = Instant::now();
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         total,
         300,
         window,
     ));
     let published_by_slow = |env: &TestEnv| {
-        let pool = env.store.pool.clone();
+        let db = env.db.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT published_total FROM outbox_workers WHERE worker_id = $1",
-            )
-            .bind(slow_id)
-            .fetch_one(&pool)
+            db.value::<i64>(&format!(
+                "SELECT published_total FROM outbox_workers WHERE worker_id = '{slow_id}'"
+            ))
             .await
-            .unwrap()
         }
     };
     while started.elapsed() < window {
@@ -330,7 +325,7 @@ async fn sigterm_stops_a_worker_whose_database_is_blackholed_in_time() {
     wait_converged(&env, 1, Duration::from_secs(20)).await;
     let total = 2_000;
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         total,
         100,
@@ -381,7 +376,7 @@ async fn when_every_worker_loses_the_broker_the_fleet_steps_aside_without_churn(
     wait_converged(&env, 2, Duration::from_secs(20)).await;
     let total = 2_000;
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         total,
         200,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use outboxd::demo::QueueReader;
-use outboxd::producer::{Message, Producer};
+use outboxd::producer::Message;
 
 fn run(env: &TestEnv, args: &[&str]) -> Output {
     env.command(args).output().unwrap()
@@ -23,41 +23,45 @@ fn stdout(o: &Output) -> String {
 }
 
 async fn park(env: &TestEnv, ids: &[i64], error: &str) {
-    sqlx::query(
-        "UPDATE outbox SET failed_at = now(), attempts = 5, last_error = $2 WHERE id = ANY($1)",
-    )
-    .bind(ids)
-    .bind(error)
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET failed_at = {}, attempts = 5, last_error = '{error}' WHERE id IN ({})",
+            env.db.now(),
+            list(ids)
+        ))
+        .await;
 }
 
-#[tokio::test]
-async fn status_prints_the_summary_as_text_and_json() {
-    let env = TestEnv::new().await;
-    let producer = Producer::default();
-    let pool = &env.store.pool;
+/// `n` messages of keys k0, k1, … to `queue`; their ids.
+async fn enqueue_keys(env: &TestEnv, queue: &str, n: usize) -> Vec<i64> {
     let mut ids = Vec::new();
-    for i in 0..12 {
+    for i in 0..n {
         ids.push(
-            producer
-                .enqueue(pool, Message::new(format!("k{i}"), "", "q", "x"))
-                .await
-                .unwrap(),
+            env.db
+                .enqueue(Message::new(format!("k{i}"), "", queue, "x"))
+                .await,
         );
     }
+    ids
+}
+
+async fn status_prints_the_summary_as_text_and_json(db: Db) {
+    let env = TestEnv::on(db).await;
+    let ids = enqueue_keys(&env, "q", 12).await;
     park(&env, &ids[..2], "unroutable").await;
-    sqlx::query("UPDATE outbox SET attempts = 1, last_error = 'boom' WHERE id = $1")
-        .bind(ids[5])
-        .execute(pool)
-        .await
-        .unwrap();
-    let blocked: String = sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
-        .bind(ids[5])
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET attempts = 1, last_error = 'boom' WHERE id = {}",
+            ids[5]
+        ))
+        .await;
+    let blocked: String = env
+        .db
+        .value(&format!(
+            "SELECT partition_key FROM outbox WHERE id = {}",
+            ids[5]
+        ))
+        .await;
 
     let out = run(&env, &["status", "--json"]);
     assert_ok(&out);
@@ -78,28 +82,14 @@ async fn status_prints_the_summary_as_text_and_json() {
     assert!(line.ends_with("BLOCKED: boom"), "{line}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket() {
-    let env = TestEnv::new().await;
+async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
-    let pool = &env.store.pool;
     // One key: its first message is parked, the next two are still pending.
-    let first = producer
-        .enqueue(pool, Message::new("order-7", "", queue.clone(), "1"))
-        .await
-        .unwrap();
-    let later = [
-        producer
-            .enqueue(pool, Message::new("order-7", "", queue.clone(), "2"))
-            .await
-            .unwrap(),
-        producer
-            .enqueue(pool, Message::new("order-7", "", queue.clone(), "3"))
-            .await
-            .unwrap(),
-    ];
+    let m = |n: &str| Message::new("order-7", "", queue.clone(), n);
+    let first = env.db.enqueue(m("1")).await;
+    let later = [env.db.enqueue(m("2")).await, env.db.enqueue(m("3")).await];
     park(&env, &[first], "unroutable: fixed since").await;
     let bucket = env.partitioner().label_for("order-7");
 
@@ -123,29 +113,18 @@ async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bu
     assert!(
         reader.checker.has(first) && reader.checker.has(later[0]) && reader.checker.has(later[1])
     );
-    let audited: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND actor LIKE 'cli %'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let audited: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND actor LIKE 'cli %'")
+        .await;
     assert_eq!(audited, 1);
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test]
-async fn drop_needs_yes_takes_only_parked_rows_and_is_audited() {
-    let env = TestEnv::new().await;
-    let producer = Producer::default();
-    let pool = &env.store.pool;
-    let parked = producer
-        .enqueue(pool, Message::new("k", "", "q", "x"))
-        .await
-        .unwrap();
-    let pending = producer
-        .enqueue(pool, Message::new("k2", "", "q", "y"))
-        .await
-        .unwrap();
+async fn drop_needs_yes_takes_only_parked_rows_and_is_audited(db: Db) {
+    let env = TestEnv::on(db).await;
+    let parked = env.db.enqueue(Message::new("k", "", "q", "x")).await;
+    let pending = env.db.enqueue(Message::new("k2", "", "q", "y")).await;
     park(&env, &[parked], "too large").await;
 
     let out = run(&env, &["failed", "drop", &parked.to_string()]);
@@ -183,45 +162,46 @@ async fn drop_needs_yes_takes_only_parked_rows_and_is_audited() {
         1,
         "a pending row is never dropped"
     );
-    let (reason, dropped_id): (String, i64) = sqlx::query_as(
-        "SELECT detail->>'reason', (detail->'messages'->0->>'id')::bigint FROM outbox_audit WHERE action = 'drop'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let detail: serde_json::Value = env
+        .db
+        .value("SELECT detail FROM outbox_audit WHERE action = 'drop'")
+        .await;
+    let (reason, dropped_id) = (
+        detail["reason"].as_str().unwrap().to_string(),
+        detail["messages"][0]["id"].as_i64().unwrap(),
+    );
     assert_eq!((reason.as_str(), dropped_id), ("bad payload", parked));
 }
 
-#[tokio::test]
-async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock() {
-    let env = TestEnv::new().await;
-    let pool = &env.store.pool;
-    let producer = Producer::default();
-    let mut ids = Vec::new();
-    for i in 0..11 {
-        ids.push(
-            producer
-                .enqueue(pool, Message::new(format!("k{i}"), "", "q", "x"))
-                .await
-                .unwrap(),
+async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock(db: Db) {
+    let env = TestEnv::on(db).await;
+    let ids = enqueue_keys(&env, "q", 11).await;
+    let ago = |days: i64| env.db.now_plus(-days * 86_400);
+    let db = &env.db;
+    let set = |assignments: String, ids: &[i64]| {
+        let sql = format!(
+            "UPDATE outbox SET {assignments} WHERE id IN ({})",
+            list(ids)
         );
-    }
-    let set = |sql: &'static str, ids: Vec<i64>| async move {
-        sqlx::query(sql).bind(ids).execute(pool).await.unwrap();
+        async move { db.exec(&sql).await }
     };
     // 5 published 10 days ago, 3 published an hour ago, 2 old pending, 1 old parked.
-    set("UPDATE outbox SET created_at = now() - interval '11 days', published_at = now() - interval '10 days' WHERE id = ANY($1)", ids[..5].to_vec()).await;
     set(
-        "UPDATE outbox SET published_at = now() - interval '1 hour' WHERE id = ANY($1)",
-        ids[5..8].to_vec(),
+        format!("created_at = {}, published_at = {}", ago(11), ago(10)),
+        &ids[..5],
     )
     .await;
     set(
-        "UPDATE outbox SET created_at = now() - interval '30 days' WHERE id = ANY($1)",
-        ids[8..10].to_vec(),
+        format!("published_at = {}", env.db.now_plus(-3600)),
+        &ids[5..8],
     )
     .await;
-    set("UPDATE outbox SET created_at = now() - interval '30 days', failed_at = now() - interval '20 days' WHERE id = ANY($1)", ids[10..].to_vec()).await;
+    set(format!("created_at = {}", ago(30)), &ids[8..10]).await;
+    set(
+        format!("created_at = {}, failed_at = {}", ago(30), ago(20)),
+        &ids[10..],
+    )
+    .await;
 
     let out = run(&env, &["purge", "--older-than", "7d", "--dry-run"]);
     assert_eq!(
@@ -231,18 +211,13 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     assert_eq!(env.count("true").await, 11, "a dry run deletes nothing");
 
     // While another process holds the purge lock, nothing is deleted.
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(outboxd::ops::PURGE_LOCK)
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let holder = hold_purge_lock(&env).await;
     let out = run(&env, &["purge", "--older-than", "7d"]);
     assert_eq!(
         stdout(&out).trim(),
         "deleted 0 published row(s) older than 7d"
     );
-    holder.rollback().await.unwrap();
+    holder.commit().await;
 
     let out = run(&env, &["purge", "--older-than", "7d"]);
     assert_ok(&out);
@@ -270,25 +245,42 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Holds the lock that lets one process purge at a time, the way another
+/// purging process does, until the returned transaction ends.
+async fn hold_purge_lock(env: &TestEnv) -> Held {
+    match &env.db {
+        TestDb::Pg(pool) => {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(outboxd::store::postgres::outbox::PURGE_LOCK)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            Held::Pg(tx)
+        }
+        TestDb::My(pool) => {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT name FROM outbox_locks WHERE name = 'purge' FOR UPDATE")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            Held::My(tx)
+        }
+    }
+}
+
 /// Repartitioning with rows pending: a fleet drained part of a backlog and
 /// was stopped; `repartition --to 7` runs while a producer keeps writing
 /// (it must wait for the change, not slip rows in under the old count);
 /// a worker with the old count refuses to start; a fleet with the new count
 /// delivers everything: 0 lost, per-key order kept across the change.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
-    let env = TestEnv::with(Tuning::fleet()).await;
+async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     // The backlog: 10,000 rows over 200 keys, committed in one go.
-    sqlx::query(
-        "SELECT outbox_enqueue('key-' || (i % 200), '', $1, convert_to(i::text, 'UTF8'))
-         FROM generate_series(1, 10000) i",
-    )
-    .bind(&queue)
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    let keys: Vec<String> = (0..200).map(|k| format!("key-{k}")).collect();
+    env.db.exec(&plain_insert(&keys, &queue, 10_000)).await;
 
     let mut worker = env.spawn_worker(&["--silent", "--batch-size", "10"]);
     env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
@@ -316,7 +308,7 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
 
     // A producer writes through the change.
     let producing = tokio::spawn(produce_evenly(
-        env.db_url.clone(),
+        env.db.clone(),
         queue.clone(),
         1_000,
         200,
@@ -333,11 +325,10 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
     assert!(stdout(&out).contains("set outbox.partition_count = 7"));
     producing.await.unwrap();
 
-    let pool = &env.store.pool;
-    let count: i32 = sqlx::query_scalar("SELECT partition_count FROM outbox_settings")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let count: i32 = env
+        .db
+        .value("SELECT partition_count FROM outbox_settings")
+        .await;
     assert_eq!(count, 7);
     assert_eq!(
         env.count("published_at IS NULL AND partition_key <> outbox_partition_for(message_key)")
@@ -350,17 +341,15 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
             .await,
         0
     );
-    let buckets: Vec<String> =
-        sqlx::query_scalar("SELECT partition_key FROM outbox_partitions ORDER BY 1")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let buckets: Vec<String> = env
+        .db
+        .column("SELECT partition_key FROM outbox_partitions ORDER BY 1")
+        .await;
     assert_eq!(buckets, ["p00", "p01", "p02", "p03", "p04", "p05", "p06"]);
-    let audited: serde_json::Value =
-        sqlx::query_scalar("SELECT detail FROM outbox_audit WHERE action = 'repartition'")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let audited: serde_json::Value = env
+        .db
+        .value("SELECT detail FROM outbox_audit WHERE action = 'repartition'")
+        .await;
     assert_eq!(audited["from"], 16);
     assert_eq!(audited["to"], 7);
 
@@ -402,37 +391,30 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing() {
 /// computed labels with another bucket count) would wait forever; it is
 /// parked with an error that names the label and the right bucket, the
 /// other buckets go on, and `failed requeue` re-labels and delivers it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it() {
-    let env = TestEnv::new().await;
+async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
-    let pool = &env.store.pool;
-    for i in 0..20 {
-        producer
-            .enqueue(pool, Message::new(format!("k{i}"), "", queue.clone(), "ok"))
-            .await
-            .unwrap();
-    }
-    let stray: i64 = sqlx::query_scalar(
-        "INSERT INTO outbox (partition_key, message_key, routing_key, payload)
-         VALUES ('p42', 'stray-key', $1, 'x') RETURNING id",
-    )
-    .bind(&queue)
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    enqueue_keys(&env, &queue, 20).await;
+    env.db
+        .exec(&format!(
+            "INSERT INTO outbox (partition_key, message_key, routing_key, payload)
+             VALUES ('p42', 'stray-key', '{queue}', 'x')"
+        ))
+        .await;
+    let stray: i64 = env
+        .db
+        .value("SELECT id FROM outbox WHERE message_key = 'stray-key'")
+        .await;
     let right = env.partitioner().label_for("stray-key");
 
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("failed_at IS NOT NULL", 1, Duration::from_secs(15))
         .await;
-    let error: String = sqlx::query_scalar("SELECT last_error FROM outbox WHERE id = $1")
-        .bind(stray)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let error: String = env
+        .db
+        .value(&format!("SELECT last_error FROM outbox WHERE id = {stray}"))
+        .await;
     assert_eq!(
         error,
         format!(
@@ -453,11 +435,12 @@ async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabe
     );
     let (all, v) = read_and_judge(&mut reader, &env, 21, Duration::from_secs(20)).await;
     assert!(all && v.is_clean(), "{}", v.summary());
-    let label: String = sqlx::query_scalar("SELECT partition_key FROM outbox WHERE id = $1")
-        .bind(stray)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let label: String = env
+        .db
+        .value(&format!(
+            "SELECT partition_key FROM outbox WHERE id = {stray}"
+        ))
+        .await;
     assert_eq!(label, right);
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
@@ -467,15 +450,14 @@ async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabe
 #[tokio::test]
 async fn a_large_purge_vacuums_the_outbox_table() {
     let env = TestEnv::new().await;
-    sqlx::query(
-        "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
-         SELECT outbox_partition_for('k' || (g % 50)), 'k' || (g % 50), 'q', '\\x00',
-                now() - interval '2 days'
-         FROM generate_series(1, 60000) g",
-    )
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    env.db
+        .exec(
+            "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
+             SELECT outbox_partition_for('k' || (g % 50)), 'k' || (g % 50), 'q', '\\x00',
+                    now() - interval '2 days'
+             FROM generate_series(1, 60000) g",
+        )
+        .await;
     let out = run(&env, &["purge", "--older-than", "1d"]);
     assert_ok(&out);
     assert_eq!(
@@ -483,16 +465,14 @@ async fn a_large_purge_vacuums_the_outbox_table() {
         "deleted 60000 published row(s) older than 1d"
     );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("vacuumed the outbox table"),
+        String::from_utf8_lossy(&out.stderr).contains("tidied the outbox table"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let vacuumed: bool = sqlx::query_scalar(
-        "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'outbox'",
-    )
-    .fetch_one(&env.store.pool)
-    .await
-    .unwrap();
+    let vacuumed: bool = env
+        .db
+        .value("SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'outbox'")
+        .await;
     assert!(vacuumed);
 }
 
@@ -500,21 +480,11 @@ async fn a_large_purge_vacuums_the_outbox_table() {
 /// `repartition` ran, then resumed) must not drain on with the old count:
 /// its maintenance task sees the new count, the worker releases its leases
 /// and exits with the same clear message a fresh start would give.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it() {
-    let env = TestEnv::with(Tuning::fleet()).await;
+async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let mut worker = env.spawn_worker(&["--silent"]);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while env
-        .store
-        .tables
-        .partitions
-        .leases(&env.store.pool)
-        .await
-        .unwrap()
-        .iter()
-        .all(|l| l.lease_owner.is_none())
-    {
+    while leases(&env).await.iter().all(|l| l.lease_owner.is_none()) {
         assert!(
             std::time::Instant::now() < deadline,
             "the worker leased nothing"
@@ -522,10 +492,9 @@ async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // What `repartition` records (it would refuse while this worker is live).
-    sqlx::query("UPDATE outbox_settings SET partition_count = 8")
-        .execute(&env.store.pool)
-        .await
-        .unwrap();
+    env.db
+        .exec("UPDATE outbox_settings SET partition_count = 8")
+        .await;
     let status = worker.wait(Duration::from_secs(45));
     assert_eq!(status.code(), Some(1), "{}", worker.log_text());
     let log = worker.log_text();
@@ -533,11 +502,22 @@ async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it() {
         log.contains("outbox.partition_count is 16 but the database has 8 buckets"),
         "{log}"
     );
-    let held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox_partitions WHERE lease_owner IS NOT NULL AND lease_until > now()",
-    )
-    .fetch_one(&env.store.pool)
-    .await
-    .unwrap();
+    let held: i64 = env
+        .db
+        .value(&format!(
+            "SELECT count(*) FROM outbox_partitions WHERE lease_owner IS NOT NULL AND lease_until > {}",
+            env.db.now()
+        ))
+        .await;
     assert_eq!(held, 0, "leases were not released");
 }
+
+on_every_db!(
+    status_prints_the_summary_as_text_and_json,
+    a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket,
+    drop_needs_yes_takes_only_parked_rows_and_is_audited,
+    purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock,
+    repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing,
+    a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it,
+    a_running_worker_stops_when_the_database_is_repartitioned_under_it,
+);

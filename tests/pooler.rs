@@ -15,7 +15,7 @@ use common::*;
 use outboxd::checker::Verdict;
 use outboxd::demo::QueueReader;
 use outboxd::producer::{Message, Producer};
-use outboxd::store::DbPool;
+use outboxd::store::postgres::DbPool;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Enqueues `total` messages over `keys` keys from `tasks` tasks through
@@ -202,7 +202,7 @@ async fn migrate_status_failed_purge_repartition_and_the_dashboard_work_through_
     }
     sqlx::query("UPDATE outbox SET failed_at = now(), attempts = 3, last_error = 'unroutable' WHERE id = ANY($1)")
         .bind(&ids[..2])
-        .execute(&env.store.pool)
+        .execute(env.db.pg())
         .await
         .unwrap();
 
@@ -416,7 +416,7 @@ async fn a_primary_switchover_behind_pgbouncer_under_load_loses_nothing_and_keep
     let primary = PrivatePostgres::start();
     let bouncer = PgBouncer::start(&primary.host, primary.port);
     let env = TestEnv::with(Tuning {
-        pg_admin_url: Some(primary.admin_url()),
+        server_admin_url: Some(primary.admin_url()),
         pooler_url: Some(bouncer.base_url()),
         ..Tuning::hosts()
     })
@@ -511,7 +511,7 @@ async fn a_read_only_old_primary_makes_workers_reconnect_to_the_new_one() {
     };
     let name = Redirector::start(addr(&primary)).await;
     let env = TestEnv::with(Tuning {
-        pg_admin_url: Some(primary.admin_url()),
+        server_admin_url: Some(primary.admin_url()),
         ..Tuning::hosts()
     })
     .await;

@@ -11,47 +11,26 @@ use common::*;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use outboxd::demo::QueueReader;
-use outboxd::producer::{Message, Producer};
-use sqlx::postgres::PgPoolOptions;
+use outboxd::producer::Message;
 
 /// Enqueues `total` messages over `keys` keys from `tasks` concurrent tasks.
 /// Each key belongs to one task, which commits its messages one after
 /// another; every 25th transaction is rolled back (its message must never
 /// arrive).
-async fn produce(db_url: &str, queue: &str, tasks: usize, keys: usize, total: usize) {
-    let pool = PgPoolOptions::new()
-        .max_connections(tasks as u32 + 1)
-        .connect(db_url)
-        .await
-        .unwrap();
+async fn produce(db: &TestDb, queue: &str, tasks: usize, keys: usize, total: usize) {
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (pool, queue) = (pool.clone(), queue.to_string());
+        let (db, queue) = (db.clone(), queue.to_string());
         handles.push(tokio::spawn(async move {
-            let producer = Producer::default();
             let my_keys: Vec<usize> = (0..keys).filter(|k| k % tasks == t).collect();
             let n = total / tasks + usize::from(t < total % tasks);
             for i in 0..n {
                 let key = format!("key-{}", my_keys[i % my_keys.len()]);
-                let mut tx = pool.begin().await.unwrap();
-                producer
-                    .enqueue(
-                        &mut *tx,
-                        Message::new(key.clone(), "", queue.clone(), format!("{key}#{i}")),
-                    )
-                    .await
-                    .unwrap();
-                tx.commit().await.unwrap();
+                let m = Message::new(key.clone(), "", queue.clone(), format!("{key}#{i}"));
+                db.enqueue_in_tx(vec![m], true).await.unwrap();
                 if i % 25 == 0 {
-                    let mut tx = pool.begin().await.unwrap();
-                    producer
-                        .enqueue(
-                            &mut *tx,
-                            Message::new(key, "", queue.clone(), "rolled back"),
-                        )
-                        .await
-                        .unwrap();
-                    tx.rollback().await.unwrap();
+                    let m = Message::new(key, "", queue.clone(), "rolled back");
+                    db.enqueue_in_tx(vec![m], false).await.unwrap();
                 }
             }
         }));
@@ -61,15 +40,15 @@ async fn produce(db_url: &str, queue: &str, tasks: usize, keys: usize, total: us
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order() {
-    let env = TestEnv::new().await;
+async fn twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order(db: Db) {
+    let env = TestEnv::with(Tuning::default().on(db)).await;
+    let producers = TestDb::connect(db, &env.db_url, 9).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
 
     let started = Instant::now();
-    produce(&env.db_url, &queue, 8, 500, 20_000).await;
+    produce(&producers, &queue, 8, 500, 20_000).await;
     let produced_in = started.elapsed();
     let all = reader
         .read_until(Duration::from_secs(240), |c| c.unique() >= 20_000)
@@ -110,24 +89,13 @@ async fn twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fixed() {
-    let env = TestEnv::new().await;
+async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fixed(db: Db) {
+    let env = TestEnv::on(db).await;
     let p = env.partitioner();
     let queue = unique("q");
     let missing = unique("missing");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
-    let pool = &env.store.pool;
-    let enqueue = |key: String, rk: String| {
-        let producer = &producer;
-        async move {
-            producer
-                .enqueue(pool, Message::new(key, "", rk, "x"))
-                .await
-                .unwrap()
-        }
-    };
+    let enqueue = |key: String, rk: String| env.db.enqueue(Message::new(key, "", rk, "x"));
 
     // Bucket p03: good, UNROUTABLE, good, good. Other buckets: plain traffic.
     let k = keys_in_bucket(p, "p03", 3, "blocked");
@@ -148,12 +116,12 @@ async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fix
     // The head fails again and again (backoff 200ms doubling to 1s).
     let deadline = Instant::now() + Duration::from_secs(30);
     let (attempts, last_error) = loop {
-        let (attempts, last_error): (i32, Option<String>) =
-            sqlx::query_as("SELECT attempts, last_error FROM outbox WHERE id = $1")
-                .bind(bad)
-                .fetch_one(pool)
-                .await
-                .unwrap();
+        let (attempts, last_error): (i32, Option<String>) = env
+            .db
+            .row(&format!(
+                "SELECT attempts, last_error FROM outbox WHERE id = {bad}"
+            ))
+            .await;
         if attempts >= 3 || Instant::now() > deadline {
             break (attempts, last_error);
         }
@@ -213,14 +181,14 @@ async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fix
     // The consumer can see a row before its confirm is recorded.
     let ids = format!("id IN ({bad}, {m3}, {m4}) AND published_at IS NOT NULL");
     assert_eq!(env.wait_count(&ids, 3, Duration::from_secs(10)).await, 3);
-    let published: HashMap<i64, chrono::DateTime<chrono::Utc>> =
-        sqlx::query_as("SELECT id, published_at FROM outbox WHERE id = ANY($1)")
-            .bind(vec![bad, m3, m4])
-            .fetch_all(pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let published: HashMap<i64, chrono::DateTime<chrono::Utc>> = env
+        .db
+        .rows::<(i64, chrono::DateTime<chrono::Utc>)>(&format!(
+            "SELECT id, published_at FROM outbox WHERE id IN ({bad}, {m3}, {m4})"
+        ))
+        .await
+        .into_iter()
+        .collect();
     assert!(
         published[&bad] <= published[&m3] && published[&m3] <= published[&m4],
         "{published:?}"
@@ -243,27 +211,24 @@ async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fix
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on() {
+async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on(db: Db) {
     let env = TestEnv::with(Tuning {
         max_attempts: 2,
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let p = env.partitioner();
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let producer = Producer::default();
     let k = keys_in_bucket(p, "p05", 2, "park");
-    let pool = &env.store.pool;
-    let bad = producer
-        .enqueue(pool, Message::new(k[0].clone(), "", unique("nowhere"), "x"))
-        .await
-        .unwrap();
-    let next = producer
-        .enqueue(pool, Message::new(k[1].clone(), "", queue.clone(), "y"))
-        .await
-        .unwrap();
+    let bad = env
+        .db
+        .enqueue(Message::new(k[0].clone(), "", unique("nowhere"), "x"))
+        .await;
+    let next = env
+        .db
+        .enqueue(Message::new(k[1].clone(), "", queue.clone(), "y"))
+        .await;
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     assert!(
         reader
@@ -271,47 +236,42 @@ async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_go
             .await
             .unwrap()
     );
-    let (attempts, parked, err): (i32, bool, Option<String>) = sqlx::query_as(
-        "SELECT attempts, failed_at IS NOT NULL, last_error FROM outbox WHERE id = $1",
-    )
-    .bind(bad)
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let (attempts, parked, err): (i32, bool, Option<String>) = env
+        .db
+        .row(&format!(
+            "SELECT attempts, failed_at IS NOT NULL, last_error FROM outbox WHERE id = {bad}"
+        ))
+        .await;
     assert_eq!((attempts, parked), (2, true), "{err:?}");
     assert!(err.unwrap().contains("unroutable"));
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others() {
+async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others(db: Db) {
     let env = TestEnv::with(Tuning {
         max_attempts: 1,
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
-    let pool = &env.store.pool;
-    let producer = Producer::default();
-    let big = producer
-        .enqueue(
-            pool,
-            Message::new("big", "", queue.clone(), vec![0u8; 17 * 1024 * 1024]),
-        )
-        .await
-        .unwrap();
-    let bad_header = producer
-        .enqueue(
-            pool,
-            Message::new("hdr", "", queue.clone(), "x").header("h".repeat(300), 1),
-        )
-        .await
-        .unwrap();
-    let good = producer
-        .enqueue(pool, Message::new("good", "", queue.clone(), "x"))
-        .await
-        .unwrap();
+    let big = env
+        .db
+        .enqueue(Message::new(
+            "big",
+            "",
+            queue.clone(),
+            vec![0u8; 17 * 1024 * 1024],
+        ))
+        .await;
+    let bad_header = env
+        .db
+        .enqueue(Message::new("hdr", "", queue.clone(), "x").header("h".repeat(300), 1))
+        .await;
+    let good = env
+        .db
+        .enqueue(Message::new("good", "", queue.clone(), "x"))
+        .await;
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     assert!(
         reader
@@ -321,13 +281,12 @@ async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blockin
     );
     env.wait_count("failed_at IS NOT NULL", 2, Duration::from_secs(20))
         .await;
-    let errors: HashMap<i64, String> =
-        sqlx::query_as("SELECT id, last_error FROM outbox WHERE failed_at IS NOT NULL")
-            .fetch_all(pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let errors: HashMap<i64, String> = env
+        .db
+        .rows::<(i64, String)>("SELECT id, last_error FROM outbox WHERE failed_at IS NOT NULL")
+        .await
+        .into_iter()
+        .collect();
     assert!(
         errors[&big].contains("more than outbox.max_payload_bytes"),
         "{errors:?}"
@@ -355,13 +314,12 @@ async fn declare(url: &str, queue: &str) {
     conn.close(200, "bye".into()).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_order() {
+async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_order(db: Db) {
     let broker = PrivateBroker::start();
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         confirm_timeout: "3s",
-        ..Tuning::default()
+        ..Tuning::default().on(db)
     })
     .await;
     let queue = unique("q");
@@ -369,12 +327,13 @@ async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_or
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--batch-size", "20"]);
 
     // A producer writes throughout; the broker goes away in the middle.
-    let db_url = env.db_url.clone();
-    let q = queue.clone();
-    let producing =
-        tokio::spawn(
-            async move { produce_evenly(db_url, q, 3_000, 100, Duration::from_secs(8)).await },
-        );
+    let producing = tokio::spawn(produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        3_000,
+        100,
+        Duration::from_secs(8),
+    ));
     env.wait_count("published_at IS NOT NULL", 500, Duration::from_secs(30))
         .await;
     let before_stop = env.count("published_at IS NOT NULL").await;
@@ -410,41 +369,31 @@ async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_or
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order() {
-    let env = TestEnv::new().await;
+async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--batch-size", "20"]);
-    let db_url = env.db_url.clone();
-    let q = queue.clone();
-    let producing =
-        tokio::spawn(
-            async move { produce_evenly(db_url, q, 3_000, 100, Duration::from_secs(6)).await },
-        );
+    let producing = tokio::spawn(produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        3_000,
+        100,
+        Duration::from_secs(6),
+    ));
     // Connections are killed once the worker is publishing: one killed
     // during start-up (a slow debug build on a loaded machine) ends the
     // process with the error, as any failed start-up does.
     env.wait_count("published_at IS NOT NULL", 1, Duration::from_secs(30))
         .await;
 
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&admin_url())
-        .await
-        .unwrap();
     let mut killed = 0i64;
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(800)).await;
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE datname = $1 AND application_name = 'outboxd work') t",
-        )
-        .bind(&env.db_name)
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-        killed += n;
+        killed += env
+            .db
+            .kill_worker_connections(&env.admin_url, &env.db_name, &[worker.pid()])
+            .await;
     }
     producing.await.unwrap();
     let (all, v) = read_and_judge(&mut reader, &env, 3_000, Duration::from_secs(90)).await;
@@ -465,9 +414,9 @@ async fn a_start_up_query_killed_mid_flight_is_tried_again() {
     let env = TestEnv::new().await;
     // Holding the registration lock parks the worker's join on it; its
     // backend is then killed while the query runs.
-    let mut holder = env.store.pool.sqlx().begin().await.unwrap();
+    let mut holder = env.db.pg().begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(outboxd::store::workers::REGISTRATION_LOCK)
+        .bind(outboxd::store::postgres::workers::REGISTRATION_LOCK)
         .execute(&mut *holder)
         .await
         .unwrap();
@@ -480,7 +429,7 @@ async fn a_start_up_query_killed_mid_flight_is_tried_again() {
                AND wait_event_type = 'Lock'",
         )
         .bind(&env.db_name)
-        .fetch_one(&env.store.pool)
+        .fetch_one(env.db.pg())
         .await
         .unwrap();
         if n > 0 || Instant::now() > deadline {
@@ -507,40 +456,28 @@ async fn a_start_up_query_killed_mid_flight_is_tried_again() {
 /// published while the bucket keeps draining — not skipped, and not held
 /// back until the bucket goes idle: the claim that reads the next batch
 /// ahead skips only the batch in flight, never every id below it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lower_id_committed_late_is_published_while_its_bucket_is_busy() {
-    let env = TestEnv::new().await;
+async fn a_lower_id_committed_late_is_published_while_its_bucket_is_busy(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let keys = keys_in_bucket(env.partitioner(), "p05", 5, "late");
-    let producer = Producer::default();
-    // The late row: id taken now, committed later.
-    let mut held = env.store.pool.sqlx().begin().await.unwrap();
-    let late_id = producer
-        .enqueue(
-            &mut *held,
-            Message::new(keys[0].clone(), "", queue.clone(), "late"),
-        )
-        .await
-        .unwrap();
+    // The late row: id taken now, committed later (on both backends ids
+    // are taken at insert, not at commit).
+    let (late_id, held) = env
+        .db
+        .enqueue_held(Message::new(keys[0].clone(), "", queue.clone(), "late"))
+        .await;
     // A backlog behind it in the same bucket, so the drain never pauses.
     let backlog = 3_000usize;
-    sqlx::query(
-        "SELECT outbox_enqueue(($1::text[])[1 + i % 4], '', $2, convert_to(i::text, 'UTF8'))
-         FROM generate_series(0, $3 - 1) i",
-    )
-    .bind(&keys[1..])
-    .bind(&queue)
-    .bind(backlog as i32)
-    .execute(&env.store.pool)
-    .await
-    .unwrap();
+    env.db
+        .exec(&plain_insert(&keys[1..], &queue, backlog))
+        .await;
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--batch-size", "20"]);
     let published_before = env
         .wait_count("published_at IS NOT NULL", 200, Duration::from_secs(30))
         .await;
     assert!(published_before >= 200, "the bucket never drained");
-    held.commit().await.unwrap();
+    held.commit().await;
     let committed = Instant::now();
     env.wait_count(
         &format!("id = {late_id} AND published_at IS NOT NULL"),
@@ -565,20 +502,17 @@ async fn a_lower_id_committed_late_is_published_while_its_bucket_is_busy() {
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
-    let env = TestEnv::new().await;
+async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
+    let env = TestEnv::on(db).await;
     assert_eq!(env.config.outbox.idle_backoff_ms, 1000);
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     // Warm up: the worker is connected and idle once one message went through.
-    let producer = Producer::default();
-    let pool = &env.store.pool;
-    let first = producer
-        .enqueue(pool, Message::new("warm", "", queue.clone(), "x"))
-        .await
-        .unwrap();
+    let first = env
+        .db
+        .enqueue(Message::new("warm", "", queue.clone(), "x"))
+        .await;
     assert!(
         reader
             .read_until(Duration::from_secs(20), |c| c.has(first))
@@ -589,15 +523,8 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
 
     let mut latencies = Vec::new();
     for i in 0..200 {
-        let mut tx = pool.begin().await.unwrap();
-        let id = producer
-            .enqueue(
-                &mut tx,
-                Message::new(format!("trickle-{}", i % 7), "", queue.clone(), "x"),
-            )
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+        let m = Message::new(format!("trickle-{}", i % 7), "", queue.clone(), "x");
+        let id = env.db.enqueue_in_tx(vec![m], true).await.unwrap()[0];
         let committed = Instant::now();
         assert!(
             reader
@@ -620,20 +547,14 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds() {
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn once_json_prints_one_valid_json_report_and_exits_zero() {
-    let env = TestEnv::new().await;
+async fn once_json_prints_one_valid_json_report_and_exits_zero(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     declare(&amqp_url(), &queue).await;
-    let producer = Producer::default();
     for i in 0..500 {
-        producer
-            .enqueue(
-                &env.store.pool,
-                Message::new(format!("k{}", i % 37), "", queue.clone(), "x"),
-            )
-            .await
-            .unwrap();
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))
+            .await;
     }
     let out = env
         .command(&["work", "--no-leasing", "--once", "--json"])
@@ -668,33 +589,29 @@ async fn once_json_prints_one_valid_json_report_and_exits_zero() {
     assert_eq!(env.count("published_at IS NULL").await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row() {
-    let env = TestEnv::new().await;
+async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db) {
+    let env = TestEnv::on(db).await;
     let queue = unique("q");
     declare(&amqp_url(), &queue).await;
-    let db_url = env.db_url.clone();
-    let q = queue.clone();
-    let producing =
-        tokio::spawn(
-            async move { produce_evenly(db_url, q, 1_000, 100, Duration::from_secs(3)).await },
-        );
+    let producing = tokio::spawn(produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        1_000,
+        100,
+        Duration::from_secs(3),
+    ));
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("published_at IS NOT NULL", 100, Duration::from_secs(20))
         .await;
     let status = worker.terminate(Duration::from_secs(15));
     assert!(status.success(), "exit {status:?}\n{}", worker.log_text());
     producing.await.unwrap();
-    let workers: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_workers")
-        .fetch_one(&env.store.pool)
-        .await
-        .unwrap();
+    let workers: i64 = env.db.value("SELECT count(*) FROM outbox_workers").await;
     assert_eq!(workers, 0, "the worker row is removed on a clean exit");
-    let claims: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_partitions WHERE claim_token IS NOT NULL")
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+    let claims: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_partitions WHERE claim_token IS NOT NULL")
+        .await;
     assert_eq!(claims, 0, "no claim is left behind");
 }
 
@@ -702,17 +619,12 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row() {
 /// channel, which is the row's fault, not the connection's. The log says so
 /// in one line per attempt that names the exchange — no lapin internals, no
 /// "connection lost".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_exchange_is_one_clear_line_naming_it() {
-    let env = TestEnv::new().await;
+async fn a_missing_exchange_is_one_clear_line_naming_it(db: Db) {
+    let env = TestEnv::on(db).await;
     let exchange = unique("nosuchexchange");
-    Producer::default()
-        .enqueue(
-            &env.store.pool,
-            Message::new("k", exchange.as_str(), "rk", "x"),
-        )
-        .await
-        .unwrap();
+    env.db
+        .enqueue(Message::new("k", exchange.as_str(), "rk", "x"))
+        .await;
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("attempts >= 2", 1, Duration::from_secs(20))
         .await;
@@ -738,3 +650,175 @@ async fn a_missing_exchange_is_one_clear_line_naming_it() {
         assert!(!log.contains(noise), "'{noise}' in:\n{log}");
     }
 }
+
+/// A producer's INSERT never waits for a claim. First deterministically:
+/// with the relay's claim of a bucket held open in a transaction (its own
+/// statements, at its isolation level), an INSERT into that bucket from
+/// another connection that gives up a lock wait after 1 s goes through at
+/// once. Then during a real drain of a 20,000-row backlog: the longest of
+/// 400 INSERTs into the buckets being drained, beside 100 made before the
+/// worker started.
+async fn a_producers_insert_never_waits_for_a_claim(db: Db) {
+    let env = TestEnv::on(db).await;
+    let queue = unique("q");
+    drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
+    let keys = keys_in_bucket(env.partitioner(), "p03", 4, "w");
+    env.db.exec(&plain_insert(&keys, &queue, 200)).await;
+
+    let claim_held = hold_a_claim_open(&env, "p03").await;
+    let m = Message::new(keys[0].clone(), "", queue.clone(), "beside the claim");
+    let started = Instant::now();
+    let inserted = insert_with_lock_timeout(&env, m).await;
+    let beside_claim = started.elapsed();
+    claim_held.commit().await;
+    assert!(
+        inserted.is_ok(),
+        "an INSERT waited for the claim and gave up: {inserted:?}"
+    );
+
+    let all_keys: Vec<String> = (0..400).map(|k| format!("k{k}")).collect();
+    env.db.exec(&plain_insert(&all_keys, &queue, 20_000)).await;
+    let time = |n: usize| {
+        let (db, queue) = (env.db.clone(), queue.clone());
+        async move {
+            let mut took = Vec::new();
+            for i in 0..n {
+                let m = Message::new(format!("k{}", i % 400), "", queue.as_str(), "x");
+                let started = Instant::now();
+                db.enqueue(m).await;
+                took.push(started.elapsed());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            took.sort();
+            took
+        }
+    };
+    let idle = time(100).await;
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    env.wait_count("published_at IS NOT NULL", 1_000, Duration::from_secs(60))
+        .await;
+    let busy = time(400).await;
+    let still_pending = env.count("published_at IS NULL").await;
+    let pct = |v: &[Duration], p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    println!(
+        "INSERT beside an open claim of its bucket ({}): {beside_claim:?}; while idle p50 {:?} \
+         max {:?}; while the worker drains p50 {:?} p99 {:?} max {:?} ({still_pending} rows still pending)",
+        db.name(),
+        pct(&idle, 0.5),
+        idle.last().unwrap(),
+        pct(&busy, 0.5),
+        pct(&busy, 0.99),
+        busy.last().unwrap()
+    );
+    assert!(
+        still_pending > 0,
+        "the drain ended before the INSERTs: proved nothing"
+    );
+    assert!(
+        *busy.last().unwrap() < Duration::from_secs(1),
+        "an INSERT took {:?} during the drain",
+        busy.last().unwrap()
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+/// The relay's claim of `bucket`, run by hand and held open in a
+/// transaction of the relay's isolation level (READ COMMITTED on both).
+async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
+    let token = uuid::Uuid::new_v4();
+    match &env.db {
+        TestDb::Pg(pool) => {
+            let claim = env.store.postgres().unwrap().claim_statement().to_string();
+            let mut tx = pool.begin().await.unwrap();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(claim))
+                .bind(bucket)
+                .bind(100i64)
+                .bind(token)
+                .bind(15_000f64)
+                .bind(None::<uuid::Uuid>)
+                .bind(None::<i64>)
+                .bind(Vec::<i64>::new())
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+            assert!(!rows.is_empty(), "nothing claimed");
+            Held::Pg(tx)
+        }
+        TestDb::My(pool) => {
+            let read = env.store.mysql().unwrap().claim_statement().to_string();
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{read} ORDER BY id LIMIT 100")))
+                .bind(bucket)
+                .fetch_all(&mut *tx)
+                .await
+                .unwrap();
+            assert!(!rows.is_empty(), "nothing claimed");
+            sqlx::query(
+                "UPDATE outbox_partitions SET claim_token = ?,
+                        claimed_until = UTC_TIMESTAMP(6) + INTERVAL 15 SECOND
+                 WHERE partition_key = ?",
+            )
+            .bind(token)
+            .bind(bucket)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            Held::My(tx)
+        }
+    }
+}
+
+/// A producer's INSERT on a connection that gives up any lock wait after
+/// one second.
+async fn insert_with_lock_timeout(env: &TestEnv, m: Message) -> Result<i64, String> {
+    let producer = outboxd::producer::Producer::default();
+    match &env.db {
+        TestDb::Pg(pool) => {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SET LOCAL lock_timeout = '1s'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let id = producer
+                .enqueue(&mut *tx, m)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())?;
+            Ok(id)
+        }
+        TestDb::My(pool) => {
+            let mut conn = pool.acquire().await.unwrap();
+            sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            let id = producer
+                .enqueue(&mut *conn, m)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = sqlx::query("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+                .execute(&mut *conn)
+                .await;
+            id
+        }
+    }
+}
+
+on_every_db!(
+    twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order,
+    an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fixed,
+    a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on,
+    oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others,
+    rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_order,
+    database_connections_killed_mid_drain_lose_nothing_and_keep_key_order,
+    a_lower_id_committed_late_is_published_while_its_bucket_is_busy,
+    an_idle_worker_relays_a_trickle_within_milliseconds,
+    once_json_prints_one_valid_json_report_and_exits_zero,
+    sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row,
+    a_missing_exchange_is_one_clear_line_naming_it,
+    a_producers_insert_never_waits_for_a_claim,
+);

@@ -5,7 +5,8 @@ mod common;
 
 use common::*;
 use outboxd::partitioner::Partitioner;
-use outboxd::producer::{Message, Producer};
+use outboxd::producer::Message;
+use outboxd::store::outbox::{Claim, ClaimToken, Holder};
 use serde_json::Value;
 
 fn vectors() -> Vec<Value> {
@@ -37,71 +38,118 @@ fn rust_partitioner_matches_the_python_zlib_vectors() {
     }
 }
 
-#[tokio::test]
-async fn sql_partitioner_matches_the_python_zlib_vectors() {
+async fn sql_partitioner_matches_the_python_zlib_vectors(db: Db) {
     for count in [7u32, 16, 100] {
         let env = TestEnv::with(Tuning {
             partition_count: count,
-            ..Tuning::default()
+            ..Tuning::default().on(db)
         })
         .await;
         for v in vectors() {
             let key = v["key"].as_str().unwrap();
-            let (crc, label): (i64, String) = sqlx::query_as(
-                "SELECT outbox_crc32(convert_to($1, 'UTF8')), outbox_partition_for($1)",
-            )
-            .bind(key)
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+            // The database's CRC-32 and label function (MySQL's CRC32() is
+            // zlib's), and the label a plain INSERT gets from the trigger.
+            let (crc, label): (i64, String) = match &env.db {
+                TestDb::Pg(pool) => sqlx::query_as(
+                    "SELECT outbox_crc32(convert_to($1, 'UTF8')), outbox_partition_for($1)",
+                )
+                .bind(key)
+                .fetch_one(pool)
+                .await
+                .unwrap(),
+                TestDb::My(pool) => {
+                    sqlx::query_as("SELECT CAST(CRC32(?) AS SIGNED), outbox_partition_for(?)")
+                        .bind(key)
+                        .bind(key)
+                        .fetch_one(pool)
+                        .await
+                        .unwrap()
+                }
+            };
+            let expected = v[format!("label_{count}")].as_str().unwrap();
             assert_eq!(crc as u64, v["crc32"].as_u64().unwrap(), "crc32 of {key:?}");
-            assert_eq!(
-                label,
-                v[format!("label_{count}")].as_str().unwrap(),
-                "{key:?} / {count}"
-            );
+            assert_eq!(label, expected, "{key:?} / {count}");
+            let id = plain_insert_one(&env, key).await;
+            let inserted: String = env
+                .db
+                .value(&format!("SELECT partition_key FROM outbox WHERE id = {id}"))
+                .await;
+            assert_eq!(inserted, expected, "plain INSERT of {key:?} / {count}");
         }
         // Every bucket has its partitions row.
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_partitions")
-            .fetch_one(&env.store.pool)
-            .await
-            .unwrap();
+        let rows: i64 = env.db.value("SELECT count(*) FROM outbox_partitions").await;
         assert_eq!(rows, count as i64);
     }
 }
 
-#[tokio::test]
-async fn enqueue_is_part_of_the_callers_transaction() {
-    let env = TestEnv::new().await;
-    let producer = Producer::default();
-    let pool = &env.store.pool;
-
-    let mut tx = pool.begin().await.unwrap();
-    producer
-        .enqueue(&mut tx, Message::new("order-1", "", "q", "rolled back"))
+/// A producer's own `INSERT` naming only `message_key, exchange,
+/// routing_key, payload` (the key bound as a parameter); returns the id.
+async fn plain_insert_one(env: &TestEnv, key: &str) -> i64 {
+    match &env.db {
+        TestDb::Pg(pool) => sqlx::query_scalar(
+            "INSERT INTO outbox (message_key, exchange, routing_key, payload)
+             VALUES ($1, '', 'q', 'x') RETURNING id",
+        )
+        .bind(key)
+        .fetch_one(pool)
         .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+        .unwrap(),
+        TestDb::My(pool) => sqlx::query(
+            "INSERT INTO outbox (message_key, exchange, routing_key, payload) VALUES (?, '', 'q', 'x')",
+        )
+        .bind(key)
+        .execute(pool)
+        .await
+        .unwrap()
+        .last_insert_id() as i64,
+    }
+}
+
+/// Producers' plain `INSERT`s get their key's bucket from the database,
+/// under the deployment's bucket count — also after `outboxd repartition`
+/// changed it — and wake the workers.
+async fn a_plain_insert_gets_its_keys_bucket_also_after_a_repartition(db: Db) {
+    let env = TestEnv::on(db).await;
+    let keys: Vec<String> = (0..50).map(|i| format!("order-{i}")).collect();
+    for k in &keys {
+        plain_insert_one(&env, k).await;
+    }
+    let out = env.command(&["repartition", "--to", "7"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for k in &keys {
+        plain_insert_one(&env, k).await;
+    }
+    let rows: Vec<(String, String)> = env
+        .db
+        .rows("SELECT message_key, partition_key FROM outbox ORDER BY id")
+        .await;
+    assert_eq!(rows.len(), 100);
+    let seven = Partitioner::new(7);
+    for (key, label) in rows {
+        assert_eq!(label, seven.label_for(&key), "{key}");
+    }
+}
+
+async fn enqueue_is_part_of_the_callers_transaction(db: Db) {
+    let env = TestEnv::on(db).await;
+    let m = || Message::new("order-1", "", "q", "rolled back");
+    env.db.enqueue_in_tx(vec![m()], false).await.unwrap();
     assert_eq!(env.count("true").await, 0);
 
-    let mut tx = pool.begin().await.unwrap();
-    let id = producer
-        .enqueue(
-            &mut tx,
-            Message::new("order-1", "orders", "order.created", br#"{"a":1}"#.to_vec())
-                .content_type("application/json")
-                .header("tenant", "acme"),
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let (key, partition, exchange, headers, ct): (String, String, String, Value, Option<String>) = sqlx::query_as(
-        "SELECT message_key, partition_key, exchange, headers, content_type FROM outbox WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let m = Message::new("order-1", "orders", "order.created", br#"{"a":1}"#.to_vec())
+        .content_type("application/json")
+        .header("tenant", "acme");
+    let id = env.db.enqueue_in_tx(vec![m], true).await.unwrap()[0];
+    let (key, partition, exchange, headers, ct): (String, String, String, Value, Option<String>) =
+        env.db
+            .row(&format!(
+                "SELECT message_key, partition_key, exchange, headers, content_type FROM outbox WHERE id = {id}"
+            ))
+            .await;
     assert_eq!(key, "order-1");
     assert_eq!(partition, env.partitioner().label_for("order-1"));
     assert_eq!(exchange, "orders");
@@ -109,36 +157,47 @@ async fn enqueue_is_part_of_the_callers_transaction() {
     assert_eq!(ct.as_deref(), Some("application/json"));
 }
 
-#[tokio::test]
-async fn plain_sql_producers_get_clear_refusals_for_bad_rows() {
-    let env = TestEnv::new().await;
-    let pool = &env.store.pool;
-    let err = sqlx::query("SELECT outbox_enqueue(NULL, '', 'q', 'x'::bytea)")
-        .execute(pool)
-        .await
-        .unwrap_err()
-        .to_string();
+async fn plain_sql_producers_get_clear_refusals_for_bad_rows(db: Db) {
+    let env = TestEnv::on(db).await;
+    let refusal = |sql: &'static str| {
+        let db = env.db.clone();
+        async move {
+            let result = match &db {
+                TestDb::Pg(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
+                TestDb::My(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
+            };
+            result.expect_err(sql).to_string()
+        }
+    };
+    let (null_key, bad_headers) = match db {
+        Db::Postgres => (
+            "SELECT outbox_enqueue(NULL, '', 'q', 'x'::bytea)",
+            "SELECT outbox_enqueue('k', '', 'q', 'x'::bytea, '[1,2]'::jsonb)",
+        ),
+        Db::MariaDb => (
+            "CALL outbox_enqueue(NULL, '', 'q', 'x', NULL, NULL)",
+            "CALL outbox_enqueue('k', '', 'q', 'x', '[1,2]', NULL)",
+        ),
+    };
+    let err = refusal(null_key).await;
     assert!(err.contains("message_key must not be NULL"), "{err}");
-    let err = sqlx::query("SELECT outbox_enqueue('k', '', 'q', 'x'::bytea, '[1,2]'::jsonb)")
-        .execute(pool)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = refusal(bad_headers).await;
     assert!(err.contains("outbox_headers_object"), "{err}");
-    let err = sqlx::query(
+    let err = refusal(
         "INSERT INTO outbox (partition_key, message_key, routing_key, payload) VALUES ('bucket7', 'k', 'q', 'x')",
     )
-    .execute(pool)
-    .await
-    .unwrap_err()
-    .to_string();
+    .await;
     assert!(err.contains("outbox_partition_key_format"), "{err}");
+    let err =
+        refusal("INSERT INTO outbox (exchange, routing_key, payload) VALUES ('', 'q', 'x')").await;
+    assert!(err.contains("message_key"), "{err}");
+    assert_eq!(env.count("true").await, 0);
 }
 
 #[tokio::test]
 async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_rows() {
     let env = TestEnv::new().await;
-    let pool = &env.store.pool;
+    let pool = env.db.pg();
     // 100k published rows first (low ids), then a few pending ones: the
     // shape in which walking the primary key would read every published row.
     sqlx::query(
@@ -156,27 +215,28 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .await
     .unwrap();
     sqlx::query("ANALYZE outbox").execute(pool).await.unwrap();
-    let tables = &env.store.tables;
-    let mut conn = pool.acquire().await.unwrap();
-    // Warm the prepared statement past PostgreSQL's custom-plan phase.
-    for _ in 0..6 {
-        let rows = tables
-            .outbox
-            .claim(
-                &mut *conn,
-                "p03",
-                100,
-                outboxd::store::outbox::ClaimToken::new(),
-                15_000,
-                None,
-                &[],
-            )
+    let backend = env.store.postgres().unwrap();
+    // Warm the prepared statement past PostgreSQL's custom-plan phase (the
+    // store's pool caches it on each of its connections).
+    for _ in 0..12 {
+        let rows = env
+            .store
+            .claim(Claim {
+                holder: Holder {
+                    partition_key: "p03",
+                    token: ClaimToken::new(),
+                    fence: None,
+                },
+                limit: 100,
+                claim_ttl: std::time::Duration::from_secs(15),
+                in_flight: &[],
+            })
             .await
             .unwrap();
         assert!(!rows.is_empty());
         assert!(rows.windows(2).all(|w| w[0].id < w[1].id));
         sqlx::query("UPDATE outbox_partitions SET claim_token = NULL, claimed_until = NULL")
-            .execute(&mut *conn)
+            .execute(pool)
             .await
             .unwrap();
     }
@@ -185,7 +245,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     let mut tx = pool.begin().await.unwrap();
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS) {}",
-        tables.outbox.claim_statement()
+        backend.claim_statement()
     )))
     .bind("p03")
     .bind(100i64)
@@ -194,7 +254,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .bind(None::<uuid::Uuid>)
     .bind(None::<i64>)
     .bind(Vec::<i64>::new())
-    .fetch_all(&mut tx)
+    .fetch_all(&mut *tx)
     .await
     .unwrap();
     tx.rollback().await.unwrap();
@@ -203,3 +263,54 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     assert!(plan.contains("outbox_pending_idx"), "{plan}");
     assert!(!plan.contains("outbox_pkey"), "{plan}");
 }
+
+/// MariaDB has no partial indexes: the pending index is `(partition_key,
+/// published_at, failed_at, id)`, and a claim reads one contiguous slice of
+/// it — with 100,000 published rows in front (low ids), the read of 100
+/// rows of one bucket touches about 100 index entries, in id order, with no
+/// sort.
+#[tokio::test]
+async fn the_claim_reads_a_slice_of_the_pending_index_on_mariadb() {
+    let env = TestEnv::on(Db::MariaDb).await;
+    env.db
+        .exec(
+            "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
+             SELECT CONCAT('p', LPAD(seq % 16, 2, '0')), CONCAT('k', seq), 'q', 'x', UTC_TIMESTAMP(6)
+             FROM seq_1_to_100000",
+        )
+        .await;
+    let keys: Vec<String> = (0..2000).map(|g| format!("k{g}")).collect();
+    env.db.exec(&plain_insert(&keys, "q", 2000)).await;
+    env.db.exec("ANALYZE TABLE outbox").await;
+    let read = env
+        .store
+        .mysql()
+        .unwrap()
+        .claim_statement()
+        .replacen('?', "'p03'", 1);
+    let plan: String = env
+        .db
+        .value(&format!("ANALYZE FORMAT=JSON {read} ORDER BY id LIMIT 100"))
+        .await;
+    println!("{plan}");
+    let v: Value = serde_json::from_str(&plan).unwrap();
+    let block = &v["query_block"];
+    let table = match block.get("nested_loop") {
+        Some(steps) => &steps[0]["table"],
+        None => &block["table"],
+    };
+    assert_eq!(table["key"], "outbox_pending_idx", "{plan}");
+    assert!(
+        matches!(table["access_type"].as_str(), Some("ref" | "range")),
+        "{plan}"
+    );
+    assert!(table["r_rows"].as_f64().unwrap() <= 200.0, "{plan}");
+    assert!(!plan.contains("filesort"), "{plan}");
+}
+
+on_every_db!(
+    sql_partitioner_matches_the_python_zlib_vectors,
+    a_plain_insert_gets_its_keys_bucket_also_after_a_repartition,
+    enqueue_is_part_of_the_callers_transaction,
+    plain_sql_producers_get_clear_refusals_for_bad_rows,
+);

@@ -75,8 +75,8 @@ fn services_down_leaves_no_process_of_its_own() {
     services("up");
     let running = ns.pids();
     assert!(
-        running.len() >= 3,
-        "PostgreSQL, PgBouncer and RabbitMQ run:\n{}",
+        running.len() >= 4,
+        "PostgreSQL, PgBouncer, MariaDB and RabbitMQ run:\n{}",
         command_lines(&running)
     );
     services("down");
@@ -99,23 +99,35 @@ fn services_down_leaves_no_process_of_its_own() {
 #[tokio::test]
 async fn a_passing_test_leaves_neither_its_database_nor_its_queues() {
     let queue = unique("q");
-    let db = {
-        let env = TestEnv::new().await;
+    let (pg, my) = {
+        let pg = TestEnv::on(Db::Postgres).await;
+        let my = TestEnv::on(Db::MariaDb).await;
         let _reader = outboxd::demo::QueueReader::open(&amqp_url(), &queue)
             .await
             .unwrap();
-        env.db_name.clone()
+        (pg.db_name.clone(), my.db_name.clone())
     };
     let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url())
         .await
         .unwrap();
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(&db)
+            .bind(&pg)
             .fetch_one(&mut admin)
             .await
             .unwrap();
-    assert!(!exists, "database {db} is still there");
+    assert!(!exists, "database {pg} is still there");
+    let mut admin = <sqlx::MySqlConnection as sqlx::Connection>::connect(&mysql_admin_url())
+        .await
+        .unwrap();
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
+    )
+    .bind(&my)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(exists, 0, "database {my} is still there");
     let conn = lapin::Connection::connect(&amqp_url(), Default::default())
         .await
         .unwrap();

@@ -48,8 +48,8 @@ use super::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::amqp::Reach;
 use crate::partitioner::Partitioner;
 use crate::relay::{Drain, Relay};
-use crate::store::Store;
 use crate::store::outbox::Fence;
+use crate::store::{Channel, Store};
 
 /// How often a cycle runs while targets are not all held or buckets are
 /// being handed over.
@@ -208,9 +208,8 @@ impl Fleet {
         next_cleanup: &mut Instant,
     ) -> bool {
         let store = self.store.clone();
-        let (workers, pool) = (&store.tables.workers, &store.pool);
         self.check_broker().await;
-        let target_set: Option<BTreeSet<String>> = match workers.live_leasing(pool).await {
+        let target_set: Option<BTreeSet<String>> = match store.live_leasing().await {
             // Stepped aside: no targets, whatever the membership.
             _ if !self.can_publish => Some(BTreeSet::new()),
             Ok(live) => Some(
@@ -262,7 +261,7 @@ impl Fleet {
                 // the database lost it) would say it can publish.
                 self.recorded_can_publish = None;
             }
-            match workers.remove_dead(pool, self.settings.heartbeat_ttl).await {
+            match store.remove_dead(self.settings.heartbeat_ttl).await {
                 Ok(n) if n > 0 => tracing::info!(rows = n, "removed rows of workers that died"),
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "dead-row cleanup failed"),
@@ -299,15 +298,14 @@ impl Fleet {
         if self.recorded_can_publish == Some(self.can_publish) {
             return;
         }
-        let workers = &self.store.tables.workers;
-        match workers
-            .set_broker_state(&self.store.pool, self.me, self.can_publish, error)
+        match self
+            .store
+            .set_broker_state(self.me, self.can_publish, error)
             .await
         {
             Ok(_) => {
                 self.recorded_can_publish = Some(self.can_publish);
-                let channel = self.store.tables.fleet_channel();
-                if let Err(e) = Store::notify(&self.store.pool, &channel, announce::BROKER).await {
+                if let Err(e) = self.store.notify(Channel::Fleet, announce::BROKER).await {
                     tracing::debug!(error = %e, "could not announce the broker state");
                 }
             }
@@ -327,14 +325,9 @@ impl Fleet {
         if renewing.is_empty() {
             return started + self.settings.lease_renew;
         }
-        let partitions = &self.store.tables.partitions;
-        match partitions
-            .renew(
-                &self.store.pool,
-                self.me,
-                &renewing,
-                self.settings.lease_ttl,
-            )
+        match self
+            .store
+            .renew(self.me, &renewing, self.settings.lease_ttl)
             .await
         {
             Ok(renewed) => {
@@ -395,20 +388,10 @@ impl Fleet {
         if leases.is_empty() {
             return;
         }
-        let partitions = &self.store.tables.partitions;
-        match partitions
-            .release(&self.store.pool, self.me, leases, reason)
-            .await
-        {
+        match self.store.release_leases(self.me, leases, reason).await {
             Ok(released) => {
                 tracing::info!(buckets = ?released, reason, "leases released");
-                if let Err(e) = Store::notify(
-                    &self.store.pool,
-                    &self.store.tables.fleet_channel(),
-                    announce::RELEASE,
-                )
-                .await
-                {
+                if let Err(e) = self.store.notify(Channel::Fleet, announce::RELEASE).await {
                     tracing::debug!(error = %e, "could not announce the release");
                 }
             }
@@ -421,15 +404,9 @@ impl Fleet {
 
     async fn acquire(&mut self, wanted: &[String], drain: Drain) {
         let started = Instant::now();
-        let partitions = &self.store.tables.partitions;
-        let acquired = match partitions
-            .acquire(
-                &self.store.pool,
-                self.me,
-                wanted,
-                self.settings.lease_ttl,
-                "target",
-            )
+        let acquired = match self
+            .store
+            .acquire(self.me, wanted, self.settings.lease_ttl, "target")
             .await
         {
             Ok(a) => a,
@@ -506,18 +483,9 @@ impl Fleet {
         // simply expire after lease_ttl.
         let store = &self.store;
         let release = async {
-            let released = store
-                .tables
-                .partitions
-                .release_all(&store.pool, self.me, reason)
-                .await?;
+            let released = store.release_all_leases(self.me, reason).await?;
             tracing::info!(buckets = ?released, reason, "leases released");
-            Store::notify(
-                &store.pool,
-                &store.tables.fleet_channel(),
-                announce::RELEASE,
-            )
-            .await
+            store.notify(Channel::Fleet, announce::RELEASE).await
         };
         match tokio::time::timeout(RELEASE_ON_EXIT, release).await {
             Ok(Ok(())) => {}

@@ -5,7 +5,7 @@
 //! A worker registers a row in the workers table and keeps
 //! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
 //! slow publish never delays a heartbeat. The row is deleted on a clean exit.
-//! Registration runs under a transaction-scoped advisory lock: a
+//! Registration runs under a transaction-scoped lock: a
 //! `--no-leasing` worker joins only when no other worker is live, a fleet
 //! worker only when no `--no-leasing` worker is, and two workers cannot both
 //! pass those checks.
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::relay::RelayStats;
-use crate::store::workers::{WorkerCounts, WorkerMode};
+use crate::store::workers::{Joined, LiveWorker, Registration, WorkerCounts, WorkerMode};
 use crate::store::{Store, StoreError};
 
 /// Why a worker may not join.
@@ -37,6 +37,37 @@ pub enum JoinError {
     NoLeasingLive(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Why a worker in `mode` may not join beside the live workers `others`:
+/// a `--no-leasing` worker only joins alone, a fleet worker only while no
+/// `--no-leasing` worker is live.
+fn refusal(mode: WorkerMode, others: &[LiveWorker]) -> Option<JoinError> {
+    match mode {
+        WorkerMode::Leasing => others
+            .iter()
+            .find(|w| w.mode == WorkerMode::NoLeasing.as_str())
+            .map(|w| {
+                JoinError::NoLeasingLive(format!(
+                    "{} pid {} on {}, heartbeat expires in {:.0}s",
+                    w.worker_id, w.pid, w.hostname, w.expires_in
+                ))
+            }),
+        WorkerMode::NoLeasing if others.is_empty() => None,
+        WorkerMode::NoLeasing => {
+            let list = others
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
+                        w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            Some(JoinError::OthersLive(others.len(), list))
+        }
+    }
 }
 
 /// This worker's identity and registration.
@@ -60,51 +91,33 @@ impl Membership {
 
     /// Registers this worker; in `--no-leasing` mode only if it is alone.
     pub async fn join(&self, store: &Store) -> Result<(), JoinError> {
-        let workers = &store.tables.workers;
-        let mut tx = store.begin().await?;
-        workers.lock_registrations(&mut tx).await?;
-        let others = workers.live_others(&mut tx, self.worker_id).await?;
-        if self.mode == WorkerMode::Leasing {
-            if let Some(w) = others
-                .iter()
-                .find(|w| w.mode == WorkerMode::NoLeasing.as_str())
-            {
-                return Err(JoinError::NoLeasingLive(format!(
-                    "{} pid {} on {}, heartbeat expires in {:.0}s",
-                    w.worker_id, w.pid, w.hostname, w.expires_in
-                )));
+        // A fleet worker counts in the targets once its coordinator says it
+        // can publish (coordinator::fleet).
+        let me = self.registration(self.mode == WorkerMode::NoLeasing);
+        let mode = self.mode;
+        match store
+            .register(me, &|others| refusal(mode, others).is_none())
+            .await?
+        {
+            Joined::Registered => {
+                tracing::info!(worker_id = %self.worker_id, host = %self.hostname, mode = ?self.mode, "worker registered");
+                Ok(())
             }
-        } else if !others.is_empty() {
-            let list = others
-                .iter()
-                .map(|w| {
-                    format!(
-                        "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
-                        w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(JoinError::OthersLive(others.len(), list));
+            Joined::Refused(others) => {
+                Err(refusal(mode, &others)
+                    .expect("the store refuses only what the admission refused"))
+            }
         }
-        workers
-            .register(
-                &mut tx,
-                self.worker_id,
-                &self.hostname,
-                self.mode,
-                self.heartbeat_ttl,
-                // A fleet worker counts in the targets once its coordinator
-                // says it can publish (coordinator::fleet).
-                self.mode == WorkerMode::NoLeasing,
-            )
-            .await?;
-        tx.commit().await.map_err(|source| StoreError::Query {
-            doing: "committing the registration",
-            source,
-        })?;
-        tracing::info!(worker_id = %self.worker_id, host = %self.hostname, mode = ?self.mode, "worker registered");
-        Ok(())
+    }
+
+    fn registration(&self, can_publish: bool) -> Registration<'_> {
+        Registration {
+            worker_id: self.worker_id,
+            hostname: &self.hostname,
+            mode: self.mode,
+            heartbeat_ttl: self.heartbeat_ttl,
+            can_publish,
+        }
     }
 
     /// Heartbeats every third of the TTL until cancelled. Survives database
@@ -133,25 +146,14 @@ impl Membership {
                 published_rate: now.since(&last).published as f64 / elapsed,
             };
             (last, last_at) = (now, Instant::now());
-            let workers = &store.tables.workers;
-            match workers
-                .heartbeat(&store.pool, self.worker_id, self.heartbeat_ttl, counts)
+            match store
+                .heartbeat(self.worker_id, self.heartbeat_ttl, counts)
                 .await
             {
                 Ok(true) => delay = period,
                 Ok(false) => {
                     tracing::warn!(worker_id = %self.worker_id, "worker row was removed; registering again");
-                    if let Err(e) = workers
-                        .register(
-                            &store.pool,
-                            self.worker_id,
-                            &self.hostname,
-                            self.mode,
-                            self.heartbeat_ttl,
-                            true,
-                        )
-                        .await
-                    {
+                    if let Err(e) = store.register(self.registration(true), &|_| true).await {
                         tracing::warn!(error = %e, "re-registering failed");
                     }
                     delay = period;
@@ -166,12 +168,7 @@ impl Membership {
 
     /// Deletes the worker row (clean exit).
     pub async fn leave(&self, store: &Store) {
-        match store
-            .tables
-            .workers
-            .remove(&store.pool, self.worker_id)
-            .await
-        {
+        match store.remove_worker(self.worker_id).await {
             Ok(()) => tracing::info!(worker_id = %self.worker_id, "worker row removed"),
             Err(e) => {
                 tracing::warn!(error = %e, "could not remove the worker row; it expires after heartbeat_ttl")

@@ -75,8 +75,8 @@ pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summa
 /// Everything the page shows at once (also what `outboxd status` prints).
 pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary, StoreError> {
     let (workers, partitions, throughput) = tokio::try_join!(
-        store.tables.workers.list(&store.pool),
-        store.tables.partitions.overview(&store.pool, COUNT_CAP),
+        store.list_workers(),
+        store.overview(COUNT_CAP),
         throughput_of(store),
     )?;
     let totals = Totals {
@@ -103,10 +103,7 @@ pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary
 }
 
 async fn throughput_of(store: &Store) -> Result<Throughput, StoreError> {
-    let (minutes, seconds) = tokio::try_join!(
-        store.tables.stats.last_hour(&store.pool),
-        store.tables.stats.last_minutes(&store.pool),
-    )?;
+    let (minutes, seconds) = tokio::try_join!(store.last_hour(), store.last_minutes(),)?;
     let current_per_minute = minutes.iter().rev().nth(1).map_or(0, |m| m.published);
     // The current second is still being counted: the ten before it.
     let recent: i64 = seconds
@@ -129,19 +126,13 @@ async fn throughput_of(store: &Store) -> Result<Throughput, StoreError> {
 pub async fn workers(
     State(st): State<Arc<DashboardState>>,
 ) -> Result<Json<Vec<WorkerView>>, ApiError> {
-    Ok(Json(st.store.tables.workers.list(&st.store.pool).await?))
+    Ok(Json(st.store.list_workers().await?))
 }
 
 pub async fn partitions(
     State(st): State<Arc<DashboardState>>,
 ) -> Result<Json<Vec<BucketView>>, ApiError> {
-    Ok(Json(
-        st.store
-            .tables
-            .partitions
-            .overview(&st.store.pool, COUNT_CAP)
-            .await?,
-    ))
+    Ok(Json(st.store.overview(COUNT_CAP).await?))
 }
 
 pub async fn throughput(
@@ -179,19 +170,14 @@ pub async fn messages(
         .and_then(|k| k.strip_prefix('#'))
         .and_then(|k| k.parse::<i64>().ok())
     {
-        let found = st.store.tables.outbox.detail(&st.store.pool, id).await?;
+        let found = st.store.message_detail(id).await?;
         return Ok(Json(MessagesPage {
             state,
             messages: found.map(|d| d.summary).into_iter().collect(),
             next_cursor: None,
         }));
     }
-    let messages = st
-        .store
-        .tables
-        .outbox
-        .list(&st.store.pool, state, key, q.cursor, limit)
-        .await?;
+    let messages = st.store.list_messages(state, key, q.cursor, limit).await?;
     let next_cursor = (messages.len() as i64 == limit)
         .then(|| messages.last().map(|m| m.id))
         .flatten();
@@ -208,9 +194,7 @@ pub async fn message(
 ) -> Result<Json<Value>, ApiError> {
     let d = st
         .store
-        .tables
-        .outbox
-        .detail(&st.store.pool, id)
+        .message_detail(id)
         .await?
         .ok_or(ApiError::NotFound)?;
     let shown = &d.payload[..d.payload.len().min(PREVIEW_BYTES)];
@@ -243,18 +227,14 @@ pub async fn lease_events(
     State(st): State<Arc<DashboardState>>,
     Query(q): Query<EventsQuery>,
 ) -> Result<Json<Vec<LeaseEvent>>, ApiError> {
-    let partitions = &st.store.tables.partitions;
+    let partitions = &st.store;
     let events = match q.since_seconds {
         Some(s) => {
             partitions
-                .events_within(&st.store.pool, f64::from(s.min(3600)), 2000)
+                .events_within(f64::from(s.min(3600)), 2000)
                 .await?
         }
-        None => {
-            partitions
-                .events_since(&st.store.pool, q.after.unwrap_or(0), 500)
-                .await?
-        }
+        None => partitions.events_since(q.after.unwrap_or(0), 500).await?,
     };
     Ok(Json(events))
 }
@@ -280,12 +260,7 @@ pub async fn requeue(
         (Some(_), Some(_)) => "dashboard session".to_string(),
         (Some(_), None) => "dashboard API (bearer token)".to_string(),
     };
-    let requeued = st
-        .store
-        .tables
-        .outbox
-        .requeue(&st.store.pool, &req.ids, &buckets, false, &actor)
-        .await?;
+    let requeued = st.store.requeue(&req.ids, &buckets, false, &actor).await?;
     tracing::info!(ids = ?requeued, buckets = ?buckets, actor, "requeued parked messages");
     Ok(Json(json!({ "requeued": requeued })))
 }

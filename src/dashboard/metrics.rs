@@ -19,13 +19,8 @@ use super::error::ApiError;
 use crate::relay::stats::{Histogram, LATENCY_BUCKETS};
 
 pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoResponse, ApiError> {
-    let (workers, buckets) = tokio::try_join!(
-        st.store.tables.workers.list(&st.store.pool),
-        st.store
-            .tables
-            .partitions
-            .overview(&st.store.pool, COUNT_CAP),
-    )?;
+    let (workers, buckets) =
+        tokio::try_join!(st.store.list_workers(), st.store.overview(COUNT_CAP),)?;
     let mut out = String::with_capacity(8 * 1024);
     gauge(
         &mut out,

@@ -48,7 +48,7 @@ use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
 use crate::coordinator::lease::LeaseGrant;
 use crate::store::StoreError;
 use crate::store::outbox::{
-    ClaimToken, ClaimedMessage, FailurePolicy, Fence, record_partial_failure,
+    Claim, ClaimToken, ClaimedMessage, Failure, FailurePolicy, FailureRecord, Fence, Holder,
 };
 
 /// Drains one bucket until cancelled, or (with [`Drain::UntilEmpty`]) until
@@ -147,10 +147,21 @@ impl BucketDrainer {
     /// `--no-leasing` worker) need not wait for it to expire. Best effort:
     /// an unreleased claim lapses after `claim_ttl`.
     async fn release_claim(&self) {
-        let outbox = &self.ctx.store.tables.outbox;
-        let release = outbox.release(&self.ctx.store.pool, &self.partition_key, self.token);
+        let release = self
+            .ctx
+            .store
+            .release_claim(&self.partition_key, self.token);
         if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), release).await {
             tracing::debug!(bucket = %self.partition_key, error = %e, "could not release the bucket's claim");
+        }
+    }
+
+    /// What this drainer's writes are checked against.
+    fn holder(&self) -> Holder<'_> {
+        Holder {
+            partition_key: &self.partition_key,
+            token: self.token,
+            fence: self.fence,
         }
     }
 
@@ -167,9 +178,7 @@ impl BucketDrainer {
             match self
                 .ctx
                 .store
-                .tables
-                .outbox
-                .clear_claims(&self.ctx.store.pool, &self.partition_key, fence)
+                .clear_claims(&self.partition_key, fence)
                 .await
             {
                 Ok(n) => {
@@ -315,17 +324,12 @@ impl BucketDrainer {
         let rows = self
             .ctx
             .store
-            .tables
-            .outbox
-            .claim(
-                &self.ctx.store.pool,
-                &self.partition_key,
+            .claim(Claim {
+                holder: self.holder(),
                 limit,
-                self.token,
-                self.ctx.settings.claim_ttl.as_millis() as u64,
-                self.fence,
+                claim_ttl: self.ctx.settings.claim_ttl,
                 in_flight,
-            )
+            })
             .await;
         self.ctx.stats.claim_latency.observe(started.elapsed());
         rows
@@ -345,19 +349,9 @@ impl BucketDrainer {
         if ids.is_empty() {
             return true;
         }
-        let outbox = &self.ctx.store.tables.outbox;
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
-            match outbox
-                .record_published(
-                    &self.ctx.store.pool,
-                    ids,
-                    self.token,
-                    &self.partition_key,
-                    self.fence,
-                )
-                .await
-            {
+            match self.ctx.store.record_published(self.holder(), ids).await {
                 Ok(n) => {
                     self.ctx.stats.add_published(n as usize);
                     self.ctx.stats.add_fenced(ids.len() - n as usize);
@@ -387,58 +381,29 @@ impl BucketDrainer {
         failed: &ClaimedMessage,
         failure: &PublishError,
     ) {
-        let token = self.token;
-        let store = &self.ctx.store;
         let error = failure.to_string();
+        let counted = failure.counts_attempt().then(|| Failure {
+            id: failed.id,
+            error: &error,
+            policy: FailurePolicy {
+                max_attempts: self.ctx.settings.max_attempts,
+                may_park: failure.is_rows_fault(),
+                backoff_initial_ms: self.ctx.settings.retry_backoff_initial.as_millis() as f64,
+                backoff_max_ms: self.ctx.settings.retry_backoff.as_millis() as f64,
+            },
+        });
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
-            let result = async {
-                let mut tx = store.begin().await?;
-                let recorded = if failure.counts_attempt() {
-                    let policy = FailurePolicy {
-                        max_attempts: self.ctx.settings.max_attempts,
-                        may_park: failure.is_rows_fault(),
-                        backoff_initial_ms: self.ctx.settings.retry_backoff_initial.as_millis()
-                            as f64,
-                        backoff_max_ms: self.ctx.settings.retry_backoff.as_millis() as f64,
-                    };
-                    record_partial_failure(
-                        &mut tx,
-                        &store.tables.outbox,
-                        confirmed,
-                        failed.id,
-                        &error,
-                        policy,
-                        token,
-                        &self.partition_key,
-                        self.fence,
-                    )
-                    .await?
-                } else if confirmed.is_empty() {
-                    (0, None)
-                } else {
-                    let published = store
-                        .tables
-                        .outbox
-                        .record_published(
-                            &mut tx,
-                            confirmed,
-                            token,
-                            &self.partition_key,
-                            self.fence,
-                        )
-                        .await?;
-                    (published, None)
-                };
-                tx.commit().await.map_err(|source| StoreError::Query {
-                    doing: "committing a failure",
-                    source,
-                })?;
-                Ok::<_, StoreError>(recorded)
-            }
-            .await;
+            let result = if counted.is_none() && confirmed.is_empty() {
+                Ok(FailureRecord::default())
+            } else {
+                self.ctx
+                    .store
+                    .record_failure(self.holder(), confirmed, counted)
+                    .await
+            };
             match result {
-                Ok((published, parked)) => {
+                Ok(FailureRecord { published, parked }) => {
                     self.ctx.stats.add_published(published as usize);
                     self.ctx
                         .stats

@@ -16,7 +16,10 @@
 //!   ready head and wakes those.
 //!
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
-//! `LISTEN` is attempted: start-up says the worker polls.
+//! `LISTEN` is attempted: start-up says the worker polls. A database
+//! without notifications at all (MySQL/MariaDB) is polled *adaptively*:
+//! every `database.poll_interval` while polls find new rows, doubling the
+//! delay after each poll that finds none, up to `outbox.idle_backoff_ms`.
 //! `outbox.idle_backoff_ms` stays the drainers' last resort either way.
 
 use std::collections::HashMap;
@@ -24,12 +27,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DatabaseConfig, Pooler, Redacted, fmt_duration};
-use crate::store::{DbPool, Store, StoreError};
+use crate::config::{DatabaseConfig, Pooler, fmt_duration};
+use crate::store::{Channel, Store};
 
 /// How long the listener waits for its own test notification.
 pub const SELF_CHECK: Duration = Duration::from_secs(5);
@@ -121,19 +123,43 @@ impl Wakeups {
 
     /// Starts what feeds the signals until `cancel`: the poller always
     /// (idle while `LISTEN` works), the listener where it can work. Returns
-    /// the tasks.
+    /// the tasks. `idle_backoff` is where adaptive polling (a database
+    /// without notifications) backs off to.
     pub fn start(
         &self,
         store: &Store,
         db: &DatabaseConfig,
+        idle_backoff: Duration,
         cancel: &CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
+        let every = fmt_duration(db.poll_interval);
+        if !store.has_notifications() {
+            tracing::info!(
+                "{} has no notifications: polling for new rows every {every} \
+                 (database.poll_interval) while rows keep coming, backing off to {} \
+                 (outbox.idle_backoff_ms) while none do",
+                store.kind().name(),
+                fmt_duration(idle_backoff)
+            );
+            let polling = Polling {
+                every: db.poll_interval,
+                back_off_to: Some(idle_backoff.max(db.poll_interval)),
+            };
+            return vec![tokio::spawn(self.clone().poll(
+                store.clone(),
+                polling,
+                cancel.clone(),
+            ))];
+        }
+        let polling = Polling {
+            every: db.poll_interval,
+            back_off_to: None,
+        };
         let mut tasks = vec![tokio::spawn(self.clone().poll(
             store.clone(),
-            db.poll_interval,
+            polling,
             cancel.clone(),
         ))];
-        let every = fmt_duration(db.poll_interval);
         match (db.pooler, db.listen_url()) {
             (Pooler::Transaction, None) => tracing::info!(
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
@@ -141,13 +167,10 @@ impl Wakeups {
                  database.listen_url to a direct connection for immediate wake-ups"
             ),
             (_, direct) => {
-                let listen = ListenOn {
-                    direct: direct.map(str::to_string),
-                    db: db.clone(),
-                };
                 tasks.push(tokio::spawn(self.clone().listen(
                     store.clone(),
-                    listen,
+                    direct.map(str::to_string),
+                    db.poll_interval,
                     cancel.clone(),
                 )));
             }
@@ -155,15 +178,16 @@ impl Wakeups {
         tasks
     }
 
-    /// Every `every`, while `LISTEN` is not known to work, wakes the
-    /// buckets drained here whose head is ready.
-    async fn poll(self, store: Store, every: Duration, cancel: CancellationToken) {
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// While `LISTEN` is not known to work, wakes the buckets drained here
+    /// whose head is ready, every `polling.every` — or, adaptively, that
+    /// often while polls find something, backing off (doubling) to
+    /// `polling.back_off_to` while they do not.
+    async fn poll(self, store: Store, polling: Polling, cancel: CancellationToken) {
+        let mut delay = polling.every;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = ticks.tick() => {}
+                _ = tokio::time::sleep(delay) => {}
             }
             if self.listening.load(Ordering::Relaxed) {
                 continue;
@@ -172,18 +196,21 @@ impl Wakeups {
             if labels.is_empty() {
                 continue;
             }
-            match store
-                .tables
-                .outbox
-                .ready_buckets(&store.pool, &labels)
-                .await
-            {
+            let found = match store.ready_buckets(&labels).await {
                 Ok(ready) => {
                     tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
-                    ready.iter().for_each(|l| self.wake(l))
+                    ready.iter().for_each(|l| self.wake(l));
+                    !ready.is_empty()
                 }
-                Err(e) => tracing::debug!(error = %e, "polling for new rows failed"),
-            }
+                Err(e) => {
+                    tracing::debug!(error = %e, "polling for new rows failed");
+                    false
+                }
+            };
+            delay = match polling.back_off_to {
+                Some(max) if !found => (delay * 2).min(max),
+                _ => polling.every,
+            };
         }
     }
 
@@ -191,31 +218,17 @@ impl Wakeups {
     /// until cancelled, or until its self-check fails (then polling takes
     /// over for good). Reconnects by itself; after a reconnect everything is
     /// woken, since notifications sent meanwhile are lost.
-    async fn listen(self, store: Store, on: ListenOn, cancel: CancellationToken) {
-        let channel = store.tables.notify_channel();
-        let fleet_channel = store.tables.fleet_channel();
+    async fn listen(
+        self,
+        store: Store,
+        direct: Option<String>,
+        poll_interval: Duration,
+        cancel: CancellationToken,
+    ) {
         let mut delay = Duration::from_millis(100);
         while !cancel.is_cancelled() {
             self.listening.store(false, Ordering::Relaxed);
-            let listener = async {
-                let pool = on.pool(&store).await?;
-                let mut l =
-                    PgListener::connect_with(pool.sqlx())
-                        .await
-                        .map_err(|e| StoreError::Query {
-                            doing: "connecting to LISTEN",
-                            source: e,
-                        })?;
-                l.listen_all([channel.as_str(), fleet_channel.as_str()])
-                    .await
-                    .map_err(|e| StoreError::Query {
-                        doing: "starting to LISTEN",
-                        source: e,
-                    })?;
-                Ok::<_, StoreError>(l)
-            }
-            .await;
-            let mut listener = match listener {
+            let mut listener = match store.listen(direct.as_deref()).await {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?delay, "cannot LISTEN for wake-ups; polling meanwhile");
@@ -233,20 +246,35 @@ impl Wakeups {
             // travel, must come back. Until it does, polling goes on.
             let token = format!("outboxd-self-check:{}", uuid::Uuid::new_v4());
             let mut checked = None;
+            let mut last_error = None;
             for attempt in 1..=5 {
-                match Store::notify(&store.pool, &channel, &token).await {
+                match store.notify(Channel::Enqueued, &token).await {
                     Ok(()) => {
                         checked = Some(tokio::time::Instant::now() + SELF_CHECK);
                         break;
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, attempt, "cannot send the LISTEN self-check");
+                        last_error = Some(e);
                         tokio::select! {
                             _ = cancel.cancelled() => return,
                             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                         }
                     }
                 }
+            }
+            if let (None, Some(e)) = (checked, last_error) {
+                // Seen behind a transaction pooler whose server sessions a
+                // LISTEN polluted: the notification cannot even be sent.
+                tracing::warn!(
+                    error = %e,
+                    "LISTEN received no test notification: it could not be sent. Polling for \
+                     new rows every {} from now on; if a pooler in transaction mode is in \
+                     between, set database.listen_url to a direct connection (see the README)",
+                    fmt_duration(poll_interval)
+                );
+                let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;
+                return;
             }
             loop {
                 let timeout = async {
@@ -257,7 +285,7 @@ impl Wakeups {
                 };
                 let next = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    n = listener.try_recv() => n,
+                    n = listener.recv() => n,
                     _ = timeout => {
                         tracing::warn!(
                             "LISTEN received no test notification within {}: something between \
@@ -265,21 +293,19 @@ impl Wakeups {
                              notifications. Polling for new rows every {} from now on; set \
                              database.listen_url to a direct connection (see the README)",
                             fmt_duration(SELF_CHECK),
-                            fmt_duration(on.db.poll_interval)
+                            fmt_duration(poll_interval)
                         );
-                        // Best effort: through a pooler the LISTEN may stay
-                        // registered on a server session other clients get.
-                        let _ = tokio::time::timeout(SELF_CHECK, listener.unlisten_all()).await;
+                        let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;
                         return;
                     }
                 };
                 match next {
-                    Ok(Some(n)) if n.channel() == fleet_channel => self.fleet.notify_one(),
-                    Ok(Some(n)) if n.payload() == token => {
+                    Ok(Some(n)) if n.channel == Channel::Fleet => self.fleet.notify_one(),
+                    Ok(Some(n)) if n.payload == token => {
                         checked = None;
                         self.listening.store(true, Ordering::Relaxed);
                     }
-                    Ok(Some(n)) => self.wake(n.payload()),
+                    Ok(Some(n)) => self.wake(&n.payload),
                     // The connection was lost and re-established.
                     Ok(None) => self.wake_all(),
                     Err(e) => {
@@ -292,22 +318,11 @@ impl Wakeups {
     }
 }
 
-/// Where the listener connects.
-struct ListenOn {
-    /// `database.listen_url`, else the workers' own URL.
-    direct: Option<String>,
-    db: DatabaseConfig,
-}
-
-impl ListenOn {
-    async fn pool(&self, store: &Store) -> Result<DbPool, StoreError> {
-        match &self.direct {
-            None => Ok(store.pool.clone()),
-            Some(url) => {
-                tracing::debug!(url = %Redacted(url), "connecting to LISTEN");
-                crate::store::pool::connect_to(&self.db, url, Pooler::None, 2, "outboxd listen")
-                    .await
-            }
-        }
-    }
+/// How the poller paces itself.
+#[derive(Debug, Clone, Copy)]
+struct Polling {
+    /// Between polls (while they find something, when adaptive).
+    every: Duration,
+    /// Adaptive: each poll that finds nothing doubles the delay, up to this.
+    back_off_to: Option<Duration>,
 }

@@ -1,50 +1,205 @@
-//! All SQL lives here, one module per table.
+//! All SQL lives here, behind one backend-neutral interface.
 //!
-//! Table names are configurable, so statements are rendered once at start-up
-//! from validated identifiers ([`Tables`]) and reused as prepared statements;
-//! no SQL text is built on a hot path. Functions take an executor, so the
-//! caller decides what runs in one transaction. Time is always the database's
-//! `now()`.
+//! [`Store`] is what every other part of outboxd holds: a cheap handle on
+//! one database backend, chosen by the URL's scheme — PostgreSQL
+//! (`postgres://`, `postgresql://`) or MySQL/MariaDB (`mysql://`,
+//! `mariadb://`). It dereferences to [`Backend`], the interface both
+//! implement, one trait per table so that each backend keeps one module
+//! per table (the way apalis and fang keep a storage per database):
 //!
-//! Every statement on a worker's path is *bounded* ([`Bounded`]): it fails
-//! after `database.query_timeout` instead of waiting on a database that
-//! stopped answering, and every pooled connection is hardened against a
-//! silent peer ([`crate::net`]), so a blackholed link is noticed in seconds.
-//! Only the operator's long statements (migrations, repartitioning, a
-//! purge's count and VACUUM) run unbounded.
+//! | neutral module (types + trait) | what it owns |
+//! |---|---|
+//! | [`outbox`] ([`OutboxStore`]) | enqueue, claim, record published / failed, views, requeue, purge |
+//! | [`partitions`] ([`PartitionStore`]) | one row per bucket: leases and lease events |
+//! | [`workers`] ([`WorkerStore`]) | membership rows and heartbeats |
+//! | [`stats`] ([`StatsStore`]) | per-minute and per-second throughput |
+//! | [`schema`] ([`SchemaStore`]) | migrations, the schema check, deployment settings |
+//! | [`repartition`] ([`RepartitionStore`]) | changing the bucket count; rows with unknown labels |
+//! | [`notify`] ([`NotifyStore`]) | wake-up notifications (`NOTIFY`/`LISTEN` where the database has them) |
 //!
-//! - [`pool`]: the connection pool; transaction poolers and switchovers.
-//! - [`schema`]: migrations, schema version check, deployment settings.
-//! - [`outbox`]: enqueue, claim, record published / failed, bucket heads.
-//! - [`partitions`]: one row per bucket (leases, in fleet mode).
-//! - [`workers`]: membership rows and heartbeats.
-//! - [`repartition`]: changing the bucket count; rows with unknown labels.
-//! - [`stats`]: per-minute throughput for the dashboard.
+//! and the backends: [`postgres`] and [`mysql`], each with its own SQL,
+//! migrations (`migrations/postgres`, `migrations/mysql`) and pool. Nothing
+//! above this module knows which backend it talks to.
+//!
+//! What every backend promises, whatever its SQL:
+//!
+//! - every write to a bucket's rows carries the lease fence `(partition_key,
+//!   lease_owner, lease_epoch)` and the bucket's claim token, checked in the
+//!   same statement as the write;
+//! - time is the database's clock (UTC), never the worker's;
+//! - every statement on a worker's path is *bounded* ([`Bounded`]): it fails
+//!   after `database.query_timeout` instead of waiting on a database that
+//!   stopped answering, and every pooled connection is hardened against a
+//!   silent peer ([`crate::net`]), so a blackholed link is noticed in
+//!   seconds. Only the operator's long statements (migrations,
+//!   repartitioning, a purge's count and VACUUM) run unbounded;
+//! - errors say what was being done and the server's cause once
+//!   ([`StoreError`]), and say whether retrying may help.
 
+pub mod mysql;
+pub mod notify;
 pub mod outbox;
 pub mod partitions;
-pub mod pool;
+pub mod postgres;
 pub mod repartition;
 pub mod schema;
 pub mod stats;
+pub mod switchover;
 pub mod workers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+pub use notify::{Channel, Listener, Notification, NotifyStore};
+pub use outbox::OutboxStore;
+pub use partitions::PartitionStore;
+pub use repartition::RepartitionStore;
+pub use schema::SchemaStore;
+pub use stats::StatsStore;
+pub use workers::WorkerStore;
 
-use crate::config::{Config, TablesConfig, fmt_duration};
-pub use pool::{DbPool, Tx, connect};
+use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration};
+
+/// Which database a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Postgres,
+    MySql,
+}
+
+impl BackendKind {
+    /// The backend a database URL names, by its scheme.
+    pub fn of_url(url: &str) -> Option<Self> {
+        let scheme = url.split_once("://")?.0;
+        match scheme {
+            "postgres" | "postgresql" => Some(Self::Postgres),
+            "mysql" | "mariadb" => Some(Self::MySql),
+            _ => None,
+        }
+    }
+
+    /// How the database is called in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Postgres => "PostgreSQL",
+            BackendKind::MySql => "MySQL/MariaDB",
+        }
+    }
+}
+
+/// Everything a backend does: one trait per table (see the module docs).
+pub trait Backend:
+    OutboxStore
+    + PartitionStore
+    + WorkerStore
+    + StatsStore
+    + SchemaStore
+    + RepartitionStore
+    + NotifyStore
+    + std::fmt::Debug
+    + std::any::Any
+    + Send
+    + Sync
+{
+    fn kind(&self) -> BackendKind;
+
+    /// The configured table names the statements were rendered with.
+    fn tables(&self) -> &TablesConfig;
+
+    /// Closes every connection.
+    fn close(&self) -> futures_util::future::BoxFuture<'_, ()>;
+}
+
+/// A handle on the database: what every component that talks to it holds.
+/// Cheap to clone; dereferences to the [`Backend`] interface.
+#[derive(Debug, Clone)]
+pub struct Store(Arc<dyn Backend>);
+
+impl std::ops::Deref for Store {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl Store {
+    /// Connects to the database `config.database.url` names, by its scheme.
+    pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {
+        Self::connect_with(&config.database, &config.tables, application_name).await
+    }
+
+    pub async fn connect_with(
+        db: &DatabaseConfig,
+        tables: &TablesConfig,
+        application_name: &str,
+    ) -> Result<Self, StoreError> {
+        QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
+        let backend: Arc<dyn Backend> = match BackendKind::of_url(&db.url) {
+            Some(BackendKind::MySql) => {
+                Arc::new(mysql::MySqlBackend::connect(db, tables, application_name).await?)
+            }
+            _ => Arc::new(postgres::PgBackend::connect(db, tables, application_name).await?),
+        };
+        Ok(Self(backend))
+    }
+
+    /// A store for a command that needs a session of its own (`outboxd
+    /// migrate`): behind a PostgreSQL transaction pooler, on the direct
+    /// `database.listen_url` when there is one (else the command refuses).
+    pub async fn connect_for_session(
+        config: &Config,
+        application_name: &str,
+    ) -> Result<Self, StoreError> {
+        let db = &config.database;
+        match (db.pooler, db.listen_url()) {
+            (crate::config::Pooler::Transaction, Some(direct)) => {
+                tracing::info!(
+                    url = %Redacted(direct),
+                    "behind a transaction pooler: using the direct database.listen_url"
+                );
+                let direct = DatabaseConfig {
+                    url: direct.to_string(),
+                    pooler: crate::config::Pooler::None,
+                    max_connections: 2,
+                    ..db.clone()
+                };
+                Self::connect_with(&direct, &config.tables, application_name).await
+            }
+            _ => Self::connect(config, application_name).await,
+        }
+    }
+
+    /// The PostgreSQL backend, when that is what this store talks to (for
+    /// tests and tools that inspect PostgreSQL itself).
+    pub fn postgres(&self) -> Option<&postgres::PgBackend> {
+        let any: &dyn std::any::Any = &*self.0;
+        any.downcast_ref()
+    }
+
+    /// The MySQL/MariaDB backend, when that is what this store talks to.
+    pub fn mysql(&self) -> Option<&mysql::MySqlBackend> {
+        let any: &dyn std::any::Any = &*self.0;
+        any.downcast_ref()
+    }
+}
 
 /// A database error, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot connect to PostgreSQL at {url}: {}", Cause(source))]
-    Connect { url: String, source: sqlx::Error },
-    #[error("cannot connect to PostgreSQL at {url}: no answer within {}", fmt_duration(*.after))]
-    ConnectTimeout { url: String, after: Duration },
+    #[error("cannot connect to {} at {url}: {}", .backend.name(), Cause(source))]
+    Connect {
+        backend: BackendKind,
+        url: String,
+        source: sqlx::Error,
+    },
+    #[error("cannot connect to {} at {url}: no answer within {}", .backend.name(), fmt_duration(*.after))]
+    ConnectTimeout {
+        backend: BackendKind,
+        url: String,
+        after: Duration,
+    },
     #[error("{0}")]
     Schema(String),
     #[error("database error while {doing}: {}", Cause(source))]
@@ -61,7 +216,8 @@ pub enum StoreError {
 
 impl StoreError {
     /// True when retrying later may succeed (connection lost, server
-    /// restarting, pool exhausted), as opposed to a bug or a schema problem.
+    /// restarting, pool exhausted, lock wait or deadlock), as opposed to a
+    /// bug or a schema problem.
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Connect { .. } | StoreError::ConnectTimeout { .. } => true,
@@ -82,13 +238,8 @@ impl std::fmt::Display for Cause<'_> {
         match self.0 {
             sqlx::Error::Database(db) => {
                 f.write_str(db.message())?;
-                // 42P05 duplicate / 26000 unknown prepared statement: named
-                // statements meeting a transaction pooler.
-                if matches!(db.code().as_deref(), Some("42P05" | "26000")) {
-                    f.write_str(
-                        " (is the database reached through a pooler in transaction mode? \
-                         set database.pooler = \"transaction\")",
-                    )?;
+                if let Some(hint) = postgres::hint(&**db) {
+                    f.write_str(hint)?;
                 }
                 Ok(())
             }
@@ -101,17 +252,7 @@ fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
         sqlx::Error::Database(db) => {
-            // 08: connection exception, 57P: operator intervention (admin
-            // shutdown, crash shutdown, cannot connect now), 40: serialization
-            // failure / deadlock, 53: insufficient resources, 25006: a
-            // read-only server (a standby, a switchover in progress).
-            db.code().is_some_and(|c| {
-                c == "25006"
-                    || c.starts_with("08")
-                    || c.starts_with("57P")
-                    || c.starts_with("40")
-                    || c.starts_with("53")
-            })
+            postgres::is_transient_error(&**db) || mysql::is_transient_error(&**db)
         }
         _ => false,
     }
@@ -128,13 +269,13 @@ impl<T> QueryContext<T> for Result<T, sqlx::Error> {
     }
 }
 
-fn query_error(doing: &'static str, source: sqlx::Error) -> StoreError {
-    pool::note_failure(&source);
+pub(crate) fn query_error(doing: &'static str, source: sqlx::Error) -> StoreError {
+    switchover::note_failure(&source);
     StoreError::Query { doing, source }
 }
 
 /// Bound on each worker statement, in milliseconds (`database.query_timeout`;
-/// set once by [`connect`], process-wide like the pool it applies to).
+/// set once by [`Store::connect`], process-wide like the pool it applies to).
 static QUERY_TIMEOUT_MS: AtomicU64 =
     AtomicU64::new(crate::config::DEFAULT_QUERY_TIMEOUT.as_millis() as u64);
 
@@ -160,13 +301,35 @@ pub(crate) trait Bounded<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
 
 impl<T, F: Future<Output = Result<T, sqlx::Error>>> Bounded<T> for F {}
 
+/// Bounds a whole multi-statement operation (a transaction of several
+/// statements) by [`query_timeout`].
+pub(crate) async fn bounded_op<T>(
+    doing: &'static str,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let after = query_timeout();
+    match tokio::time::timeout(after, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Timeout { doing, after }),
+    }
+}
+
+/// Renders a statement template: `{outbox}`, `{partitions}` and
+/// `{workers}` become the configured table names (validated identifiers,
+/// see `config::validate`).
+pub(crate) fn render(tables: &TablesConfig, template: &str) -> String {
+    template
+        .replace("{outbox}", &tables.outbox)
+        .replace("{partitions}", &tables.partitions)
+        .replace("{workers}", &tables.workers)
+}
+
 /// A rendered SQL statement, cheap to clone into a query.
 #[derive(Debug, Clone)]
 pub(crate) struct Sql(Arc<str>);
 
 impl Sql {
-    /// Renders a statement template: `{outbox}`, `{partitions}` and
-    /// `{workers}` become the configured table names.
+    /// Renders a statement template (see [`render`]).
     pub(crate) fn render(tables: &TablesConfig, template: &str) -> Self {
         Sql(render(tables, template).into())
     }
@@ -175,109 +338,22 @@ impl Sql {
         &self.0
     }
 
-    pub(crate) fn q(&self) -> SqlStr {
+    pub(crate) fn q(&self) -> sqlx::SqlStr {
+        use sqlx::SqlSafeStr;
         // Only validated identifiers are spliced in (see config::validate).
-        AssertSqlSafe(self.0.clone()).into_sql_str()
+        sqlx::AssertSqlSafe(self.0.clone()).into_sql_str()
     }
 }
 
-pub(crate) fn render(tables: &TablesConfig, template: &str) -> String {
-    template
-        .replace("{outbox}", &tables.outbox)
-        .replace("{partitions}", &tables.partitions)
-        .replace("{workers}", &tables.workers)
-}
-
-/// Every rendered statement, built once from the table names.
-#[derive(Debug, Clone)]
-pub struct Tables {
-    pub names: TablesConfig,
-    pub outbox: Arc<outbox::OutboxSql>,
-    pub partitions: Arc<partitions::PartitionsSql>,
-    pub workers: Arc<workers::WorkersSql>,
-    pub stats: Arc<stats::StatsSql>,
-}
-
-impl Tables {
-    pub fn new(names: &TablesConfig) -> Self {
-        Self {
-            names: names.clone(),
-            outbox: Arc::new(outbox::OutboxSql::new(names)),
-            partitions: Arc::new(partitions::PartitionsSql::new(names)),
-            workers: Arc::new(workers::WorkersSql::new(names)),
-            stats: Arc::new(stats::StatsSql::new(names)),
-        }
-    }
-
-    /// The NOTIFY channel `<outbox>_enqueue()` signals on.
-    pub fn notify_channel(&self) -> String {
-        format!("{}_enqueued", self.names.outbox)
-    }
-
-    /// The NOTIFY channel workers announce joins, leaves and releases on.
-    pub fn fleet_channel(&self) -> String {
-        format!("{}_fleet", self.names.outbox)
-    }
-}
-
-/// The pool and the statements: what every component that talks to the
-/// database holds.
-#[derive(Debug, Clone)]
-pub struct Store {
-    pub pool: DbPool,
-    pub tables: Tables,
-}
-
-impl Store {
-    /// Sends a NOTIFY (delivered when `exec`'s transaction commits).
-    pub async fn notify<'e, E: sqlx::PgExecutor<'e>>(
-        exec: E,
-        channel: &str,
-        payload: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(channel)
-            .bind(payload)
-            .execute(exec)
-            .bounded("sending a notification")
-            .await?;
-        Ok(())
-    }
-
-    /// Starts a transaction.
-    pub async fn begin(&self) -> Result<Tx, StoreError> {
-        self.pool.begin().bounded("starting a transaction").await
-    }
-
-    pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {
-        Ok(Self {
-            pool: connect(&config.database, application_name).await?,
-            tables: Tables::new(&config.tables),
-        })
-    }
-
-    /// A store for a command that needs a session of its own (`outboxd
-    /// migrate`): behind a transaction pooler, on the direct
-    /// `database.listen_url` when there is one (else the command refuses).
-    pub async fn connect_for_session(
-        config: &Config,
-        application_name: &str,
-    ) -> Result<Self, StoreError> {
-        let db = &config.database;
-        let pool = match (db.pooler, db.listen_url()) {
-            (crate::config::Pooler::Transaction, Some(direct)) => {
-                tracing::info!(
-                    url = %crate::config::Redacted(direct),
-                    "behind a transaction pooler: using the direct database.listen_url"
-                );
-                pool::connect_to(db, direct, crate::config::Pooler::None, 2, application_name)
-                    .await?
-            }
-            _ => connect(db, application_name).await?,
-        };
-        Ok(Self {
-            pool,
-            tables: Tables::new(&config.tables),
-        })
+/// A URL as errors show it: redacted, and saying so when it is the built-in
+/// default (nothing configured it).
+pub(crate) fn shown(url: &str) -> String {
+    if url == crate::config::DEFAULT_DATABASE_URL {
+        format!(
+            "{} (the built-in default: set DATABASE_URL, --database-url or database.url)",
+            Redacted(url)
+        )
+    } else {
+        Redacted(url).to_string()
     }
 }

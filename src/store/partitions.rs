@@ -1,7 +1,10 @@
-//! The `outbox_partitions` table: one row per bucket, carrying its lease.
+//! The `outbox_partitions` table: one row per bucket, carrying its lease —
+//! the types and the interface every backend implements
+//! ([`PartitionStore`]).
 //!
-//! Each statement here is one round trip and changes a lease only under
-//! the conditions that make the change safe, checked in the same statement:
+//! Each operation changes a lease only under the conditions that make the
+//! change safe, checked atomically with the change (in one statement, or
+//! under the rows' locks in one transaction):
 //!
 //! - **acquire** takes a bucket only while it is free or its lease has
 //!   expired (`lease_until <= now()`), and bumps `lease_epoch`;
@@ -9,33 +12,16 @@
 //! - **release** frees a lease only where owner and epoch still match
 //!   (on shutdown, once no drainer runs: every lease of the owner).
 //!
-//! Acquire and release write a row to `<outbox>_lease_events` in the same
-//! statement, so every change of owner is on record.
+//! Acquire and release write a row to `<outbox>_lease_events` atomically
+//! with the change, so every change of owner is on record.
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{Bounded, Sql, StoreError, Tables, render};
-use crate::config::TablesConfig;
-
-/// Inserts a row for every bucket label that has none.
-pub async fn ensure_rows<'e, E: PgExecutor<'e>>(
-    exec: E,
-    tables: &Tables,
-    labels: &[String],
-) -> Result<u64, StoreError> {
-    Ok(sqlx::query(sqlx::AssertSqlSafe(render(
-        &tables.names,
-        "INSERT INTO {partitions} (partition_key) SELECT unnest($1::text[]) ON CONFLICT (partition_key) DO NOTHING",
-    )))
-    .bind(labels)
-    .execute(exec)
-    .bounded("creating bucket rows").await?
-    .rows_affected())
-}
+use super::StoreError;
 
 /// A lease this worker just acquired.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -91,261 +77,61 @@ pub struct LeaseEvent {
     pub reason: String,
 }
 
-/// The rendered statements of this module.
-#[derive(Debug)]
-pub struct PartitionsSql {
-    acquire: Sql,
-    renew: Sql,
-    release: Sql,
-    release_all: Sql,
-    leases: Sql,
-    events_since: Sql,
-    events_within: Sql,
-    overview: Sql,
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_millis() as f64
-}
-
-impl PartitionsSql {
-    pub fn new(t: &TablesConfig) -> Self {
-        Self {
-            acquire: Sql::render(
-                t,
-                "WITH candidates AS (
-                    SELECT partition_key, lease_owner, lease_epoch FROM {partitions}
-                    WHERE partition_key = ANY($2::text[]) AND (lease_owner IS NULL OR lease_until <= now())
-                    FOR UPDATE SKIP LOCKED
-                 ), acquired AS (
-                    UPDATE {partitions} p
-                    SET lease_owner = $1, lease_until = now() + make_interval(secs => $3::float8 / 1000),
-                        lease_epoch = p.lease_epoch + 1, updated_at = now()
-                    FROM candidates c
-                    WHERE p.partition_key = c.partition_key
-                    RETURNING p.partition_key, c.lease_owner AS old_owner, c.lease_epoch AS old_epoch,
-                              p.lease_epoch AS new_epoch
-                 ), logged AS (
-                    INSERT INTO {outbox}_lease_events
-                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-                    SELECT partition_key, 'acquire', $1, old_owner, old_epoch, new_epoch,
-                           CASE WHEN old_owner IS NULL THEN 'free: ' || $4
-                                ELSE 'expired lease of ' || old_owner || ': ' || $4 END
-                    FROM acquired
-                 )
-                 SELECT partition_key, new_epoch AS lease_epoch FROM acquired",
-            ),
-            renew: Sql::render(
-                t,
-                "UPDATE {partitions} p
-                 SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
-                 FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
-                 WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
-                 RETURNING p.partition_key",
-            ),
-            release: Sql::render(
-                t,
-                "WITH released AS (
-                    UPDATE {partitions} p
-                    SET lease_owner = NULL, lease_until = NULL, updated_at = now()
-                    FROM unnest($2::text[], $3::bigint[]) AS h(partition_key, epoch)
-                    WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
-                    RETURNING p.partition_key, p.lease_epoch
-                 ), logged AS (
-                    INSERT INTO {outbox}_lease_events
-                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-                    SELECT partition_key, 'release', $1, $1, lease_epoch, lease_epoch, $4 FROM released
-                 )
-                 SELECT partition_key FROM released",
-            ),
-            release_all: Sql::render(
-                t,
-                "WITH released AS (
-                    UPDATE {partitions}
-                    SET lease_owner = NULL, lease_until = NULL, updated_at = now()
-                    WHERE lease_owner = $1
-                    RETURNING partition_key, lease_epoch
-                 ), logged AS (
-                    INSERT INTO {outbox}_lease_events
-                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-                    SELECT partition_key, 'release', $1, $1, lease_epoch, lease_epoch, $2 FROM released
-                 )
-                 SELECT partition_key FROM released",
-            ),
-            leases: Sql::render(
-                t,
-                "SELECT partition_key, lease_owner, lease_until, lease_epoch,
-                        coalesce(lease_until > now(), false) AS valid
-                 FROM {partitions} ORDER BY partition_key",
-            ),
-            // Every count is capped (`LIMIT $1` inside), so the cost is
-            // bounded by buckets × cap whatever the table size.
-            overview: Sql::render(
-                t,
-                "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
-                        extract(epoch FROM p.lease_until - now())::float8 AS lease_ttl_seconds,
-                        c.n AS pending, c.n >= $1 AS pending_capped,
-                        (SELECT count(*) FROM (SELECT 1 FROM {outbox} o
-                            WHERE o.partition_key = p.partition_key AND o.failed_at IS NOT NULL LIMIT $1) f) AS parked,
-                        h.id AS head_id,
-                        coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds,
-                        h.attempts AS head_attempts,
-                        CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
-                        CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
-                 FROM {partitions} p
-                 CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM {outbox} o
-                     WHERE o.partition_key BETWEEN p.partition_key AND p.partition_key
-                       AND o.published_at IS NULL AND o.failed_at IS NULL LIMIT $1) x) c
-                 LEFT JOIN LATERAL (SELECT id, created_at, attempts, last_error, available_at FROM {outbox} o
-                     WHERE o.partition_key BETWEEN p.partition_key AND p.partition_key
-                       AND o.published_at IS NULL AND o.failed_at IS NULL
-                     ORDER BY o.partition_key, o.id LIMIT 1) h ON true
-                 ORDER BY p.partition_key",
-            ),
-            events_since: Sql::render(
-                t,
-                "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                 FROM {outbox}_lease_events WHERE id > $1 ORDER BY id LIMIT $2",
-            ),
-            events_within: Sql::render(
-                t,
-                "SELECT * FROM (
-                    SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                    FROM {outbox}_lease_events
-                    WHERE at > now() - make_interval(secs => $1::float8)
-                    ORDER BY at DESC, id DESC LIMIT $2
-                 ) recent ORDER BY id",
-            ),
-        }
+/// The text of a lease event's reason for an acquisition.
+pub(crate) fn acquire_reason(old_owner: Option<Uuid>, reason: &str) -> String {
+    match old_owner {
+        None => format!("free: {reason}"),
+        Some(old) => format!("expired lease of {old}: {reason}"),
     }
+}
+
+/// The partitions table, as every backend implements it.
+#[async_trait]
+pub trait PartitionStore {
+    /// Inserts a row for every bucket label that has none.
+    async fn ensure_bucket_rows(&self, labels: &[String]) -> Result<u64, StoreError>;
 
     /// Takes every bucket of `wanted` that is free or whose lease expired.
-    pub async fn acquire<'e, E: PgExecutor<'e>>(
+    async fn acquire(
         &self,
-        exec: E,
         me: Uuid,
         wanted: &[String],
         ttl: Duration,
         reason: &str,
-    ) -> Result<Vec<Acquired>, StoreError> {
-        sqlx::query_as(self.acquire.q())
-            .bind(me)
-            .bind(wanted)
-            .bind(ms(ttl))
-            .bind(reason)
-            .fetch_all(exec)
-            .bounded("acquiring leases")
-            .await
-    }
+    ) -> Result<Vec<Acquired>, StoreError>;
 
     /// Extends the given leases (bucket, epoch) that are still ours; returns
     /// the buckets renewed — any other was lost.
-    pub async fn renew<'e, E: PgExecutor<'e>>(
+    async fn renew(
         &self,
-        exec: E,
         me: Uuid,
         held: &[(String, i64)],
         ttl: Duration,
-    ) -> Result<Vec<String>, StoreError> {
-        let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
-        sqlx::query_scalar(self.renew.q())
-            .bind(me)
-            .bind(ms(ttl))
-            .bind(keys)
-            .bind(epochs)
-            .fetch_all(exec)
-            .bounded("renewing leases")
-            .await
-    }
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Frees the given leases (bucket, epoch) that are still ours.
-    pub async fn release<'e, E: PgExecutor<'e>>(
+    async fn release_leases(
         &self,
-        exec: E,
         me: Uuid,
         held: &[(String, i64)],
         reason: &str,
-    ) -> Result<Vec<String>, StoreError> {
-        let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
-        sqlx::query_scalar(self.release.q())
-            .bind(me)
-            .bind(keys)
-            .bind(epochs)
-            .bind(reason)
-            .fetch_all(exec)
-            .bounded("releasing leases")
-            .await
-    }
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Frees every lease `me` holds, whatever its epoch: on shutdown, when
     /// no drainer of `me` runs any more (so also a lease it took in a
     /// statement whose answer it never saw).
-    pub async fn release_all<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        me: Uuid,
-        reason: &str,
-    ) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar(self.release_all.q())
-            .bind(me)
-            .bind(reason)
-            .fetch_all(exec)
-            .bounded("releasing leases")
-            .await
-    }
+    async fn release_all_leases(&self, me: Uuid, reason: &str) -> Result<Vec<String>, StoreError>;
 
-    /// Every bucket's lease.
-    pub async fn leases<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-    ) -> Result<Vec<LeaseRow>, StoreError> {
-        sqlx::query_as(self.leases.q())
-            .fetch_all(exec)
-            .bounded("reading leases")
-            .await
-    }
+    /// Every bucket's lease, by label.
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
 
     /// Every bucket with its lease, capped pending/parked counts and head.
-    pub async fn overview<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        cap: i64,
-    ) -> Result<Vec<BucketView>, StoreError> {
-        sqlx::query_as(self.overview.q())
-            .bind(cap)
-            .fetch_all(exec)
-            .bounded("reading the bucket overview")
-            .await
-    }
+    async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError>;
 
     /// Lease events after `after_id`, oldest first.
-    pub async fn events_since<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        after_id: i64,
-        limit: i64,
-    ) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.events_since.q())
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(exec)
-            .bounded("reading lease events")
-            .await
-    }
+    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
 
     /// The latest lease changes of the last `seconds` (at most `limit`, the
     /// most recent), oldest first.
-    pub async fn events_within<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        seconds: f64,
-        limit: i64,
-    ) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.events_within.q())
-            .bind(seconds)
-            .bind(limit)
-            .fetch_all(exec)
-            .bounded("reading lease events")
-            .await
-    }
+    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
 }

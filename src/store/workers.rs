@@ -1,21 +1,20 @@
-//! The `outbox_workers` table: one row per live worker process.
+//! The `outbox_workers` table: one row per live worker process — the types
+//! and the interface every backend implements ([`WorkerStore`]).
 //!
 //! A worker inserts its row at start, pushes `heartbeat_until` forward from
 //! its own task, and deletes the row on a clean exit. A worker is *live*
 //! while `heartbeat_until > now()` (the database's clock, never the worker's).
+//! Registrations are serialised by a transaction-scoped lock, so two workers
+//! cannot both pass the checks that decide whether they may join.
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgExecutor;
 use uuid::Uuid;
 
-use super::{Bounded, Sql, StoreError};
-use crate::config::TablesConfig;
-
-/// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
-pub const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
+use super::StoreError;
 
 /// How a worker drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,239 +82,80 @@ pub struct WorkerCounts {
     pub published_rate: f64,
 }
 
-/// The rendered statements of this module.
+/// A worker's row, as it registers.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration<'a> {
+    pub worker_id: Uuid,
+    pub hostname: &'a str,
+    pub mode: WorkerMode,
+    pub heartbeat_ttl: Duration,
+    /// A fleet worker joins with `false`: its coordinator sets it once it
+    /// runs, so peers hand buckets over only to a worker ready to take them.
+    pub can_publish: bool,
+}
+
+/// Whether a worker may join, given the other live workers.
+pub type Admission<'a> = &'a (dyn Fn(&[LiveWorker]) -> bool + Send + Sync);
+
+/// What [`WorkerStore::register`] did.
 #[derive(Debug)]
-pub struct WorkersSql {
-    list: Sql,
-    register: Sql,
-    heartbeat: Sql,
-    remove: Sql,
-    live_others: Sql,
-    live_leasing: Sql,
-    remove_dead: Sql,
-    set_broker_state: Sql,
-    set_broker_blocked: Sql,
+pub enum Joined {
+    Registered,
+    /// The admission refused, given these live workers; nothing was written.
+    Refused(Vec<LiveWorker>),
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_millis() as f64
-}
-
-impl WorkersSql {
-    pub fn new(t: &TablesConfig) -> Self {
-        Self {
-            register: Sql::render(
-                t,
-                "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
-                 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7)",
-            ),
-            heartbeat: Sql::render(
-                t,
-                "UPDATE {workers} SET heartbeat_at = now(),
-                     heartbeat_until = now() + make_interval(secs => $2::float8 / 1000),
-                     published_total = $3, failed_total = $4, published_rate = $5
-                 WHERE worker_id = $1",
-            ),
-            list: Sql::render(
-                t,
-                "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
-                        extract(epoch FROM w.heartbeat_until - now())::float8 AS heartbeat_ttl_seconds,
-                        w.heartbeat_until > now() AS live,
-                        (SELECT count(*) FROM {partitions} p
-                         WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
-                        w.published_total, w.failed_total, w.published_rate,
-                        w.can_publish, w.broker_error, w.broker_blocked
-                 FROM {workers} w ORDER BY w.worker_id",
-            ),
-            remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
-            live_leasing: Sql::render(
-                t,
-                "SELECT worker_id FROM {workers}
-                 WHERE heartbeat_until > now() AND mode = 'leasing' AND can_publish
-                 ORDER BY worker_id",
-            ),
-            set_broker_state: Sql::render(
-                t,
-                "UPDATE {workers} SET can_publish = $2, broker_error = $3 WHERE worker_id = $1",
-            ),
-            set_broker_blocked: Sql::render(
-                t,
-                "UPDATE {workers} SET broker_blocked = $2 WHERE worker_id = $1",
-            ),
-            remove_dead: Sql::render(
-                t,
-                "DELETE FROM {workers} WHERE heartbeat_until < now() - make_interval(secs => $1::float8 / 1000)",
-            ),
-            live_others: Sql::render(
-                t,
-                "SELECT worker_id, hostname, pid, mode,
-                        extract(epoch FROM heartbeat_until - now())::float8 AS expires_in
-                 FROM {workers}
-                 WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",
-            ),
-        }
-    }
-
-    /// Serialises registrations until the caller's transaction ends.
-    pub async fn lock_registrations<'e, E: PgExecutor<'e>>(
+/// The workers table, as every backend implements it.
+#[async_trait]
+pub trait WorkerStore {
+    /// Under the registration lock: reads the other live workers, and
+    /// inserts this worker's row if `admit` allows it given them.
+    async fn register(
         &self,
-        exec: E,
-    ) -> Result<(), StoreError> {
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(REGISTRATION_LOCK)
-            .execute(exec)
-            .bounded("taking the registration lock")
-            .await?;
-        Ok(())
-    }
-
-    /// Inserts this worker's row. A fleet worker joins with `can_publish =
-    /// false`: its coordinator sets it once it runs, so peers hand buckets
-    /// over only to a worker ready to take them.
-    pub async fn register<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        worker_id: Uuid,
-        hostname: &str,
-        mode: WorkerMode,
-        ttl: Duration,
-        can_publish: bool,
-    ) -> Result<(), StoreError> {
-        sqlx::query(self.register.q())
-            .bind(worker_id)
-            .bind(hostname)
-            .bind(std::process::id() as i32)
-            .bind(env!("CARGO_PKG_VERSION"))
-            .bind(mode.as_str())
-            .bind(ms(ttl))
-            .bind(can_publish)
-            .execute(exec)
-            .bounded("registering the worker")
-            .await?;
-        Ok(())
-    }
+        me: Registration<'_>,
+        admit: Admission<'_>,
+    ) -> Result<Joined, StoreError>;
 
     /// Pushes `heartbeat_until` forward; false when the row is gone (another
     /// process cleaned it up as dead), so the caller can re-register.
-    pub async fn heartbeat<'e, E: PgExecutor<'e>>(
+    async fn heartbeat(
         &self,
-        exec: E,
         worker_id: Uuid,
         ttl: Duration,
         counts: WorkerCounts,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query(self.heartbeat.q())
-            .bind(worker_id)
-            .bind(ms(ttl))
-            .bind(counts.published_total as i64)
-            .bind(counts.failed_total as i64)
-            .bind(counts.published_rate)
-            .execute(exec)
-            .bounded("heartbeating")
-            .await?
-            .rows_affected()
-            == 1)
-    }
+    ) -> Result<bool, StoreError>;
 
     /// Every worker row, live or expired, for the dashboard.
-    pub async fn list<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-    ) -> Result<Vec<WorkerView>, StoreError> {
-        sqlx::query_as(self.list.q())
-            .fetch_all(exec)
-            .bounded("listing workers")
-            .await
-    }
+    async fn list_workers(&self) -> Result<Vec<WorkerView>, StoreError>;
 
     /// Deletes this worker's row (clean exit).
-    pub async fn remove<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        worker_id: Uuid,
-    ) -> Result<(), StoreError> {
-        sqlx::query(self.remove.q())
-            .bind(worker_id)
-            .execute(exec)
-            .bounded("removing the worker row")
-            .await?;
-        Ok(())
-    }
+    async fn remove_worker(&self, worker_id: Uuid) -> Result<(), StoreError>;
 
     /// Records whether this worker can reach the broker; false when its row
     /// is gone.
-    pub async fn set_broker_state<'e, E: PgExecutor<'e>>(
+    async fn set_broker_state(
         &self,
-        exec: E,
         worker_id: Uuid,
         can_publish: bool,
         broker_error: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query(self.set_broker_state.q())
-            .bind(worker_id)
-            .bind(can_publish)
-            .bind(broker_error)
-            .execute(exec)
-            .bounded("recording the broker state")
-            .await?
-            .rows_affected()
-            == 1)
-    }
+    ) -> Result<bool, StoreError>;
 
     /// Records why RabbitMQ blocks this worker's connection (`None`: it
     /// does not), for the dashboard.
-    pub async fn set_broker_blocked<'e, E: PgExecutor<'e>>(
+    async fn set_broker_blocked(
         &self,
-        exec: E,
         worker_id: Uuid,
         reason: Option<&str>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(self.set_broker_blocked.q())
-            .bind(worker_id)
-            .bind(reason)
-            .execute(exec)
-            .bounded("recording broker flow control")
-            .await?;
-        Ok(())
-    }
+    ) -> Result<(), StoreError>;
 
     /// Ids of the live fleet-mode workers that can publish, sorted: the
     /// input of target computation.
-    pub async fn live_leasing<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-    ) -> Result<Vec<Uuid>, StoreError> {
-        sqlx::query_scalar(self.live_leasing.q())
-            .fetch_all(exec)
-            .bounded("listing live workers")
-            .await
-    }
+    async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
     /// that died without cleaning up). Returns how many.
-    pub async fn remove_dead<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        grace: Duration,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.remove_dead.q())
-            .bind(ms(grace))
-            .execute(exec)
-            .bounded("removing dead worker rows")
-            .await?
-            .rows_affected())
-    }
+    async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError>;
 
     /// Live workers other than `me`.
-    pub async fn live_others<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        me: Uuid,
-    ) -> Result<Vec<LiveWorker>, StoreError> {
-        sqlx::query_as(self.live_others.q())
-            .bind(me)
-            .fetch_all(exec)
-            .bounded("listing live workers")
-            .await
-    }
+    async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError>;
 }

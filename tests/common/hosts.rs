@@ -98,7 +98,7 @@ impl Lab {
     /// Settings whose database and broker are the lab's.
     pub fn tuning(&self, base: Tuning) -> Tuning {
         Tuning {
-            pg_admin_url: Some(self.pg.admin_url()),
+            server_admin_url: Some(self.pg.admin_url()),
             amqp_url: self.broker.as_ref().map(PrivateBroker::url),
             ..base
         }

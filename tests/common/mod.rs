@@ -1,10 +1,13 @@
-//! Shared test harness: real PostgreSQL and RabbitMQ, started by
+//! Shared test harness: real PostgreSQL, MariaDB and RabbitMQ, started by
 //! `scripts/services.sh` (the test command does that first).
 //!
-//! Every test gets its own database (created from `OUTBOXD_PG_ADMIN_URL`,
-//! migrated with the library's own migrator) and its own queue names, so
-//! tests run in parallel without seeing each other. Workers are real
-//! `outboxd` processes, stopped with real signals.
+//! Every test gets its own database (created from `OUTBOXD_PG_ADMIN_URL`
+//! or `OUTBOXD_MYSQL_ADMIN_URL`, migrated with the library's own migrator)
+//! and its own queue names, so tests run in parallel without seeing each
+//! other. Workers are real `outboxd` processes, stopped with real signals.
+//!
+//! A test that must hold on every backend is written once, as a function
+//! of the [`Db`] it runs on, and run against each with [`on_every_db!`].
 #![allow(dead_code)]
 
 pub mod hosts;
@@ -21,11 +24,14 @@ use outboxd::config::Config;
 use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
 use outboxd::partitioner::Partitioner;
-use outboxd::producer::{Message, Producer};
+use outboxd::producer::Message;
+use outboxd::store::Store;
 use outboxd::store::partitions::LeaseRow;
-use outboxd::store::{Store, schema};
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
+
+pub mod db;
+#[allow(unused_imports)]
+pub use db::{Db, Held, TestDb, list, plain_insert};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 
@@ -46,6 +52,10 @@ pub fn amqp_url() -> String {
 
 pub fn admin_url() -> String {
     env_or_explain("OUTBOXD_PG_ADMIN_URL")
+}
+
+pub fn mysql_admin_url() -> String {
+    env_or_explain("OUTBOXD_MYSQL_ADMIN_URL")
 }
 
 /// The shared PgBouncer (transaction mode) in front of the shared
@@ -87,9 +97,13 @@ static QUEUES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new())
 
 /// A fresh database, migrated, plus a config file pointing at it.
 pub struct TestEnv {
+    /// The backend it is on.
+    pub kind: Db,
     /// The server's admin URL the database was created with.
     pub admin_url: String,
     pub db_name: String,
+    /// A direct pool on the test database: what the test reads and writes.
+    pub db: TestDb,
     /// A direct URL of the test database (the test's own inspections).
     pub db_url: String,
     /// The URL the workers use (through a pooler when the test says so).
@@ -110,8 +124,10 @@ pub struct Tuning {
     pub max_attempts: u32,
     pub confirm_timeout: &'static str,
     pub amqp_url: Option<String>,
-    /// Admin URL of another PostgreSQL (a [`PrivatePostgres`]).
-    pub pg_admin_url: Option<String>,
+    /// The backend (PostgreSQL unless a test says otherwise).
+    pub db: Db,
+    /// Admin URL of another server of that backend (a [`PrivatePostgres`]).
+    pub server_admin_url: Option<String>,
     pub migrate: bool,
     pub lease_ttl: &'static str,
     pub lease_renew: &'static str,
@@ -139,7 +155,8 @@ impl Default for Tuning {
             max_attempts: 0,
             confirm_timeout: "5s",
             amqp_url: None,
-            pg_admin_url: None,
+            db: Db::Postgres,
+            server_admin_url: None,
             migrate: true,
             lease_ttl: "15s",
             lease_renew: "6s",
@@ -165,6 +182,11 @@ impl Tuning {
             heartbeat_ttl: "3s",
             ..Self::default()
         }
+    }
+
+    /// The same settings on another backend.
+    pub fn on(self, db: Db) -> Self {
+        Self { db, ..self }
     }
 
     /// Workers through the shared PgBouncer in transaction mode; with
@@ -196,17 +218,18 @@ impl TestEnv {
         Self::with(Tuning::default()).await
     }
 
+    /// A fresh database on `db` with the default settings.
+    pub async fn on(db: Db) -> Self {
+        Self::with(Tuning::default().on(db)).await
+    }
+
     pub async fn with(t: Tuning) -> Self {
         let db_name = unique("t");
-        let admin = t.pg_admin_url.clone().unwrap_or_else(admin_url);
-        let mut conn = PgConnection::connect(&admin)
-            .await
-            .expect("connect as admin");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-            .execute(&mut conn)
-            .await
-            .expect("create test database");
-        conn.close().await.ok();
+        let admin = t
+            .server_admin_url
+            .clone()
+            .unwrap_or_else(|| t.db.admin_url());
+        t.db.create_database(&admin, &db_name).await;
         let db_url = with_database(&admin, &db_name);
         let (worker_db_url, pooler) = match &t.pooler_url {
             Some(bouncer) => {
@@ -262,17 +285,17 @@ impl TestEnv {
             .await
             .expect("connect to test db");
         if t.migrate {
-            schema::migrate(
-                &store.pool,
-                &store.tables,
-                Partitioner::new(t.partition_count),
-            )
-            .await
-            .expect("migrate");
+            store
+                .migrate(Partitioner::new(t.partition_count))
+                .await
+                .expect("migrate");
         }
+        let db = TestDb::connect(t.db, &db_url, 8).await;
         Self {
+            kind: t.db,
             admin_url: admin,
             db_name,
+            db,
             db_url,
             worker_db_url,
             config,
@@ -355,19 +378,13 @@ impl TestEnv {
 
     /// Ids of every row, ascending.
     pub async fn all_ids(&self) -> Vec<i64> {
-        sqlx::query_scalar("SELECT id FROM outbox ORDER BY id")
-            .fetch_all(&self.store.pool)
-            .await
-            .unwrap()
+        self.db.column("SELECT id FROM outbox ORDER BY id").await
     }
 
     pub async fn count(&self, where_clause: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM outbox WHERE {where_clause}"
-        )))
-        .fetch_one(&self.store.pool)
-        .await
-        .unwrap()
+        self.db
+            .value(&format!("SELECT count(*) FROM outbox WHERE {where_clause}"))
+            .await
     }
 
     /// Waits until `SELECT count(*) … WHERE cond` reaches `n`.
@@ -462,7 +479,7 @@ impl Drop for TestEnv {
             return;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        let (admin, db) = (self.admin_url.clone(), self.db_name.clone());
+        let (kind, admin, db) = (self.kind, self.admin_url.clone(), self.db_name.clone());
         let queues = std::mem::take(&mut *QUEUES.lock().unwrap());
         // Drop runs inside the test's runtime: do the async work on a
         // thread of its own, bounded (a private server may be gone).
@@ -473,22 +490,11 @@ impl Drop for TestEnv {
                 .unwrap();
             rt.block_on(async {
                 let bounded = Duration::from_secs(5);
-                let _ = tokio::time::timeout(bounded, drop_database(&admin, &db)).await;
+                let _ = tokio::time::timeout(bounded, kind.drop_database(&admin, &db)).await;
                 let _ = tokio::time::timeout(bounded, delete_queues(&queues)).await;
             });
         });
         let _ = cleanup.join();
-    }
-}
-
-async fn drop_database(admin: &str, db: &str) {
-    if let Ok(mut conn) = PgConnection::connect(admin).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-        )))
-        .execute(&mut conn)
-        .await;
-        let _ = conn.close().await;
     }
 }
 
@@ -661,6 +667,89 @@ impl Drop for PrivatePostgres {
     }
 }
 
+/// A private MariaDB server for a test that crashes and restarts its
+/// database (its own data directory and port, via `scripts/services.sh`).
+pub struct PrivateMariaDb {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl PrivateMariaDb {
+    pub fn start() -> Self {
+        // Below the ephemeral range, as for PrivateBroker.
+        let port = free_port_pair(|| 29000 + 2 * (rand_u16() % 1000));
+        let dir =
+            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
+                .join(format!("mariadb-{port}"));
+        let m = Self { dir, port };
+        m.run("start");
+        m
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("mysql://outboxd:outboxd@127.0.0.1:{}/", self.port)
+    }
+
+    /// `services.sh mariadb ACTION` for this server: `start`, `stop`, `kill`.
+    pub fn run(&self, action: &str) {
+        let status = Command::new("bash")
+            .arg(repo_dir().join("scripts/services.sh"))
+            .args(["mariadb", action])
+            .env("OUTBOXD_STATE_DIR", &self.dir)
+            .env("OUTBOXD_MYSQL_PORT", self.port.to_string())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run services.sh");
+        assert!(status.success(), "services.sh mariadb {action} failed");
+    }
+}
+
+impl Drop for PrivateMariaDb {
+    fn drop(&mut self) {
+        self.run("kill");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private database server of either backend.
+pub enum PrivateDatabase {
+    Pg(PrivatePostgres),
+    My(PrivateMariaDb),
+}
+
+impl PrivateDatabase {
+    pub fn start(db: Db) -> Self {
+        match db {
+            Db::Postgres => Self::Pg(PrivatePostgres::start()),
+            Db::MariaDb => Self::My(PrivateMariaDb::start()),
+        }
+    }
+
+    pub fn admin_url(&self) -> String {
+        match self {
+            Self::Pg(pg) => pg.admin_url(),
+            Self::My(my) => my.admin_url(),
+        }
+    }
+
+    /// Stops the server the way a crash does (PostgreSQL: `-m immediate`;
+    /// MariaDB: SIGKILL).
+    pub fn crash(&self) {
+        match self {
+            Self::Pg(pg) => pg.run(&["stop", "immediate"]),
+            Self::My(my) => my.run("kill"),
+        }
+    }
+
+    /// Starts it again (with crash recovery).
+    pub fn restart(&self) {
+        match self {
+            Self::Pg(pg) => pg.run(&["start"]),
+            Self::My(my) => my.run("start"),
+        }
+    }
+}
+
 /// A port from `pick` such that it and the next one are free right now.
 fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
     loop {
@@ -680,21 +769,11 @@ fn rand_u16() -> u16 {
 // Fleet state as the database records it.
 
 pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
-    env.store
-        .tables
-        .partitions
-        .leases(&env.store.pool)
-        .await
-        .unwrap()
+    env.store.leases().await.unwrap()
 }
 
 pub async fn live(env: &TestEnv) -> Vec<Uuid> {
-    env.store
-        .tables
-        .workers
-        .live_leasing(&env.store.pool)
-        .await
-        .unwrap()
+    env.store.live_leasing().await.unwrap()
 }
 
 /// The buckets `worker` holds, with their lease epochs.
@@ -708,10 +787,9 @@ pub async fn held_by(env: &TestEnv, worker: Uuid) -> BTreeMap<String, i64> {
 }
 
 pub async fn event_count(env: &TestEnv) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_lease_events")
-        .fetch_one(&env.store.pool)
+    env.db
+        .value("SELECT count(*) FROM outbox_lease_events")
         .await
-        .unwrap()
 }
 
 /// True when `n` workers are live and every bucket has a valid lease held
@@ -755,13 +833,14 @@ pub async fn wait_converged(env: &TestEnv, n: usize, timeout: Duration) -> Durat
 pub async fn worker_id_of(env: &TestEnv, w: &WorkerProcess) -> Uuid {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let id: Option<Uuid> =
-            sqlx::query_scalar("SELECT worker_id FROM outbox_workers WHERE pid = $1")
-                .bind(w.pid() as i32)
-                .fetch_optional(&env.store.pool)
-                .await
-                .unwrap();
-        if let Some(id) = id {
+        let ids: Vec<Uuid> = env
+            .db
+            .column(&format!(
+                "SELECT worker_id FROM outbox_workers WHERE pid = {}",
+                w.pid()
+            ))
+            .await;
+        if let Some(&id) = ids.first() {
             return id;
         }
         assert!(
@@ -946,34 +1025,17 @@ pub async fn read_and_judge(
 
 /// Enqueues `total` messages over `keys` keys spread evenly over `over`, one
 /// transaction each.
-pub async fn produce_evenly(
-    db_url: String,
-    queue: String,
-    total: usize,
-    keys: usize,
-    over: Duration,
-) {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&db_url)
-        .await
-        .unwrap();
-    let producer = Producer::default();
+pub async fn produce_evenly(db: TestDb, queue: String, total: usize, keys: usize, over: Duration) {
     let period = over / total as u32;
     let mut next = tokio::time::Instant::now();
     for i in 0..total {
-        producer
-            .enqueue(
-                &pool,
-                Message::new(
-                    format!("key-{}", i % keys),
-                    "",
-                    queue.as_str(),
-                    i.to_string(),
-                ),
-            )
-            .await
-            .unwrap();
+        db.enqueue(Message::new(
+            format!("key-{}", i % keys),
+            "",
+            queue.as_str(),
+            i.to_string(),
+        ))
+        .await;
         next += period;
         tokio::time::sleep_until(next).await;
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use outboxd::config::{DatabaseConfig, Pooler};
-use outboxd::store::DbPool;
+use outboxd::store::postgres::DbPool;
 
 use super::{PrivatePostgres, repo_dir, unique};
 
@@ -104,7 +104,7 @@ pub async fn pooled(url: &str) -> DbPool {
         max_connections: 10,
         ..DatabaseConfig::default()
     };
-    outboxd::store::connect(&db, "outboxd test producer")
+    outboxd::store::postgres::pool::connect(&db, "outboxd test producer")
         .await
         .expect("connect through the pooler")
 }

@@ -23,15 +23,8 @@
 //!   ([`crate::relay::wakeups`]), and `outboxd migrate` (sqlx's migrator
 //!   holds a session lock) refuses or uses `listen_url`.
 //!
-//! After a switchover the old address may answer as a read-only standby: a
-//! statement failing with SQLSTATE 25006 (read-only transaction) marks every
-//! connection opened before it as stale, and the pool closes stale
-//! connections instead of handing them out, so workers reconnect (to
-//! whatever the name or the pooler points at now) and retry.
-
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+//! After a switchover the pool closes the connections opened before the
+//! database was seen read-only ([`crate::store::switchover`]).
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -43,8 +36,9 @@ use sqlx::postgres::{
 };
 use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
 
-use super::{QUERY_TIMEOUT_MS, StoreError};
-use crate::config::{DatabaseConfig, Pooler, Redacted};
+use crate::config::{DatabaseConfig, Pooler};
+use crate::store::switchover::opened_before_stale;
+use crate::store::{BackendKind, StoreError, shown};
 
 /// A pool of database connections that knows what sits in front of the
 /// database (see the module docs). Cheap to clone.
@@ -126,6 +120,7 @@ pub async fn connect_to(
     application_name: &str,
 ) -> Result<DbPool, StoreError> {
     let connect_err = |source| StoreError::Connect {
+        backend: BackendKind::Postgres,
         url: shown(url),
         source,
     };
@@ -138,7 +133,6 @@ pub async fn connect_to(
     if pooler == Pooler::Transaction {
         options = options.statement_cache_capacity(0);
     }
-    QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
     // One connection first, by hand: a pool reports every failure to
     // connect as "pool timed out", and the cause (refused, wrong password,
@@ -146,6 +140,7 @@ pub async fn connect_to(
     let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
         .await
         .map_err(|_| StoreError::ConnectTimeout {
+            backend: BackendKind::Postgres,
             url: shown(url),
             after: db.connect_timeout,
         })?
@@ -167,71 +162,6 @@ pub async fn connect_to(
         .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
         .connect_lazy_with(options);
     Ok(DbPool { inner, pooler })
-}
-
-/// A URL as errors show it: redacted, and saying so when it is the built-in
-/// default (nothing configured it).
-fn shown(url: &str) -> String {
-    if url == crate::config::DEFAULT_DATABASE_URL {
-        format!(
-            "{} (the built-in default: set DATABASE_URL, --database-url or database.url)",
-            Redacted(url)
-        )
-    } else {
-        Redacted(url).to_string()
-    }
-}
-
-/// When a statement last failed because the database is read-only, in
-/// milliseconds since [`epoch`] (0: never).
-static READ_ONLY_SEEN_MS: AtomicU64 = AtomicU64::new(0);
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn since_epoch_ms(at: Instant) -> u64 {
-    // +1 so that a mark at the epoch itself is not "never".
-    at.saturating_duration_since(epoch()).as_millis() as u64 + 1
-}
-
-/// True when an error says the server is read-only: a standby, or a
-/// primary being demoted (SQLSTATE 25006, read_only_sql_transaction).
-pub fn is_read_only(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("25006"))
-}
-
-/// Called with every failed statement: a read-only server makes every
-/// connection opened so far stale.
-pub(crate) fn note_failure(e: &sqlx::Error) {
-    if is_read_only(e) {
-        mark_read_only(Instant::now());
-    }
-}
-
-/// Every connection opened up to `at` is stale.
-fn mark_read_only(at: Instant) {
-    let _ = epoch();
-    let now = since_epoch_ms(at);
-    let before = READ_ONLY_SEEN_MS.swap(now, Ordering::Relaxed);
-    if before == 0 || now.saturating_sub(before) > 10_000 {
-        tracing::warn!(
-            "the database is read-only (a standby, or a switchover in progress): \
-             reconnecting every connection and retrying"
-        );
-    }
-}
-
-/// True when a connection of age `age` was opened before (or when) the
-/// database was last seen read-only.
-fn opened_before_stale(age: Duration) -> bool {
-    let seen = READ_ONLY_SEEN_MS.load(Ordering::Relaxed);
-    if seen == 0 {
-        return false;
-    }
-    let opened = Instant::now().checked_sub(age).unwrap_or_else(epoch);
-    since_epoch_ms(opened) <= seen
 }
 
 /// A query whose arguments were taken out to look at them, put back
@@ -427,25 +357,4 @@ async fn collect<'e>(
     s: BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>,
 ) -> Result<Vec<Either<PgQueryResult, PgRow>>, sqlx::Error> {
     s.try_collect().await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connections_opened_before_a_read_only_error_are_stale_and_later_ones_are_not() {
-        let _ = epoch();
-        std::thread::sleep(Duration::from_millis(30));
-        // Opened 20 ms ago, then the database turned out read-only.
-        let opened_earlier = Instant::now() - Duration::from_millis(20);
-        mark_read_only(Instant::now());
-        std::thread::sleep(Duration::from_millis(5));
-        let age = |opened: Instant| Instant::now().duration_since(opened);
-        assert!(opened_before_stale(age(opened_earlier)));
-        // A connection opened after the error.
-        let opened_later = Instant::now();
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(!opened_before_stale(age(opened_later)));
-    }
 }

@@ -1,0 +1,713 @@
+//! MySQL/MariaDB: the `outbox` table's statements (see
+//! [`crate::store::outbox`] for what they promise, and [`super`] for how
+//! this backend keeps it).
+//!
+//! The claim is two statements: a consistent read of the bucket's first
+//! rows from the pending index (no locks), and, when a ready prefix exists,
+//! one `UPDATE` of the bucket's row that takes the claim under the lease
+//! fence; the claim is the caller's only if that `UPDATE` matched. The
+//! records are single-table `UPDATE`s whose `WHERE` checks the claim token
+//! and the fence on the bucket's row (`EXISTS`) in the same statement.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value as Json, json};
+use sqlx::{MySql, MySqlExecutor};
+use uuid::Uuid;
+
+use super::{MySqlBackend, label_literal, micros, placeholders};
+use crate::config::TablesConfig;
+use crate::producer::Message;
+use crate::store::outbox::{
+    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder,
+    MessageDetail, MessageState, MessageSummary, OutboxStore,
+};
+use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
+
+const SUMMARY_COLUMNS: &str =
+    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
+    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
+    LENGTH(o.payload) AS payload_bytes";
+
+/// The condition every write of a drainer carries (see the PostgreSQL
+/// backend): the bucket's claim is this drainer's and, in fleet mode, the
+/// lease is the one it drains under. Parameters: bucket, token, owner,
+/// owner, epoch.
+const HELD_CLAIM: &str = "EXISTS (
+        SELECT 1 FROM {partitions} p
+        WHERE p.partition_key = ? AND p.claim_token = ?
+          AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?)))";
+
+/// A claimed row as read, with whether it is ready.
+#[derive(sqlx::FromRow)]
+struct Candidate {
+    #[sqlx(flatten)]
+    row: ClaimedMessage,
+    not_ready: bool,
+}
+
+/// The rendered statements of this module.
+#[derive(Debug)]
+pub struct OutboxSql {
+    tables: TablesConfig,
+    enqueue: Sql,
+    claim_read: String,
+    take_claim: Sql,
+    release: Sql,
+    clear_claims: Sql,
+    detail: Sql,
+}
+
+impl OutboxSql {
+    pub fn new(t: &TablesConfig) -> Self {
+        // The read half of a claim: the bucket's first unpublished,
+        // unparked rows in id order, from the pending index (forced: the
+        // primary key would walk every published row of every bucket).
+        let claim_read = render(
+            t,
+            "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                    headers, content_type, payload, attempts, created_at,
+                    available_at > UTC_TIMESTAMP(6) AS not_ready
+             FROM {outbox} FORCE INDEX ({outbox}_pending_idx)
+             WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL",
+        );
+        Self {
+            tables: t.clone(),
+            enqueue: enqueue_statement(t),
+            claim_read,
+            // Takes (or renews) the bucket's claim, only if no other live
+            // claim holds it and (fleet mode) the lease is the caller's and
+            // valid. A claim lasting longer than the claim TTL was not made
+            // by any worker and is ignored.
+            take_claim: Sql::render(
+                t,
+                "UPDATE {partitions}
+                 SET claim_token = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                 WHERE partition_key = ?
+                   AND (claim_token IS NULL OR claim_token = ? OR claimed_until <= UTC_TIMESTAMP(6)
+                        OR claimed_until > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+                   AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
+                                      AND lease_until > UTC_TIMESTAMP(6)))",
+            ),
+            release: Sql::render(
+                t,
+                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                 WHERE partition_key = ? AND claim_token = ?",
+            ),
+            clear_claims: Sql::render(
+                t,
+                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                 WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
+                   AND claim_token IS NOT NULL",
+            ),
+            detail: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload
+                     FROM {{outbox}} o WHERE o.id = ?"
+                ),
+            ),
+        }
+    }
+
+    /// The claim's read, for diagnostics.
+    pub fn claim_statement(&self) -> &str {
+        &self.claim_read
+    }
+
+    fn sql(&self, template: &str) -> String {
+        render(&self.tables, template)
+    }
+
+    async fn record_published<'e, E: MySqlExecutor<'e>>(
+        &self,
+        exec: E,
+        h: Holder<'_>,
+        ids: &[i64],
+    ) -> Result<u64, StoreError> {
+        let sql = self.sql(&format!(
+            "UPDATE {{outbox}} SET published_at = UTC_TIMESTAMP(6)
+             WHERE id IN ({}) AND partition_key = ? AND published_at IS NULL AND {HELD_CLAIM}",
+            placeholders(ids.len())
+        ));
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in ids {
+            q = q.bind(id);
+        }
+        let q = bind_holder(q.bind(h.partition_key), h);
+        Ok(q.execute(exec)
+            .bounded("recording published rows")
+            .await?
+            .rows_affected())
+    }
+}
+
+/// Binds the parameters of [`HELD_CLAIM`].
+fn bind_holder<'q>(
+    q: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    h: Holder<'q>,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    let owner = h.fence.map(|f| f.owner);
+    q.bind(h.partition_key)
+        .bind(h.token.0)
+        .bind(owner)
+        .bind(owner)
+        .bind(h.fence.map(|f| f.epoch))
+}
+
+/// The plain `INSERT` every producer may use: the table's trigger computes
+/// the bucket label; the message id and the timestamps are the columns'
+/// defaults.
+pub(crate) fn enqueue_statement(t: &TablesConfig) -> Sql {
+    Sql::render(
+        t,
+        "INSERT INTO {outbox} (message_key, exchange, routing_key, payload, headers, content_type)
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+}
+
+/// Enqueues one message with `sql` (from [`enqueue_statement`]) on `exec`;
+/// returns its id.
+pub(crate) async fn enqueue<'e, E: MySqlExecutor<'e>>(
+    sql: &Sql,
+    exec: E,
+    m: &Message,
+) -> Result<i64, StoreError> {
+    let done = sqlx::query(sql.q())
+        .bind(&m.message_key)
+        .bind(&m.exchange)
+        .bind(&m.routing_key)
+        .bind(&m.payload)
+        .bind(&m.headers)
+        .bind(m.content_type.as_deref())
+        .execute(exec)
+        .bounded("enqueueing a message")
+        .await?;
+    Ok(done.last_insert_id() as i64)
+}
+
+/// The lock rows of `<outbox>_locks` (see the module docs of [`super`]).
+pub(crate) const PURGE_LOCK: &str = "purge";
+
+#[async_trait]
+impl OutboxStore for MySqlBackend {
+    async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
+        enqueue(&self.outbox.enqueue, &self.pool, message).await
+    }
+
+    async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
+        bounded_op("claiming a batch", async {
+            // Rows still in flight from the previous batch are skipped, never
+            // a row behind them (a lower id that committed late is taken).
+            let sql = if c.in_flight.is_empty() {
+                format!("{} ORDER BY id LIMIT ?", self.outbox.claim_read)
+            } else {
+                format!(
+                    "{} AND id NOT IN ({}) ORDER BY id LIMIT ?",
+                    self.outbox.claim_read,
+                    placeholders(c.in_flight.len())
+                )
+            };
+            let mut read = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(c.holder.partition_key);
+            for id in c.in_flight {
+                read = read.bind(id);
+            }
+            // Both statements on one connection, so the claim is taken on
+            // the server that was read.
+            let mut conn = self.pool.acquire().await.doing("claiming a batch")?;
+            let rows: Vec<Candidate> = read
+                .bind(i64::from(c.limit))
+                .fetch_all(&mut *conn)
+                .await
+                .doing("claiming a batch")?;
+            // The ready prefix: a head waiting for its retry stops it.
+            let ready: Vec<ClaimedMessage> = rows
+                .into_iter()
+                .take_while(|r| !r.not_ready)
+                .map(|r| r.row)
+                .collect();
+            if ready.is_empty() {
+                return Ok(ready);
+            }
+            let (ttl, fence) = (micros(c.claim_ttl), c.holder.fence);
+            let owner = fence.map(|f| f.owner);
+            let taken = sqlx::query(self.outbox.take_claim.q())
+                .bind(c.holder.token.0)
+                .bind(ttl)
+                .bind(c.holder.partition_key)
+                .bind(c.holder.token.0)
+                .bind(ttl)
+                .bind(owner)
+                .bind(owner)
+                .bind(fence.map(|f| f.epoch))
+                .execute(&mut *conn)
+                .await
+                .doing("claiming a batch")?
+                .rows_affected();
+            Ok(if taken == 1 { ready } else { Vec::new() })
+        })
+        .await
+    }
+
+    async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
+        self.outbox.record_published(&self.pool, holder, ids).await
+    }
+
+    async fn record_failure(
+        &self,
+        holder: Holder<'_>,
+        confirmed: &[i64],
+        failure: Option<Failure<'_>>,
+    ) -> Result<FailureRecord, StoreError> {
+        bounded_op("recording a failed publish", async {
+            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+            let published = if confirmed.is_empty() {
+                0
+            } else {
+                self.outbox
+                    .record_published(&mut *tx, holder, confirmed)
+                    .await?
+            };
+            let parked = match failure {
+                Some(f) => record_one_failure(&self.outbox, &mut tx, holder, f).await?,
+                None => None,
+            };
+            tx.commit().await.doing("committing a failure")?;
+            Ok(FailureRecord { published, parked })
+        })
+        .await
+    }
+
+    async fn release_claim(
+        &self,
+        partition_key: &str,
+        token: ClaimToken,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.outbox.release.q())
+            .bind(partition_key)
+            .bind(token.0)
+            .execute(&self.pool)
+            .bounded("releasing a claim")
+            .await?
+            .rows_affected())
+    }
+
+    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.outbox.clear_claims.q())
+            .bind(partition_key)
+            .bind(fence.owner)
+            .bind(fence.epoch)
+            .execute(&self.pool)
+            .bounded("clearing earlier claims")
+            .await?
+            .rows_affected())
+    }
+
+    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
+        // One probe of the pending index per bucket: its head's id.
+        let sql = self.outbox.sql(&format!(
+            "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+                    COALESCE(TIMESTAMPDIFF(MICROSECOND, h.created_at, UTC_TIMESTAMP(6)) / 1e6, 0e0)
+                        AS lag_seconds
+             FROM {{partitions}} p
+             LEFT JOIN {{outbox}} h ON h.id = (
+                 SELECT o.id FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
+                 WHERE o.partition_key = p.partition_key
+                   AND o.published_at IS NULL AND o.failed_at IS NULL
+                 ORDER BY o.id LIMIT 1)
+             WHERE p.partition_key IN ({})
+             ORDER BY p.partition_key",
+            placeholders(partition_keys.len())
+        ));
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for k in partition_keys {
+            q = q.bind(k);
+        }
+        q.fetch_all(&self.pool)
+            .bounded("reading bucket heads")
+            .await
+    }
+
+    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
+        let sql = self.outbox.sql(&format!(
+            "SELECT p.partition_key FROM {{partitions}} p
+             WHERE p.partition_key IN ({})
+               AND (SELECT o.available_at FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
+                    WHERE o.partition_key = p.partition_key
+                      AND o.published_at IS NULL AND o.failed_at IS NULL
+                    ORDER BY o.id LIMIT 1) <= UTC_TIMESTAMP(6)",
+            placeholders(partition_keys.len())
+        ));
+        let mut q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+        for k in partition_keys {
+            q = q.bind(k);
+        }
+        q.fetch_all(&self.pool)
+            .bounded("polling for new rows")
+            .await
+    }
+
+    async fn list_messages(
+        &self,
+        state: MessageState,
+        message_key: Option<&str>,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let key = if message_key.is_some() {
+            "o.message_key = ? AND "
+        } else {
+            ""
+        };
+        let sql = match state {
+            // Oldest first, across buckets: a merge of per-bucket range
+            // scans of the pending index (bounded by buckets × limit rows).
+            MessageState::Pending if message_key.is_none() => {
+                let labels: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
+                    self.outbox
+                        .sql("SELECT partition_key FROM {partitions} ORDER BY partition_key"),
+                ))
+                .fetch_all(&self.pool)
+                .bounded("listing messages")
+                .await?;
+                let parts: Vec<String> = labels
+                    .iter()
+                    .filter_map(|l| label_literal(l))
+                    .map(|l| {
+                        format!(
+                            "(SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
+                              WHERE o.partition_key = {l} AND o.published_at IS NULL
+                                AND o.failed_at IS NULL AND o.id > {cursor}
+                              ORDER BY o.id LIMIT {limit})",
+                            cursor = cursor.unwrap_or(0),
+                        )
+                    })
+                    .collect();
+                if parts.is_empty() {
+                    return Ok(Vec::new());
+                }
+                format!(
+                    "SELECT * FROM ({}) m ORDER BY m.id LIMIT {limit}",
+                    parts.join(" UNION ALL ")
+                )
+            }
+            MessageState::Pending => format!(
+                "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                 WHERE {key}o.published_at IS NULL AND o.failed_at IS NULL AND o.id > {}
+                 ORDER BY o.id LIMIT {limit}",
+                cursor.unwrap_or(0)
+            ),
+            MessageState::Published | MessageState::Failed => {
+                let predicate = if state == MessageState::Published {
+                    "o.published_at IS NOT NULL"
+                } else {
+                    "o.failed_at IS NOT NULL"
+                };
+                format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE {key}{predicate} AND o.id < {}
+                     ORDER BY o.id DESC LIMIT {limit}",
+                    cursor.unwrap_or(i64::MAX)
+                )
+            }
+        };
+        // Cursor and limit are numbers, spliced as literals.
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(&sql)));
+        if let Some(key) = message_key {
+            q = q.bind(key);
+        }
+        q.fetch_all(&self.pool).bounded("listing messages").await
+    }
+
+    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
+        sqlx::query_as(self.outbox.detail.q())
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .bounded("reading a message")
+            .await
+    }
+
+    async fn parked_in_bucket(
+        &self,
+        partition_key: &str,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let sql = self.outbox.sql(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+             WHERE o.partition_key = ? AND o.failed_at IS NOT NULL
+             ORDER BY o.id LIMIT ?"
+        ));
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(partition_key)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .bounded("listing parked messages")
+            .await
+    }
+
+    async fn drop_parked(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        bounded_op("dropping parked messages", async {
+            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+            let sql = self.outbox.sql(&format!(
+                "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                        attempts, last_error
+                 FROM {{outbox}}
+                 WHERE id IN ({}) AND failed_at IS NOT NULL AND published_at IS NULL
+                 ORDER BY id FOR UPDATE",
+                placeholders(ids.len())
+            ));
+            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for id in ids {
+                q = q.bind(id);
+            }
+            let dropped: Vec<Dropped> = q
+                .fetch_all(&mut *tx)
+                .await
+                .doing("dropping parked messages")?;
+            if dropped.is_empty() {
+                return Ok(Vec::new());
+            }
+            let gone: Vec<i64> = dropped.iter().map(|d| d.id).collect();
+            let sql = self.outbox.sql(&format!(
+                "DELETE FROM {{outbox}} WHERE id IN ({})",
+                placeholders(gone.len())
+            ));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in &gone {
+                q = q.bind(id);
+            }
+            q.execute(&mut *tx)
+                .await
+                .doing("dropping parked messages")?;
+            // Never silent: what was dropped, by whom and why.
+            let detail = json!({
+                "reason": reason,
+                "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
+            });
+            audit(&self.outbox, &mut tx, actor, "drop", &detail).await?;
+            tx.commit().await.doing("committing the drop")?;
+            Ok(gone)
+        })
+        .await
+    }
+
+    async fn requeue(
+        &self,
+        ids: &[i64],
+        buckets: &[String],
+        all: bool,
+        actor: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        bounded_op("requeueing messages", async {
+            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+            let sql = self.outbox.sql(&format!(
+                "SELECT id FROM {{outbox}}
+                 WHERE failed_at IS NOT NULL AND published_at IS NULL
+                   AND (id IN ({}) OR partition_key IN ({}) OR ?)
+                 ORDER BY id FOR UPDATE",
+                placeholders(ids.len()),
+                placeholders(buckets.len())
+            ));
+            let mut q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for id in ids {
+                q = q.bind(id);
+            }
+            for b in buckets {
+                q = q.bind(b);
+            }
+            let requeued: Vec<i64> = q
+                .bind(all)
+                .fetch_all(&mut *tx)
+                .await
+                .doing("requeueing messages")?;
+            if requeued.is_empty() {
+                return Ok(requeued);
+            }
+            // A requeued row keeps its id, so it is again ahead of every
+            // later pending row of its bucket; one parked for an unknown
+            // bucket label gets its key's label.
+            let sql = self.outbox.sql(&format!(
+                "UPDATE {{outbox}} o
+                 SET o.failed_at = NULL, o.attempts = 0, o.available_at = UTC_TIMESTAMP(6),
+                     o.claim_token = NULL, o.claimed_until = NULL,
+                     o.partition_key = CASE
+                         WHEN EXISTS (SELECT 1 FROM {{partitions}} p
+                                      WHERE p.partition_key = o.partition_key)
+                         THEN o.partition_key
+                         ELSE {{outbox}}_partition_for(o.message_key) END
+                 WHERE o.id IN ({})",
+                placeholders(requeued.len())
+            ));
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in &requeued {
+                q = q.bind(id);
+            }
+            q.execute(&mut *tx).await.doing("requeueing messages")?;
+            let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
+            audit(&self.outbox, &mut tx, actor, "requeue", &detail).await?;
+            tx.commit().await.doing("committing the requeue")?;
+            Ok(requeued)
+        })
+        .await
+    }
+
+    async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
+        bounded_op("purging published rows", async {
+            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+            // Only whoever holds the purge lock purges; the others skip.
+            let locked: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
+                self.outbox
+                    .sql("SELECT name FROM {outbox}_locks WHERE name = ? FOR UPDATE SKIP LOCKED"),
+            ))
+            .bind(PURGE_LOCK)
+            .fetch_optional(&mut *tx)
+            .await
+            .doing("taking the purge lock")?;
+            if locked.is_none() {
+                return Ok(0);
+            }
+            // Oldest ids first: they are the published ones.
+            let n = sqlx::query(sqlx::AssertSqlSafe(self.outbox.sql(
+                "DELETE FROM {outbox}
+                 WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                 ORDER BY id LIMIT ?",
+            )))
+            .bind(micros(older_than))
+            .bind(limit)
+            .execute(&mut *tx)
+            .await
+            .doing("purging published rows")?
+            .rows_affected();
+            tx.commit().await.doing("committing the purge")?;
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(self.outbox.sql(
+            "SELECT COUNT(*) FROM {outbox}
+             WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+        )))
+        .bind(micros(older_than))
+        .fetch_one(&self.pool)
+        .await
+        .doing("counting purgeable rows")
+    }
+
+    /// `ANALYZE TABLE` (fresh statistics for the optimizer). InnoDB's purge
+    /// thread removes the deleted rows' index entries by itself; a rebuild
+    /// (`OPTIMIZE TABLE`) is not worth its cost here.
+    async fn tidy_after_purge(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(
+            self.outbox.sql("ANALYZE TABLE {outbox}"),
+        ))
+        .execute(&self.pool)
+        .await
+        .doing("analyzing the outbox table")?;
+        Ok(())
+    }
+}
+
+/// Records a failed attempt at one row (in the caller's transaction):
+/// `attempts + 1`, `last_error`, `available_at` pushed back, maybe parked.
+/// `None` when the row no longer matched (claim or lease lost).
+async fn record_one_failure(
+    sql: &OutboxSql,
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    h: Holder<'_>,
+    f: Failure<'_>,
+) -> Result<Option<bool>, StoreError> {
+    // MySQL assigns left to right, each assignment seeing the ones before:
+    // the backoff and the parking use the attempt count before this
+    // failure, so `attempts` is assigned last. Backoff doubles per attempt
+    // from the initial delay, capped.
+    let update = sql.sql(&format!(
+        "UPDATE {{outbox}}
+         SET available_at = UTC_TIMESTAMP(6) + INTERVAL
+                 CAST(LEAST(?, ? * POW(2, LEAST(attempts, 30))) * 1000 AS SIGNED) MICROSECOND,
+             failed_at = CASE WHEN ? AND ? > 0 AND attempts + 1 >= ? THEN UTC_TIMESTAMP(6) END,
+             last_error = ?,
+             attempts = attempts + 1
+         WHERE id = ? AND partition_key = ? AND published_at IS NULL AND {HELD_CLAIM}"
+    ));
+    let max_attempts = f.policy.max_attempts as i64;
+    let q = sqlx::query(sqlx::AssertSqlSafe(update))
+        .bind(f.policy.backoff_max_ms)
+        .bind(f.policy.backoff_initial_ms)
+        .bind(f.policy.may_park)
+        .bind(max_attempts)
+        .bind(max_attempts)
+        .bind(f.error)
+        .bind(f.id)
+        .bind(h.partition_key);
+    let matched = bind_holder(q, h)
+        .execute(&mut **tx)
+        .await
+        .doing("recording a failed publish")?
+        .rows_affected();
+    if matched == 0 {
+        return Ok(None);
+    }
+    let parked: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(
+        sql.sql("SELECT failed_at IS NOT NULL FROM {outbox} WHERE id = ?"),
+    ))
+    .bind(f.id)
+    .fetch_one(&mut **tx)
+    .await
+    .doing("recording a failed publish")?;
+    Ok(Some(parked))
+}
+
+/// Writes an operator action to `<outbox>_audit`.
+async fn audit(
+    sql: &OutboxSql,
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    actor: &str,
+    action: &str,
+    detail: &Json,
+) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(sql.sql(
+        "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
+    )))
+    .bind(actor)
+    .bind(action)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await
+    .doing("writing the audit record")?;
+    Ok(())
+}
+
+/// A dropped row, as the audit record keeps it.
+#[derive(sqlx::FromRow)]
+struct Dropped {
+    id: i64,
+    message_id: Uuid,
+    partition_key: String,
+    message_key: String,
+    exchange: String,
+    routing_key: String,
+    attempts: i32,
+    last_error: Option<String>,
+}
+
+impl Dropped {
+    fn to_json(&self) -> Json {
+        json!({
+            "id": self.id, "message_id": self.message_id, "partition_key": self.partition_key,
+            "message_key": self.message_key, "exchange": self.exchange,
+            "routing_key": self.routing_key, "attempts": self.attempts,
+            "last_error": self.last_error,
+        })
+    }
+}

@@ -1,0 +1,78 @@
+//! MySQL/MariaDB: the connection pool.
+//!
+//! Every connection runs the relay's statements at READ COMMITTED (a plain
+//! read takes no locks and no statement takes gap locks, so producers'
+//! inserts never wait for a claim), gives up a lock wait within
+//! `database.query_timeout` on the server side too, and is hardened
+//! against a silent peer ([`crate::net`]). Time zone `+00:00` (sqlx's
+//! default), though every statement uses `UTC_TIMESTAMP(6)` anyway. After a
+//! switchover the pool closes connections opened before the database was
+//! seen read-only ([`crate::store::switchover`]).
+
+use sqlx::Connection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+
+use crate::config::DatabaseConfig;
+use crate::store::switchover::opened_before_stale;
+use crate::store::{BackendKind, StoreError, shown};
+
+/// Opens a pool for a worker or a command on `db.url`.
+pub async fn connect(
+    db: &DatabaseConfig,
+    _application_name: &str,
+) -> Result<MySqlPool, StoreError> {
+    let url = db.url.as_str();
+    let connect_err = |source| StoreError::Connect {
+        backend: BackendKind::MySql,
+        url: shown(url),
+        source,
+    };
+    // sqlx knows the scheme as mysql://; mariadb:// names the same protocol.
+    let parseable = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_string(),
+    };
+    let options: MySqlConnectOptions = parseable.parse().map_err(connect_err)?;
+    let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
+    let session = session_settings(db);
+    // One connection first, by hand: a pool reports every failure to
+    // connect as "pool timed out", and the cause is what the operator needs.
+    let first = tokio::time::timeout(db.connect_timeout, MySqlConnection::connect_with(&options))
+        .await
+        .map_err(|_| StoreError::ConnectTimeout {
+            backend: BackendKind::MySql,
+            url: shown(url),
+            after: db.connect_timeout,
+        })?
+        .map_err(connect_err)?;
+    let _ = first.close().await;
+    Ok(MySqlPoolOptions::new()
+        .max_connections(db.max_connections)
+        .min_connections(0)
+        .acquire_timeout(db.connect_timeout)
+        .acquire_slow_threshold(db.connect_timeout)
+        .after_connect(move |conn, _meta| {
+            let session = session.clone();
+            Box::pin(async move {
+                crate::net::harden_connections_to(port, dead_after);
+                sqlx::raw_sql(sqlx::AssertSqlSafe(session))
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
+        .connect_lazy_with(options))
+}
+
+/// What every connection sets for its session.
+fn session_settings(db: &DatabaseConfig) -> String {
+    // A lock wait gives up on the server when the client has (the store
+    // bounds every statement by query_timeout), so an abandoned statement
+    // does not go on holding or waiting for locks.
+    let lock_wait = db.query_timeout.as_secs().max(1);
+    format!(
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         SET SESSION innodb_lock_wait_timeout = {lock_wait}"
+    )
+}
