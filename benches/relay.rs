@@ -1,15 +1,17 @@
-//! The benchmark harness: real PostgreSQL, RabbitMQ and `outboxd` processes,
+//! The benchmark harness: real PostgreSQL, MariaDB, RabbitMQ and `outboxd` processes,
 //! every figure next to a baseline measured in the same run (these machines
 //! are shared and noisy, so only ratios are compared with targets).
 //!
 //! Run with `scripts/bench.sh` (starts the services). Sections:
 //!
-//! 1. throughput — N pending rows drained by 1, 2 and 4 workers, against the
-//!    ceiling: a bare lapin publisher sending the same messages with confirms
-//!    and the same in-flight window (16 channels × one batch), no database;
-//! 2. latency — commit-to-queue latency of a trickle at 100 and 1000 msg/s;
-//!    and of 200 messages at 100 msg/s through PgBouncer (transaction mode)
-//!    with `listen_url` and with polling;
+//! 1. throughput — N pending rows drained by 1, 2 and 4 workers on
+//!    PostgreSQL and by 1 and 2 on MariaDB, against the ceiling: a bare
+//!    lapin publisher sending the same messages with confirms and the same
+//!    in-flight window (16 channels × one batch), no database;
+//! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
+//!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
+//!    messages at 100 msg/s through PgBouncer (transaction mode) with
+//!    `listen_url` and with polling;
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows;
 //! 4. rebalance — re-own time after a graceful leave and after a kill, with
@@ -48,11 +50,12 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use outboxd::config::Config;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
-use outboxd::store::outbox::ClaimToken;
-use outboxd::store::{Store, schema};
+use outboxd::store::Store;
+use outboxd::store::outbox::{Claim, ClaimToken, Holder};
+use outboxd::store::postgres::DbPool;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
@@ -60,6 +63,8 @@ const KEYS: usize = 5_000;
 
 struct Bench {
     admin_url: String,
+    /// MariaDB's, for the sections that run on both backends.
+    mysql_admin_url: String,
     amqp_url: String,
     dir: PathBuf,
     quick: bool,
@@ -90,6 +95,7 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut b = Bench {
         admin_url: env("OUTBOXD_PG_ADMIN_URL"),
+        mysql_admin_url: env("OUTBOXD_MYSQL_ADMIN_URL"),
         amqp_url: env("AMQP_URL"),
         dir,
         quick,
@@ -166,24 +172,61 @@ impl Bench {
     }
 
     async fn drop_database(&self, name: &str) {
-        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+        self.drop_database_on(Backend::Postgres, name).await;
+    }
+
+    async fn drop_database_on(&self, on: Backend, name: &str) {
+        match on {
+            Backend::Postgres => {
+                let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
+                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                sqlx::query(AssertSqlSafe(sql))
+                    .execute(&mut admin)
+                    .await
+                    .unwrap();
+            }
+            Backend::MariaDb => {
+                let mut admin = MySqlConnection::connect(&self.mysql_admin_url)
+                    .await
+                    .unwrap();
+                let sql = format!("DROP DATABASE IF EXISTS {name}");
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(&mut admin)
+                    .await
+                    .unwrap();
+            }
+        }
     }
 
     /// A fresh, migrated database and a config file for it.
     async fn fresh(&self, name: &str, worker_toml: &str) -> (Store, PathBuf, String) {
-        self.drop_database(name).await;
-        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let mut url = url::Url::parse(&self.admin_url).unwrap();
+        self.fresh_on(Backend::Postgres, name, worker_toml).await
+    }
+
+    /// [`Bench::fresh`] on either backend.
+    async fn fresh_on(
+        &self,
+        on: Backend,
+        name: &str,
+        worker_toml: &str,
+    ) -> (Store, PathBuf, String) {
+        self.drop_database_on(on, name).await;
+        let admin_url = match on {
+            Backend::Postgres => &self.admin_url,
+            Backend::MariaDb => &self.mysql_admin_url,
+        };
+        let create = AssertSqlSafe(format!("CREATE DATABASE {name}"));
+        match on {
+            Backend::Postgres => {
+                let mut admin = PgConnection::connect(admin_url).await.unwrap();
+                sqlx::query(create).execute(&mut admin).await.unwrap();
+            }
+            Backend::MariaDb => {
+                let mut admin = MySqlConnection::connect(admin_url).await.unwrap();
+                sqlx::raw_sql(create).execute(&mut admin).await.unwrap();
+            }
+        }
+        let mut url = url::Url::parse(admin_url).unwrap();
         url.set_path(name);
         let toml = format!(
             "[database]\nurl = \"{url}\"\n[amqp]\nurl = \"{}\"\n[worker]\n{worker_toml}\n",
@@ -193,9 +236,7 @@ impl Bench {
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();
-        schema::migrate(&store.pool, &store.tables, Partitioner::new(16))
-            .await
-            .unwrap();
+        store.migrate(Partitioner::new(16)).await.unwrap();
         (store, path, url.to_string())
     }
 
@@ -210,10 +251,17 @@ impl Bench {
     async fn seed_keys(&self, store: &Store, n: usize, queue: &str, published: bool, keys: usize) {
         self.insert_rows_keys(store, n, queue, published, keys)
             .await;
-        sqlx::query("VACUUM ANALYZE outbox")
-            .execute(&store.pool)
-            .await
-            .unwrap();
+        match store.mysql() {
+            None => sqlx::raw_sql("VACUUM ANALYZE outbox")
+                .execute(pg(store))
+                .await
+                .map(drop),
+            Some(my) => sqlx::raw_sql("ANALYZE TABLE outbox")
+                .execute(my.pool())
+                .await
+                .map(drop),
+        }
+        .unwrap();
     }
 
     /// [`Bench::seed`] without the vacuum.
@@ -230,6 +278,29 @@ impl Bench {
         published: bool,
         keys: usize,
     ) {
+        if let Some(my) = store.mysql() {
+            // MariaDB's sequence tables; labels by the database's CRC32.
+            let chunk = 100_000;
+            let mut start = 0;
+            while start < n {
+                let end = (start + chunk).min(n);
+                let sql = format!(
+                    "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
+                     SELECT CONCAT('p', LPAD(CRC32(CONCAT('key-', seq % {keys})) % 16, 2, '0')),
+                            CONCAT('key-', seq % {keys}), '{queue}', REPEAT('x', {PAYLOAD}),
+                            {published}
+                     FROM seq_{start}_to_{last}",
+                    last = end - 1,
+                    published = if published { "UTC_TIMESTAMP(6)" } else { "NULL" },
+                );
+                sqlx::raw_sql(AssertSqlSafe(sql))
+                    .execute(my.pool())
+                    .await
+                    .unwrap();
+                start = end;
+            }
+            return;
+        }
         let p = Partitioner::new(16);
         let labels: Vec<String> = (0..keys)
             .map(|k| p.label_for(&format!("key-{k}")))
@@ -251,7 +322,7 @@ impl Bench {
             .bind(start as i64)
             .bind(end as i64 - 1)
             .bind(published)
-            .execute(&store.pool)
+            .execute(pg(store))
             .await
             .unwrap();
             start = end;
@@ -303,8 +374,15 @@ impl Bench {
             "baseline".into(),
         );
         let mut per_workers = serde_json::Map::new();
-        for workers in [1usize, 2, 4] {
-            let (store, config, _) = self.fresh("outboxd_bench_tp", "").await;
+        let runs = [
+            (Backend::Postgres, 1usize),
+            (Backend::Postgres, 2),
+            (Backend::Postgres, 4),
+            (Backend::MariaDb, 1),
+            (Backend::MariaDb, 2),
+        ];
+        for (on, workers) in runs {
+            let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
             let start = Instant::now();
@@ -335,11 +413,14 @@ impl Bench {
             let ratio = rate / ceiling;
             let target = if workers == 1 { "target >= 0.85" } else { "" };
             self.row(
-                &format!("relay, {workers} worker(s), default settings"),
+                &format!(
+                    "relay on {}, {workers} worker(s), default settings",
+                    on.name()
+                ),
                 format!("{rate:.0} msg/s"),
                 format!("{ratio:.2} x ceiling {target}"),
             );
-            if workers == 1 {
+            if workers == 1 && on == Backend::Postgres {
                 let mb = peak_rss_kb as f64 / 1024.0;
                 self.row(
                     "peak RSS of the worker (1-worker run)",
@@ -349,11 +430,16 @@ impl Bench {
                 self.results
                     .insert("memory".into(), json!({ "peak_rss_mb": mb }));
             }
+            let key = match on {
+                Backend::Postgres => workers.to_string(),
+                Backend::MariaDb => format!("mariadb_{workers}"),
+            };
             per_workers.insert(
-                workers.to_string(),
+                key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "seconds": took.as_secs_f64() }),
             );
-            store.pool.close().await;
+            store.close().await;
+            self.drop_database_on(on, "outboxd_bench_tp").await;
         }
         self.results.insert(
             "throughput".into(),
@@ -464,6 +550,41 @@ impl Bench {
         }
         terminate(&mut worker);
 
+        // MariaDB: no notifications, adaptive polling (poll_interval 100 ms
+        // while polls find rows, backing off to idle_backoff_ms 1 s).
+        let (my_store, my_config, my_url) = self
+            .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
+            .await;
+        let mut my_worker = self.spawn(&my_config, &["--silent"]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for rate in [50u64, 500] {
+            let secs = if self.quick { 3 } else { 10 };
+            let lat = trickle(
+                &my_url,
+                &self.amqp_url,
+                queue,
+                rate,
+                Duration::from_secs(secs),
+            )
+            .await;
+            let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+            self.row(
+                &format!(
+                    "commit-to-queue latency on MariaDB (polling) at {rate} msg/s (p50 / p99 / max)"
+                ),
+                format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
+                "polling, not NOTIFY".into(),
+            );
+            out.insert(
+                format!("mariadb_{rate}"),
+                json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) }),
+            );
+        }
+        terminate(&mut my_worker);
+        my_store.close().await;
+        self.drop_database_on(Backend::MariaDb, "outboxd_bench_lat")
+            .await;
+
         // Through PgBouncer in transaction mode (the services' own, in
         // front of the same PostgreSQL): wake-ups by LISTEN on the direct
         // listen_url, and by polling (database.poll_interval).
@@ -499,7 +620,7 @@ impl Bench {
             );
             terminate(&mut worker);
         }
-        store.pool.close().await;
+        store.close().await;
         self.results.insert("latency".into(), Value::Object(out));
     }
 
@@ -540,8 +661,8 @@ impl Bench {
         );
         out.insert("published_big_ms".into(), json!(ms(beside)));
         out.insert("rows".into(), json!(big));
-        store.pool.close().await;
-        store2.pool.close().await;
+        store.close().await;
+        store2.close().await;
         // Gigabytes of rows would keep autovacuum busy under later sections.
         self.drop_database("outboxd_bench_bl").await;
         self.drop_database("outboxd_bench_bl2").await;
@@ -567,7 +688,7 @@ impl Bench {
 
         let started = Instant::now();
         let first: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) + 1 FROM outbox")
-            .fetch_one(&store.pool)
+            .fetch_one(pg(&store))
             .await
             .unwrap();
         self.insert_rows(&store, n as usize, "q", false).await;
@@ -580,7 +701,7 @@ impl Bench {
             )
             .bind(at)
             .bind(at + chunk)
-            .execute(&store.pool)
+            .execute(pg(&store))
             .await
             .unwrap();
             at += chunk;
@@ -610,7 +731,7 @@ impl Bench {
             format!("{r:.2} x baseline"),
         );
         out.insert("after_purge_ms".into(), json!(ms(after)));
-        store.pool.close().await;
+        store.close().await;
         self.drop_database("outboxd_bench_churn").await;
         self.results.insert("churn".into(), Value::Object(out));
     }
@@ -690,10 +811,15 @@ impl Bench {
             for w in &mut workers {
                 terminate(w);
             }
-            store.pool.close().await;
+            store.close().await;
         }
         self.results.insert("rebalance".into(), Value::Object(out));
     }
+}
+
+/// The PostgreSQL pool of a bench store (the bench's own SQL).
+fn pg(store: &Store) -> &DbPool {
+    store.postgres().expect("a PostgreSQL store").pool()
 }
 
 /// How the production section runs one measurement.
@@ -767,7 +893,7 @@ impl Bench {
                         "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
                         "cpu_us_per_msg_postgres": run.postgres_us }),
             );
-            store.pool.close().await;
+            store.close().await;
             if pinned {
                 pin_services(false);
             }
@@ -797,7 +923,7 @@ impl Bench {
             "hot_key".into(),
             json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio }),
         );
-        store.pool.close().await;
+        store.close().await;
         self.results.insert("production".into(), Value::Object(out));
     }
 
@@ -812,10 +938,7 @@ impl Bench {
         pinned: bool,
     ) -> Measured {
         // Let the seed's writes settle (a checkpoint) before measuring.
-        sqlx::query("CHECKPOINT")
-            .execute(&store.pool)
-            .await
-            .unwrap();
+        sqlx::query("CHECKPOINT").execute(pg(store)).await.unwrap();
         let pg_before = postgres_cpu_ticks();
         let start = Instant::now();
         let mut child = if pinned {
@@ -847,14 +970,14 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let took = start.elapsed();
-        let pg = postgres_cpu_ticks().saturating_sub(pg_before);
+        let pg_ticks = postgres_cpu_ticks().saturating_sub(pg_before);
         // The worker's own backends, opened after it started: their whole
         // CPU time is the run's.
         let backends: Vec<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity
              WHERE datname = current_database() AND application_name = 'outboxd work'",
         )
-        .fetch_all(&store.pool)
+        .fetch_all(pg(store))
         .await
         .unwrap();
         let backend_ticks: u64 = backends
@@ -867,7 +990,7 @@ impl Bench {
             rate: n as f64 / took.as_secs_f64(),
             worker_us: per_msg(worker_ticks),
             backends_us: per_msg(backend_ticks),
-            postgres_us: per_msg(pg),
+            postgres_us: per_msg(pg_ticks),
         }
     }
 }
@@ -876,12 +999,77 @@ impl Bench {
 /// the harness's polling adds next to nothing to PostgreSQL's CPU (a count
 /// of the table every 25 ms cost more than the relay's own statements).
 async fn any_pending(store: &Store) -> bool {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL)",
-    )
-    .fetch_one(&store.pool)
-    .await
-    .unwrap()
+    let sql =
+        "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL)";
+    match store.mysql() {
+        Some(my) => sqlx::query_scalar(sql).fetch_one(my.pool()).await.unwrap(),
+        None => sqlx::query_scalar(sql).fetch_one(pg(store)).await.unwrap(),
+    }
+}
+
+/// The database a section runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Postgres,
+    MariaDb,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "PostgreSQL",
+            Backend::MariaDb => "MariaDB",
+        }
+    }
+}
+
+/// A producer's pool on either backend (by the URL's scheme).
+#[derive(Clone)]
+enum ProducerPool {
+    Pg(sqlx::PgPool),
+    My(sqlx::MySqlPool),
+}
+
+impl ProducerPool {
+    async fn connect(url: &str) -> Self {
+        if url.starts_with("mysql://") {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(4)
+                .connect(url)
+                .await
+                .unwrap();
+            ProducerPool::My(pool)
+        } else {
+            let pool = PgPoolOptions::new()
+                .max_connections(4)
+                .connect(url)
+                .await
+                .unwrap();
+            ProducerPool::Pg(pool)
+        }
+    }
+
+    /// Enqueues `messages` in one transaction; returns their ids.
+    async fn enqueue(&self, producer: &Producer, messages: Vec<Message>) -> Vec<i64> {
+        let mut ids = Vec::with_capacity(messages.len());
+        match self {
+            ProducerPool::Pg(p) => {
+                let mut tx = p.begin().await.unwrap();
+                for m in messages {
+                    ids.push(producer.enqueue(&mut *tx, m).await.unwrap());
+                }
+                tx.commit().await.unwrap();
+            }
+            ProducerPool::My(p) => {
+                let mut tx = p.begin().await.unwrap();
+                for m in messages {
+                    ids.push(producer.enqueue(&mut *tx, m).await.unwrap());
+                }
+                tx.commit().await.unwrap();
+            }
+        }
+        ids
+    }
 }
 
 struct Measured {
@@ -1032,16 +1220,23 @@ fn terminate(c: &mut Child) {
 /// rounds consume 8,000 rows, so even the 10k backlog never runs dry.
 async fn claim_record_cost(store: &Store) -> Duration {
     let labels = Partitioner::new(16).labels();
-    let t = &store.tables.outbox;
-    let mut conn = store.pool.acquire().await.unwrap();
     let mut times = Vec::new();
     // One drainer's token: a bucket's claim stays with its drainer.
     let token = ClaimToken::new();
     for i in 0..80 {
-        let bucket = &labels[i % 16];
+        let holder = Holder {
+            partition_key: &labels[i % 16],
+            token,
+            fence: None,
+        };
         let start = Instant::now();
-        let rows = t
-            .claim(&mut *conn, bucket, 100, token, 15_000, None, &[])
+        let rows = store
+            .claim(Claim {
+                holder,
+                limit: 100,
+                claim_ttl: Duration::from_secs(15),
+                in_flight: &[],
+            })
             .await
             .unwrap();
         assert_eq!(
@@ -1050,9 +1245,7 @@ async fn claim_record_cost(store: &Store) -> Duration {
             "the backlog ran dry: the measure would be of empty claims"
         );
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        t.record_published(&mut *conn, &ids, token, bucket, None)
-            .await
-            .unwrap();
+        store.record_published(holder, &ids).await.unwrap();
         if i >= 16 {
             times.push(start.elapsed()); // the first round of each bucket warms caches and plans
         }
@@ -1091,29 +1284,18 @@ async fn trickle(
     let (db, c2) = (db_url.to_string(), committed.clone());
     let queue2 = queue.to_string();
     let producing = tokio::spawn(async move {
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&db)
-            .await
-            .unwrap();
+        let pool = ProducerPool::connect(&db).await;
         let producer = Producer::default();
         let period = Duration::from_secs_f64(1.0 / rate as f64);
         let mut next = tokio::time::Instant::now();
         for i in 0..n {
-            let mut tx = pool.begin().await.unwrap();
-            let id = producer
-                .enqueue(
-                    &mut *tx,
-                    Message::new(
-                        format!("key-{}", i % 200),
-                        "",
-                        queue2.as_str(),
-                        vec![b'x'; PAYLOAD],
-                    ),
-                )
-                .await
-                .unwrap();
-            tx.commit().await.unwrap();
+            let m = Message::new(
+                format!("key-{}", i % 200),
+                "",
+                queue2.as_str(),
+                vec![b'x'; PAYLOAD],
+            );
+            let id = pool.enqueue(&producer, vec![m]).await[0];
             c2.lock().unwrap().insert(id, Instant::now());
             next += period;
             tokio::time::sleep_until(next).await;
@@ -1195,7 +1377,7 @@ async fn sample_published(store: Store, every: Duration, over: Duration) -> Vec<
     let start = Instant::now();
     let count = |s: Store| async move {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
-            .fetch_one(&s.pool)
+            .fetch_one(pg(&s))
             .await
             .unwrap()
     };
@@ -1215,13 +1397,8 @@ async fn sample_published(store: Store, every: Duration, over: Duration) -> Vec<
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {
     let start = Instant::now();
     loop {
-        let live = store
-            .tables
-            .workers
-            .live_leasing(&store.pool)
-            .await
-            .unwrap();
-        let leases = store.tables.partitions.leases(&store.pool).await.unwrap();
+        let live = store.live_leasing().await.unwrap();
+        let leases = store.leases().await.unwrap();
         if live.len() == workers
             && leases
                 .iter()
