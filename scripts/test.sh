@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against private PostgreSQL and RabbitMQ on
-# loopback (started, and installed if missing, by scripts/services.sh).
+# Runs the whole test suite against private PostgreSQL, MariaDB and RabbitMQ
+# on loopback (started, and installed if missing, by scripts/services.sh).
 # The multi-host tests make network namespaces (scripts/hosts.sh): root.
 # Extra arguments go to the test runner, e.g. `scripts/test.sh relay`.
 # OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 run the long scenarios.
@@ -44,6 +44,9 @@ pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
 PGPASSWORD=outboxd "$pg_bin/psql" -q -h 127.0.0.1 -p "${OUTBOXD_PG_PORT:-55432}" -U outboxd -d postgres -tA \
   -c "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database WHERE datname LIKE 't\_%'" \
   | PGPASSWORD=outboxd "$pg_bin/psql" -q -h 127.0.0.1 -p "${OUTBOXD_PG_PORT:-55432}" -U outboxd -d postgres >/dev/null
+mysql_cli=(mariadb --no-defaults -h 127.0.0.1 -P "${OUTBOXD_MYSQL_PORT:-53306}" -u outboxd -poutboxd)
+"${mysql_cli[@]}" -N -e "SELECT CONCAT('DROP DATABASE IF EXISTS \`', SCHEMA_NAME, '\`;')
+  FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE 't\\_%'" | "${mysql_cli[@]}"
 
 # Failures print their message; set RUST_BACKTRACE=1 for backtraces.
 export RUST_BACKTRACE=${RUST_BACKTRACE:-0}

@@ -1,10 +1,10 @@
 //! # outboxd
 //!
 //! A transactional-outbox relay. Applications insert the messages they must
-//! publish into an `outbox` table in the same PostgreSQL transaction as their
-//! business data; outboxd workers drain that table to RabbitMQ with publisher
-//! confirms, in `id` order per bucket, at least once, and record what was
-//! published. The guarantees, the lease and fencing argument, the schema and
+//! publish into an `outbox` table in the same transaction as their business
+//! data, on PostgreSQL or MySQL/MariaDB; outboxd workers drain that table to
+//! RabbitMQ with publisher confirms, in `id` order per bucket, at least
+//! once, and record what was published. The guarantees, the lease and fencing argument, the schema and
 //! what can still reorder are in `docs/DESIGN.md`; how to run it is in the
 //! README.
 //!
@@ -13,7 +13,8 @@
 //! - [`cli`]: clap definitions and dispatch; every error ends as one line.
 //! - [`config`]: the typed configuration, its defaults and validation.
 //! - [`partitioner`]: message key → bucket (CRC-32), pure.
-//! - [`store`]: all SQL — schema/migrations, outbox, partitions, workers.
+//! - [`store`]: all SQL, behind one backend-neutral interface (a trait per
+//!   table); `store::postgres` and `store::mysql` implement it.
 //! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
 //! - [`amqp`]: the broker connection, confirm channels, batch publishing,

@@ -13,9 +13,14 @@
 //! `partition_count` differs from the configuration, stops start-up with a
 //! message that says what to run.
 
-use async_trait::async_trait;
+use std::borrow::Cow;
 
-use super::{Store, StoreError};
+use async_trait::async_trait;
+use sqlx::migrate::{Migration, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use super::{Store, StoreError, render};
+use crate::config::TablesConfig;
 use crate::partitioner::Partitioner;
 
 /// What [`SchemaStore::migrate`] did.
@@ -48,6 +53,31 @@ pub trait SchemaStore {
 
     /// The bucket count the database was set up with, if recorded.
     async fn partition_count(&self) -> Result<Option<u32>, StoreError>;
+}
+
+/// A backend's embedded migrations rendered with the configured table
+/// names, tracked in [`migrations_table`].
+pub(crate) fn rendered_migrator(embedded: &Migrator, tables: &TablesConfig) -> Migrator {
+    let migrations = embedded
+        .iter()
+        .map(|m| {
+            Migration::new(
+                m.version,
+                m.description.clone(),
+                m.migration_type,
+                AssertSqlSafe(render(tables, m.sql.as_str())).into_sql_str(),
+                m.no_tx,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(Cow::Owned(migrations_table(tables)));
+    migrator
+}
+
+/// Where applied migrations are recorded: `<outbox>_schema_migrations`.
+pub(crate) fn migrations_table(tables: &TablesConfig) -> String {
+    format!("{}_schema_migrations", tables.outbox)
 }
 
 /// Why `migrate` refuses a pool behind a transaction pooler.

@@ -3,41 +3,23 @@
 //! settings (see [`crate::store::schema`]). sqlx's MySQL migrator holds a
 //! named lock for the length of its session.
 
-use std::borrow::Cow;
-
 use async_trait::async_trait;
-use sqlx::migrate::{Migration, Migrator};
-use sqlx::{AssertSqlSafe, MySqlExecutor, SqlSafeStr};
+use sqlx::migrate::Migrator;
+use sqlx::{AssertSqlSafe, MySqlExecutor};
 
 use super::MySqlBackend;
 use crate::config::TablesConfig;
 use crate::partitioner::Partitioner;
-use crate::store::schema::{MigrateReport, SchemaStore, partition_count_mismatch};
+use crate::store::schema::{
+    MigrateReport, SchemaStore, migrations_table, partition_count_mismatch, rendered_migrator,
+};
 use crate::store::{PartitionStore, QueryContext, StoreError, render};
 
 static EMBEDDED: Migrator = sqlx::migrate!("./migrations/mysql");
 
 /// The migrator for these table names.
 pub fn migrator(tables: &TablesConfig) -> Migrator {
-    let migrations = EMBEDDED
-        .iter()
-        .map(|m| {
-            Migration::new(
-                m.version,
-                m.description.clone(),
-                m.migration_type,
-                AssertSqlSafe(render(tables, m.sql.as_str())).into_sql_str(),
-                m.no_tx,
-            )
-        })
-        .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(Cow::Owned(migrations_table(tables)));
-    migrator
-}
-
-fn migrations_table(tables: &TablesConfig) -> String {
-    format!("{}_schema_migrations", tables.outbox)
+    rendered_migrator(&EMBEDDED, tables)
 }
 
 async fn partition_count<'e, E: MySqlExecutor<'e>>(

@@ -2,17 +2,16 @@
 //! and rendered with the configured table names) and the deployment
 //! settings (see [`crate::store::schema`]).
 
-use std::borrow::Cow;
-
 use async_trait::async_trait;
-use sqlx::migrate::{Migration, Migrator};
-use sqlx::{AssertSqlSafe, PgExecutor, SqlSafeStr};
+use sqlx::migrate::Migrator;
+use sqlx::{AssertSqlSafe, PgExecutor};
 
 use super::PgBackend;
 use crate::config::{Pooler, TablesConfig};
 use crate::partitioner::Partitioner;
 use crate::store::schema::{
-    MIGRATE_NEEDS_SESSION, MigrateReport, SchemaStore, partition_count_mismatch,
+    MIGRATE_NEEDS_SESSION, MigrateReport, SchemaStore, migrations_table, partition_count_mismatch,
+    rendered_migrator,
 };
 use crate::store::{QueryContext, StoreError, render};
 
@@ -20,25 +19,7 @@ static EMBEDDED: Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// The migrator for these table names.
 pub fn migrator(tables: &TablesConfig) -> Migrator {
-    let migrations = EMBEDDED
-        .iter()
-        .map(|m| {
-            Migration::new(
-                m.version,
-                m.description.clone(),
-                m.migration_type,
-                AssertSqlSafe(render(tables, m.sql.as_str())).into_sql_str(),
-                m.no_tx,
-            )
-        })
-        .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(Cow::Owned(migrations_table(tables)));
-    migrator
-}
-
-fn migrations_table(tables: &TablesConfig) -> String {
-    format!("{}_schema_migrations", tables.outbox)
+    rendered_migrator(&EMBEDDED, tables)
 }
 
 /// The bucket count the database was set up with, if recorded.
