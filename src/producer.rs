@@ -25,56 +25,10 @@
 //! producer agrees on it.
 
 use futures_util::future::BoxFuture;
-use serde_json::Value as Json;
 
 use crate::config::TablesConfig;
+pub use crate::store::outbox::Message;
 use crate::store::{Sql, StoreError};
-
-/// A message to enqueue.
-#[derive(Debug, Clone)]
-pub struct Message {
-    pub(crate) message_key: String,
-    pub(crate) exchange: String,
-    pub(crate) routing_key: String,
-    pub(crate) payload: Vec<u8>,
-    pub(crate) headers: Json,
-    pub(crate) content_type: Option<String>,
-}
-impl Message {
-    /// A message for `message_key` (the aggregate or stream id whose messages
-    /// must stay in order), to `exchange` (`""` = the default exchange) with
-    /// `routing_key`.
-    pub fn new(
-        message_key: impl Into<String>,
-        exchange: impl Into<String>,
-        routing_key: impl Into<String>,
-        payload: impl Into<Vec<u8>>,
-    ) -> Self {
-        Self {
-            message_key: message_key.into(),
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
-            payload: payload.into(),
-            headers: Json::Object(Default::default()),
-            content_type: None,
-        }
-    }
-
-    /// Adds an AMQP header (a JSON value: string, number, bool, null, array
-    /// or object).
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<Json>) -> Self {
-        if let Json::Object(map) = &mut self.headers {
-            map.insert(name.into(), value.into());
-        }
-        self
-    }
-
-    /// Sets the AMQP content type.
-    pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
-        self.content_type = Some(content_type.into());
-        self
-    }
-}
 
 /// Enqueues messages into one deployment's outbox table, on PostgreSQL or
 /// MySQL/MariaDB: whichever database the executor it is given talks to.

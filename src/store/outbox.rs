@@ -23,7 +23,52 @@ use serde_json::Value as Json;
 use uuid::Uuid;
 
 use super::StoreError;
-use crate::producer::Message;
+
+/// A message to enqueue.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub(crate) message_key: String,
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Json,
+    pub(crate) content_type: Option<String>,
+}
+impl Message {
+    /// A message for `message_key` (the aggregate or stream id whose messages
+    /// must stay in order), to `exchange` (`""` = the default exchange) with
+    /// `routing_key`.
+    pub fn new(
+        message_key: impl Into<String>,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        Self {
+            message_key: message_key.into(),
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            payload: payload.into(),
+            headers: Json::Object(Default::default()),
+            content_type: None,
+        }
+    }
+
+    /// Adds an AMQP header (a JSON value: string, number, bool, null, array
+    /// or object).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Json>) -> Self {
+        if let Json::Object(map) = &mut self.headers {
+            map.insert(name.into(), value.into());
+        }
+        self
+    }
+
+    /// Sets the AMQP content type.
+    pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = Some(content_type.into());
+        self
+    }
+}
 
 /// Identifies one batch claim of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

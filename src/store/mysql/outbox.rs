@@ -18,9 +18,8 @@ use uuid::Uuid;
 
 use super::{MySqlBackend, label_literal, micros, placeholders};
 use crate::config::TablesConfig;
-use crate::producer::Message;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder,
+    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
     MessageDetail, MessageState, MessageSummary, OutboxStore,
 };
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};

@@ -13,9 +13,8 @@ use sqlx::PgExecutor;
 
 use super::PgBackend;
 use crate::config::TablesConfig;
-use crate::producer::Message;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder,
+    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
     MessageDetail, MessageState, MessageSummary, OutboxStore,
 };
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
