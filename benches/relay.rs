@@ -232,7 +232,7 @@ impl Bench {
             "[database]\nurl = \"{url}\"\n[amqp]\nurl = \"{}\"\n[worker]\n{worker_toml}\n",
             self.amqp_url
         );
-        let path = self.dir.join(format!("{name}.toml"));
+        let path = self.dir.join(format!("{name}-{}.toml", on.name()));
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();

@@ -18,8 +18,9 @@
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
 //! `LISTEN` is attempted: start-up says the worker polls. A database
 //! without notifications at all (MySQL/MariaDB) is polled *adaptively*:
-//! every `database.poll_interval` while polls find new rows, doubling the
-//! delay after each poll that finds none, up to `outbox.idle_backoff_ms`.
+//! every `database.poll_interval` while polls find new rows and for a
+//! second after the last that did, then doubling the delay after each poll
+//! that finds none, up to `outbox.idle_backoff_ms`.
 //! `outbox.idle_backoff_ms` stays the drainers' last resort either way.
 
 use std::collections::HashMap;
@@ -35,6 +36,11 @@ use crate::store::{Channel, Store};
 
 /// How long the listener waits for its own test notification.
 pub const SELF_CHECK: Duration = Duration::from_secs(5);
+
+/// Adaptive polling keeps its shortest delay for this long after the last
+/// poll that found new rows, so a steady trickle (a message every few
+/// hundred milliseconds) never waits for a backed-off poll.
+pub const QUIET_BEFORE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The signal of one bucket.
 #[derive(Default)]
@@ -180,10 +186,12 @@ impl Wakeups {
 
     /// While `LISTEN` is not known to work, wakes the buckets drained here
     /// whose head is ready, every `polling.every` — or, adaptively, that
-    /// often while polls find something, backing off (doubling) to
-    /// `polling.back_off_to` while they do not.
+    /// often while polls find something and for [`QUIET_BEFORE_BACKOFF`]
+    /// after the last that did, then backing off (doubling) to
+    /// `polling.back_off_to` while they find nothing.
     async fn poll(self, store: Store, polling: Polling, cancel: CancellationToken) {
         let mut delay = polling.every;
+        let mut quiet_since: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -208,8 +216,18 @@ impl Wakeups {
                 }
             };
             delay = match polling.back_off_to {
-                Some(max) if !found => (delay * 2).min(max),
-                _ => polling.every,
+                Some(max) if !found => {
+                    let quiet = quiet_since.get_or_insert_with(tokio::time::Instant::now);
+                    if quiet.elapsed() < QUIET_BEFORE_BACKOFF {
+                        polling.every
+                    } else {
+                        (delay * 2).min(max)
+                    }
+                }
+                _ => {
+                    quiet_since = None;
+                    polling.every
+                }
             };
         }
     }
