@@ -773,6 +773,23 @@ mod tests {
     }
 
     #[test]
+    fn mysql_urls_are_accepted_and_postgresql_only_keys_refused_with_them() {
+        for url in ["mysql://u:pw@h:3306/app", "mariadb://u@h/app"] {
+            let c = Config::from_toml(&format!("[database]\nurl = \"{url}\"")).unwrap();
+            c.validate().unwrap();
+        }
+        let e = problem("[database]\nurl = \"mysql://u@h/app\"\npooler = \"transaction\"");
+        assert!(e.starts_with("database.pooler"), "{e}");
+        let e = problem("[database]\nurl = \"mysql://u@h/app\"\nlisten_url = \"postgres://h/app\"");
+        assert!(e.starts_with("database.listen_url"), "{e}");
+        let e = problem("[database]\nurl = \"sqlite://h/app\"");
+        assert!(
+            e.contains("expected postgres or postgresql or mysql or mariadb"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn env_overrides_file() {
         let mut c = Config::from_toml("[database]\nurl = \"postgres://file/x\"").unwrap();
         c.apply_env_from(|k| (k == "DATABASE_URL").then(|| "postgres://env/y".to_string()));

@@ -357,3 +357,22 @@ pub(crate) fn shown(url: &str) -> String {
         Redacted(url).to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_url_scheme_chooses_the_backend() {
+        for (url, kind) in [
+            ("postgres://u@h/db", Some(BackendKind::Postgres)),
+            ("postgresql://u@h/db", Some(BackendKind::Postgres)),
+            ("mysql://u@h/db", Some(BackendKind::MySql)),
+            ("mariadb://u@h/db", Some(BackendKind::MySql)),
+            ("sqlite://x", None),
+            ("not a url", None),
+        ] {
+            assert_eq!(BackendKind::of_url(url), kind, "{url}");
+        }
+    }
+}
