@@ -126,7 +126,7 @@ pub struct Tuning {
     pub amqp_url: Option<String>,
     /// The backend (PostgreSQL unless a test says otherwise).
     pub db: Db,
-    /// Admin URL of another server of that backend (a [`PrivatePostgres`]).
+    /// Admin URL of another server of that backend (a [`PrivateDatabase`]).
     pub server_admin_url: Option<String>,
     pub migrate: bool,
     pub lease_ttl: &'static str,
