@@ -48,9 +48,6 @@ pub trait SchemaStore {
     /// The versions this binary's migrations for this backend have.
     fn known_versions(&self) -> Vec<i64>;
 
-    /// Where applied migrations are recorded.
-    fn migrations_table(&self) -> String;
-
     /// The bucket count the database was set up with, if recorded.
     async fn partition_count(&self) -> Result<Option<u32>, StoreError>;
 }
@@ -110,7 +107,7 @@ pub async fn check_version(store: &Store) -> Result<(), StoreError> {
     if applied.is_empty() {
         return Err(StoreError::Schema(format!(
             "the database has no outboxd schema ({} not found): run `outboxd migrate` first",
-            store.migrations_table()
+            migrations_table(store.tables())
         )));
     }
     if let Some(newer) = applied.iter().find(|v| !known.contains(v)) {

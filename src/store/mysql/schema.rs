@@ -94,10 +94,6 @@ impl SchemaStore for MySqlBackend {
         EMBEDDED.iter().map(|m| m.version).collect()
     }
 
-    fn migrations_table(&self) -> String {
-        migrations_table(&self.tables)
-    }
-
     async fn partition_count(&self) -> Result<Option<u32>, StoreError> {
         partition_count(&self.pool, &self.tables).await
     }
