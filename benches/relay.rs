@@ -25,9 +25,11 @@
 //!    the other (`taskset`, standing in for a broker on its own host); a hot
 //!    key (every message one key) against one confirm channel with
 //!    `window = batch_size`; and the relay-side CPU per message: CPU time of
-//!    the worker process plus every PostgreSQL process (backends and
-//!    background), from `/proc/<pid>/stat`, over the drain, divided by the
-//!    messages.
+//!    the worker process plus its PostgreSQL backends (and, apart, every
+//!    PostgreSQL process, background work included; on MariaDB the whole
+//!    server), from `/proc/<pid>/stat`, over the drain, divided by the
+//!    messages; RabbitMQ's CPU per message beside it, for the ceiling and
+//!    the relay. On PostgreSQL and on MariaDB.
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
@@ -836,12 +838,31 @@ impl Bench {
     async fn production(&mut self) {
         let n = if self.quick { 20_000 } else { 100_000 };
         println!("production: {n} messages of {PAYLOAD} bytes, a consumer draining the queue");
-        let queue = "bench-production";
         let mut out = serde_json::Map::new();
+        for on in [Backend::Postgres, Backend::MariaDb] {
+            self.production_on(on, n, &mut out).await;
+        }
+        self.results.insert("production".into(), Value::Object(out));
+    }
+
+    /// Section 7 on one backend: shared and pinned cores, then a hot key.
+    async fn production_on(
+        &mut self,
+        on: Backend,
+        n: usize,
+        out: &mut serde_json::Map<String, Value>,
+    ) {
+        let queue = "bench-production";
+        let db = on.name();
+        // PostgreSQL's figures keep their earlier JSON keys.
+        let key = |k: &str| match on {
+            Backend::Postgres => k.to_string(),
+            Backend::MariaDb => format!("mariadb_{k}"),
+        };
         for setting in [Setting::Shared, Setting::Pinned] {
             let name = match setting {
-                Setting::Shared => "shared cores",
-                Setting::Pinned => "broker pinned to its own core",
+                Setting::Shared => format!("{db}, shared cores"),
+                Setting::Pinned => format!("{db}, broker pinned to its own core"),
             };
             let pinned = setting == Setting::Pinned;
             if pinned && !pin_services(true) {
@@ -853,8 +874,12 @@ impl Bench {
                 continue;
             }
             let consumer = Drain::start(&self.amqp_url, queue).await;
+            let broker_before = broker_cpu_ticks();
             let ceiling = self.ceiling_with(queue, n, 16, 100).await;
-            let (store, config, _) = self.fresh("outboxd_bench_prod", "").await;
+            let ceiling_broker_us = broker_cpu_ticks().saturating_sub(broker_before) as f64 * 1e6
+                / clock_ticks() as f64
+                / n as f64;
+            let (store, config, _) = self.fresh_on(on, "outboxd_bench_prod", "").await;
             self.seed(&store, n, queue, false).await;
             let run = self.drain_measured(&store, &config, n, pinned).await;
             consumer.stop().await;
@@ -874,24 +899,42 @@ impl Bench {
                 format!("{:.0} msg/s", run.rate),
                 format!("{ratio:.2} x ceiling, {target}"),
             );
-            self.row(
-                &format!("{name}: relay-side CPU per message (worker + its backends)"),
-                format!("{:.0} µs", run.worker_us + run.backends_us),
-                format!(
-                    "{:.0} + {:.0} µs, target <= 40",
-                    run.worker_us, run.backends_us
+            match run.backends_us {
+                Some(backends_us) => self.row(
+                    &format!("{name}: relay-side CPU per message (worker + its backends)"),
+                    format!("{:.0} µs", run.worker_us + backends_us),
+                    format!("{:.0} + {backends_us:.0} µs, target <= 40", run.worker_us),
                 ),
-            );
+                // One process, its connections threads: not told apart.
+                None => self.row(
+                    &format!("{name}: relay-side CPU per message (worker + all of MariaDB)"),
+                    format!("{:.0} µs", run.worker_us + run.database_us),
+                    format!(
+                        "{:.0} + {:.0} µs, target <= 40",
+                        run.worker_us, run.database_us
+                    ),
+                ),
+            }
+            if on == Backend::Postgres {
+                self.row(
+                    &format!(
+                        "{name}: … with all of PostgreSQL (WAL writer, checkpointer, autovacuum)"
+                    ),
+                    format!("{:.0} µs", run.worker_us + run.database_us),
+                    format!("PostgreSQL {:.0} µs in all", run.database_us),
+                );
+            }
             self.row(
-                &format!("{name}: … with all of PostgreSQL (WAL writer, checkpointer, autovacuum)"),
-                format!("{:.0} µs", run.worker_us + run.postgres_us),
-                format!("PostgreSQL {:.0} µs in all", run.postgres_us),
+                &format!("{name}: RabbitMQ's CPU per message, ceiling / relay"),
+                format!("{ceiling_broker_us:.0} / {:.0} µs", run.broker_us),
+                String::new(),
             );
             out.insert(
-                if pinned { "pinned" } else { "shared" }.into(),
+                key(if pinned { "pinned" } else { "shared" }),
                 json!({ "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
+                        "cpu_us_per_msg_broker_ceiling": ceiling_broker_us, "cpu_us_per_msg_broker_relay": run.broker_us,
                         "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
-                        "cpu_us_per_msg_postgres": run.postgres_us }),
+                        "cpu_us_per_msg_database": run.database_us }),
             );
             store.close().await;
             if pinned {
@@ -904,32 +947,31 @@ impl Bench {
         let hot = n / 4;
         let consumer = Drain::start(&self.amqp_url, queue).await;
         let ceiling = self.ceiling_with(queue, hot, 1, 100).await;
-        let (store, config, _) = self.fresh("outboxd_bench_hot", "").await;
+        let (store, config, _) = self.fresh_on(on, "outboxd_bench_hot", "").await;
         self.seed_keys(&store, hot, queue, false, 1).await;
         let run = self.drain_measured(&store, &config, hot, false).await;
         consumer.stop().await;
         let ratio = run.rate / ceiling;
         self.row(
-            "hot key: ceiling, 1 channel x 100 (= batch_size)",
+            &format!("{db}, hot key: ceiling, 1 channel x 100 (= batch_size)"),
             format!("{ceiling:.0} msg/s"),
             "baseline".into(),
         );
         self.row(
-            &format!("hot key: relay, {hot} messages of one key"),
+            &format!("{db}, hot key: relay, {hot} messages of one key"),
             format!("{:.0} msg/s", run.rate),
             format!("{ratio:.2} x ceiling, target >= 0.8"),
         );
         out.insert(
-            "hot_key".into(),
+            key("hot_key"),
             json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio }),
         );
         store.close().await;
-        self.results.insert("production".into(), Value::Object(out));
     }
 
     /// Starts one worker on `config` (on core 0 when `pinned`), waits until
     /// the `n` seeded rows are published, and measures the rate and the CPU
-    /// the worker and PostgreSQL spent on them.
+    /// the worker, the database and the broker spent on them.
     async fn drain_measured(
         &self,
         store: &Store,
@@ -938,8 +980,11 @@ impl Bench {
         pinned: bool,
     ) -> Measured {
         // Let the seed's writes settle (a checkpoint) before measuring.
-        sqlx::query("CHECKPOINT").execute(pg(store)).await.unwrap();
-        let pg_before = postgres_cpu_ticks();
+        if store.mysql().is_none() {
+            sqlx::query("CHECKPOINT").execute(pg(store)).await.unwrap();
+        }
+        let db_before = database_cpu_ticks(store);
+        let broker_before = broker_cpu_ticks();
         let start = Instant::now();
         let mut child = if pinned {
             Command::new("taskset")
@@ -970,27 +1015,36 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let took = start.elapsed();
-        let pg_ticks = postgres_cpu_ticks().saturating_sub(pg_before);
-        // The worker's own backends, opened after it started: their whole
-        // CPU time is the run's.
-        let backends: Vec<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = 'outboxd work'",
-        )
-        .fetch_all(pg(store))
-        .await
-        .unwrap();
-        let backend_ticks: u64 = backends
-            .iter()
-            .filter_map(|&pid| cpu_ticks(pid as u32))
-            .sum();
+        let db_ticks = database_cpu_ticks(store).saturating_sub(db_before);
+        let broker_ticks = broker_cpu_ticks().saturating_sub(broker_before);
+        let backend_ticks = match store.mysql() {
+            Some(_) => None,
+            // The worker's own backends, opened after it started: their
+            // whole CPU time is the run's.
+            None => {
+                let backends: Vec<i32> = sqlx::query_scalar(
+                    "SELECT pid FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = 'outboxd work'",
+                )
+                .fetch_all(pg(store))
+                .await
+                .unwrap();
+                Some(
+                    backends
+                        .iter()
+                        .filter_map(|&pid| cpu_ticks(pid as u32))
+                        .sum::<u64>(),
+                )
+            }
+        };
         terminate(&mut child);
         let per_msg = |ticks: u64| ticks as f64 * 1e6 / clock_ticks() as f64 / n as f64;
         Measured {
             rate: n as f64 / took.as_secs_f64(),
             worker_us: per_msg(worker_ticks),
-            backends_us: per_msg(backend_ticks),
-            postgres_us: per_msg(pg_ticks),
+            backends_us: backend_ticks.map(per_msg),
+            database_us: per_msg(db_ticks),
+            broker_us: per_msg(broker_ticks),
         }
     }
 }
@@ -1075,10 +1129,14 @@ impl ProducerPool {
 struct Measured {
     rate: f64,
     worker_us: f64,
-    /// The worker's own PostgreSQL backends (its statements).
-    backends_us: f64,
-    /// Every PostgreSQL process (backends and background work).
-    postgres_us: f64,
+    /// The worker's own PostgreSQL backends (its statements); MariaDB's
+    /// connection threads are not told apart.
+    backends_us: Option<f64>,
+    /// The whole database: every PostgreSQL process (backends and
+    /// background work), or the MariaDB server.
+    database_us: f64,
+    /// The broker's VM.
+    broker_us: f64,
 }
 
 /// A consumer that acknowledges everything on a queue until stopped, so
@@ -1142,6 +1200,33 @@ fn postgres_cpu_ticks() -> u64 {
     postgres_pids().into_iter().filter_map(cpu_ticks).sum()
 }
 
+/// CPU of the database server behind `store`: every PostgreSQL process,
+/// or the services' MariaDB server (every thread), in clock ticks.
+fn database_cpu_ticks(store: &Store) -> u64 {
+    match store.mysql() {
+        None => postgres_cpu_ticks(),
+        Some(_) => pid_file("mariadb.pid").and_then(cpu_ticks).unwrap_or(0),
+    }
+}
+
+/// CPU of the services' RabbitMQ VM (every thread), in clock ticks; 0
+/// when its pid file is missing.
+fn broker_cpu_ticks() -> u64 {
+    pid_file("rabbit/rabbit.pid")
+        .and_then(cpu_ticks)
+        .unwrap_or(0)
+}
+
+/// The pid in a pid file of the services' state directory.
+fn pid_file(name: &str) -> Option<u32> {
+    let state = std::env::var("OUTBOXD_STATE_DIR").unwrap_or_default();
+    std::fs::read_to_string(format!("{state}/{name}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 fn postgres_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
         .into_iter()
@@ -1165,12 +1250,11 @@ fn clock_ticks() -> u64 {
 }
 
 /// Pins RabbitMQ (every thread of the services' broker) to core 1 and
-/// PostgreSQL and this process to core 0 (`on`), or lets everything run
-/// anywhere again. False when it cannot (no taskset, fewer than 2 cores,
-/// no broker pid file).
+/// PostgreSQL, MariaDB and this process to core 0 (`on`), or lets
+/// everything run anywhere again. False when it cannot (no taskset, fewer
+/// than 2 cores, no broker pid file).
 fn pin_services(on: bool) -> bool {
-    let state = std::env::var("OUTBOXD_STATE_DIR").unwrap_or_default();
-    let Ok(rabbit) = std::fs::read_to_string(format!("{state}/rabbit/rabbit.pid")) else {
+    let Some(rabbit) = pid_file("rabbit/rabbit.pid") else {
         return false;
     };
     // (Asked only before pinning: a pinned process sees one core.)
@@ -1187,10 +1271,10 @@ fn pin_services(on: bool) -> bool {
     };
     // A PostgreSQL process may exit meanwhile; the postmaster's affinity is
     // what new backends inherit.
-    for pid in postgres_pids() {
+    for pid in postgres_pids().into_iter().chain(pid_file("mariadb.pid")) {
         let _ = pin(rest, &pid.to_string());
     }
-    pin(broker, rabbit.trim()) && pin(rest, &std::process::id().to_string())
+    pin(broker, &rabbit.to_string()) && pin(rest, &std::process::id().to_string())
 }
 
 fn vm_hwm_kb(pid: u32) -> u64 {
