@@ -28,7 +28,10 @@
 
 pub mod gate;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -507,7 +510,7 @@ impl ConfirmChannel {
                 Err(PublishError::LeaseLapsed)
             } else {
                 match prepare(row, limits) {
-                    Ok(prepared) => self.send(prepared, &row.payload, deadline).await,
+                    Ok(prepared) => self.start_send(prepared, &row.payload).await,
                     Err(e) => Err(e),
                 }
             };
@@ -536,39 +539,54 @@ impl ConfirmChannel {
         BatchOutcome { confirmed, failure }
     }
 
-    async fn send(
-        &self,
+    /// Queues one row's frames on the channel. lapin queues them (and
+    /// takes the row's delivery tag) when its publish future is first
+    /// polled, which happens here, before the next row's: rows go out in
+    /// the order they are started. Waiting for the socket write is left to
+    /// [`ConfirmChannel::await_confirms`], so a batch costs the I/O thread
+    /// one wake-up, not one round trip per row.
+    async fn start_send<'a>(
+        &'a self,
         prepared: Prepared,
-        payload: &[u8],
-        deadline: tokio::time::Instant,
-    ) -> Result<PublisherConfirm, PublishError> {
+        payload: &'a [u8],
+    ) -> Result<InFlight<'a>, PublishError> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let publish = self.channel.basic_publish(
+        let mut publish: Sending<'a> = Box::pin(self.channel.basic_publish(
             prepared.exchange,
             prepared.routing_key,
             options,
             payload,
             prepared.properties,
-        );
-        match tokio::time::timeout_at(deadline, publish).await {
-            Ok(Ok(confirm)) => Ok(confirm),
-            Ok(Err(e)) => Err(classify(&e)),
-            Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
+        ));
+        match futures_util::poll!(publish.as_mut()) {
+            Poll::Ready(Ok(confirm)) => Ok(InFlight::Sent(confirm)),
+            Poll::Ready(Err(e)) => Err(classify(&e)),
+            Poll::Pending => Ok(InFlight::Sending(publish)),
         }
     }
 
-    /// Awaits the confirms of `in_flight` in order, counting each success
-    /// into `confirmed`; stops at the first failure.
+    /// Awaits the writes and then the confirms of `in_flight` in order,
+    /// counting each success into `confirmed`; stops at the first failure.
     async fn await_confirms(
         &self,
-        in_flight: &mut Vec<PublisherConfirm>,
+        in_flight: &mut Vec<InFlight<'_>>,
         confirmed: &mut usize,
         deadline: tokio::time::Instant,
     ) -> Result<(), PublishError> {
-        for confirm in in_flight.drain(..) {
+        for sent in in_flight.drain(..) {
+            let confirm = match sent {
+                InFlight::Sent(confirm) => confirm,
+                InFlight::Sending(publish) => {
+                    match tokio::time::timeout_at(deadline, publish).await {
+                        Err(_) => return Err(PublishError::Timeout(self.confirm_timeout)),
+                        Ok(Err(e)) => return Err(classify(&e)),
+                        Ok(Ok(confirm)) => confirm,
+                    }
+                }
+            };
             let result = match tokio::time::timeout_at(deadline, confirm).await {
                 Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
                 Ok(Err(e)) => Err(classify(&e)),
@@ -634,6 +652,16 @@ fn classify(e: &lapin::Error) -> PublishError {
         return PublishError::Rejected(format!("refused by the broker: {}", amqp.get_message()));
     }
     PublishError::Unavailable(e.to_string())
+}
+
+/// A publish whose frames are queued, until lapin has written them.
+type Sending<'a> =
+    Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'a>>;
+
+/// A row sent on a channel: its frames queued or written, its confirm due.
+enum InFlight<'a> {
+    Sending(Sending<'a>),
+    Sent(PublisherConfirm),
 }
 
 struct Prepared {
