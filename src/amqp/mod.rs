@@ -15,9 +15,10 @@
 //!
 //! [`ConfirmChannel::publish_batch`] publishes rows in order on one confirm
 //! channel (persistent, `mandatory`, AMQP `message_id` = the row's
-//! `message_id`), pipelining runs of rows to the same destination, and
-//! awaits the confirms in order under one deadline (lapin's confirm future
-//! has no timeout of its own). It reports the length
+//! `message_id`), pipelining runs of rows to the same destination — their
+//! frames are queued in order without waiting for each socket write — and
+//! awaits the writes and the confirms in order under one deadline (lapin's
+//! confirm future has no timeout of its own). It reports the length
 //! of the confirmed prefix and, if the batch stopped early, why — classified
 //! as the row's own fault, a timeout, or a lost broker ([`PublishError`]).
 //! An ack that carries a returned message means *unroutable*: a failure.
