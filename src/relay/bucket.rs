@@ -8,7 +8,8 @@
 //!                                     │ batch N (id order)
 //!                                     ▼
 //!        ┌─ broker: publish N in order, await its confirms in order
-//!        └─ database, meanwhile: record N-1, claim N+1 (skipping N's rows)
+//!        └─ database, meanwhile, at once: record N-1; claim N+1 (skipping
+//!           N-1's and N's rows)
 //!                                     │
 //!        all of N confirmed ──────────┼──── row k of N failed
 //!              │                      │            │
@@ -22,9 +23,9 @@
 //! batches costs no extra claim per message). Batch N+1 is sent only once
 //! every row of N is confirmed, so reading it ahead changes nothing about
 //! order: a failed row still stops everything behind it. The claim that
-//! reads N+1 skips exactly N's rows (not every id below N's last): a row
-//! with a lower id that committed late is taken at its place, ahead of the
-//! rows after it.
+//! reads N+1 skips exactly the rows of N and of N-1, whose record runs
+//! beside it (not every id below N's last): a row with a lower id that
+//! committed late is taken at its place, ahead of the rows after it.
 //!
 //! After a failure the bucket is *careful*: it claims one row at a time,
 //! without reading ahead, until one succeeds, so a failing head is retried
@@ -267,17 +268,31 @@ impl BucketDrainer {
         let previous = self.unrecorded.take();
         let read_ahead = !self.careful && rows.len() >= self.ctx.settings.batch_size as usize;
         let database = async {
-            let recorded = match &previous {
-                Some(ids) => self.record_published(ids).await,
-                None => true,
-            };
-            if !(recorded && read_ahead) {
+            if !read_ahead {
+                if let Some(ids) = &previous {
+                    self.record_published(ids).await;
+                }
                 return None;
             }
-            let in_flight: Vec<i64> = rows.iter().map(|r| r.id).collect();
-            self.claim(self.ctx.settings.batch_size, &in_flight)
-                .await
-                .ok()
+            // The record of N-1 and the read of N+1 at once, on two
+            // connections: the read skips N-1's rows as well as N's, since
+            // the record may not have committed when it runs; N+1 is kept
+            // only if every row of N-1 was recorded.
+            let skip: Vec<i64> = previous
+                .iter()
+                .flatten()
+                .copied()
+                .chain(rows.iter().map(|r| r.id))
+                .collect();
+            let record = async {
+                match &previous {
+                    Some(ids) => self.record_published(ids).await,
+                    None => true,
+                }
+            };
+            let claim = self.claim(self.ctx.settings.batch_size, &skip);
+            let (recorded, next) = tokio::join!(record, claim);
+            next.ok().filter(|_| recorded)
         };
         let (outcome, next) = tokio::join!(publish, database);
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
