@@ -259,7 +259,8 @@ impl BucketDrainer {
             outcome
         };
         // While the broker confirms this batch, the database records the
-        // previous one and reads the next (skipping this batch's rows). The
+        // previous one and, at the same time, reads the next (skipping the
+        // rows of both). The
         // next batch is only sent once this one is wholly confirmed, so
         // nothing overtakes a row that fails. Nothing is read ahead after a
         // careful (one-row) round, nor after a batch shorter than the limit:
