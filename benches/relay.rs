@@ -888,9 +888,8 @@ impl Bench {
             let consumer = Drain::start(&self.amqp_url, queue).await;
             let broker_before = broker_cpu_ticks();
             let ceiling = self.ceiling_with(queue, n, 16, 100).await;
-            let ceiling_broker_us = broker_cpu_ticks().saturating_sub(broker_before) as f64 * 1e6
-                / clock_ticks() as f64
-                / n as f64;
+            let ceiling_broker_us =
+                us_per_message(broker_cpu_ticks().saturating_sub(broker_before), n);
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_prod", "").await;
             self.seed(&store, n, queue, false).await;
             let run = self.drain_measured(&store, &config, n, pinned).await;
@@ -1050,7 +1049,7 @@ impl Bench {
             }
         };
         terminate(&mut child);
-        let per_msg = |ticks: u64| ticks as f64 * 1e6 / clock_ticks() as f64 / n as f64;
+        let per_msg = |ticks: u64| us_per_message(ticks, n);
         Measured {
             rate: n as f64 / took.as_secs_f64(),
             worker_us: per_msg(worker_ticks),
@@ -1250,6 +1249,11 @@ fn postgres_pids() -> Vec<u32> {
                 .is_ok_and(|c| c.trim() == "postgres")
         })
         .collect()
+}
+
+/// CPU clock ticks spent on `n` messages, in µs per message.
+fn us_per_message(ticks: u64, n: usize) -> f64 {
+    ticks as f64 * 1e6 / clock_ticks() as f64 / n as f64
 }
 
 fn clock_ticks() -> u64 {

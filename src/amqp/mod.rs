@@ -569,6 +569,19 @@ impl ConfirmChannel {
         }
     }
 
+    /// Awaits lapin's write of a queued publish; its confirm is then due.
+    async fn written(
+        &self,
+        publish: Sending<'_>,
+        deadline: tokio::time::Instant,
+    ) -> Result<PublisherConfirm, PublishError> {
+        match tokio::time::timeout_at(deadline, publish).await {
+            Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
+            Ok(Err(e)) => Err(classify(&e)),
+            Ok(Ok(confirm)) => Ok(confirm),
+        }
+    }
+
     /// Awaits the writes and then the confirms of `in_flight` in order,
     /// counting each success into `confirmed`; stops at the first failure.
     async fn await_confirms(
@@ -580,13 +593,7 @@ impl ConfirmChannel {
         for sent in in_flight.drain(..) {
             let confirm = match sent {
                 InFlight::Sent(confirm) => confirm,
-                InFlight::Sending(publish) => {
-                    match tokio::time::timeout_at(deadline, publish).await {
-                        Err(_) => return Err(PublishError::Timeout(self.confirm_timeout)),
-                        Ok(Err(e)) => return Err(classify(&e)),
-                        Ok(Ok(confirm)) => confirm,
-                    }
-                }
+                InFlight::Sending(publish) => self.written(publish, deadline).await?,
             };
             let result = match tokio::time::timeout_at(deadline, confirm).await {
                 Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),

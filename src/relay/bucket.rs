@@ -260,19 +260,22 @@ impl BucketDrainer {
         };
         // While the broker confirms this batch, the database records the
         // previous one and, at the same time, reads the next (skipping the
-        // rows of both). The
-        // next batch is only sent once this one is wholly confirmed, so
-        // nothing overtakes a row that fails. Nothing is read ahead after a
-        // careful (one-row) round, nor after a batch shorter than the limit:
-        // only a full batch suggests more is ready, and a trickle then costs
-        // no extra claim per message.
+        // rows of both). The next batch is only sent once this one is wholly
+        // confirmed, so nothing overtakes a row that fails. Nothing is read
+        // ahead after a careful (one-row) round, nor after a batch shorter
+        // than the limit: only a full batch suggests more is ready, and a
+        // trickle then costs no extra claim per message.
         let previous = self.unrecorded.take();
         let read_ahead = !self.careful && rows.len() >= self.ctx.settings.batch_size as usize;
         let database = async {
-            if !read_ahead {
-                if let Some(ids) = &previous {
-                    self.record_published(ids).await;
+            let record = async {
+                match &previous {
+                    Some(ids) => self.record_published(ids).await,
+                    None => true,
                 }
+            };
+            if !read_ahead {
+                record.await;
                 return None;
             }
             // The record of N-1 and the read of N+1 at once, on two
@@ -285,12 +288,6 @@ impl BucketDrainer {
                 .copied()
                 .chain(rows.iter().map(|r| r.id))
                 .collect();
-            let record = async {
-                match &previous {
-                    Some(ids) => self.record_published(ids).await,
-                    None => true,
-                }
-            };
             let claim = self.claim(self.ctx.settings.batch_size, &skip);
             let (recorded, next) = tokio::join!(record, claim);
             next.ok().filter(|_| recorded)
