@@ -21,7 +21,8 @@
 //!    purged;
 //! 7. production — closer to how it runs in production, each relay figure
 //!    beside a ceiling measured the same way: a consumer draining the queue
-//!    (steady depth); the broker pinned to one core and everything else to
+//!    (steady depth; a process of its own, this binary with `--drain QUEUE`,
+//!    its CPU shown); the broker pinned to one core and everything else to
 //!    the other (`taskset`, standing in for a broker on its own host); a hot
 //!    key (every message one key) against one confirm channel with
 //!    `window = batch_size`; and the relay-side CPU per message: CPU time of
@@ -63,6 +64,8 @@ use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
 const KEYS: usize = 5_000;
+/// The draining consumer awaits the writes of this many acks at once.
+const ACKS_AWAITED_TOGETHER: usize = 100;
 
 struct Bench {
     admin_url: String,
@@ -78,6 +81,14 @@ struct Bench {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(queue) = args
+        .iter()
+        .position(|a| a == "--drain")
+        .map(|i| &args[i + 1])
+    {
+        Drain::run(&std::env::var("AMQP_URL").unwrap(), queue).await;
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let only = args
         .iter()
@@ -885,15 +896,23 @@ impl Bench {
                 );
                 continue;
             }
-            let consumer = Drain::start(&self.amqp_url, queue).await;
+            let consumer = Drain::start(queue);
             let broker_before = broker_cpu_ticks();
+            let consumer_before = consumer.cpu_ticks();
             let ceiling = self.ceiling_with(queue, n, 16, 100).await;
             let ceiling_broker_us =
                 us_per_message(broker_cpu_ticks().saturating_sub(broker_before), n);
+            let consumer_before_relay = consumer.cpu_ticks();
+            let ceiling_consumer_us =
+                us_per_message(consumer_before_relay.saturating_sub(consumer_before), n);
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_prod", "").await;
             self.seed(&store, n, queue, false).await;
             let run = self.drain_measured(&store, &config, n, pinned).await;
-            consumer.stop().await;
+            let consumer_us = us_per_message(
+                consumer.cpu_ticks().saturating_sub(consumer_before_relay),
+                n,
+            );
+            consumer.stop();
             let ratio = run.rate / ceiling;
             let target = if pinned {
                 "target >= 0.85"
@@ -940,12 +959,18 @@ impl Bench {
                 format!("{ceiling_broker_us:.0} / {:.0} µs", run.broker_us),
                 String::new(),
             );
+            self.row(
+                &format!("{name}: the consumer's CPU per message, ceiling / relay"),
+                format!("{ceiling_consumer_us:.0} / {consumer_us:.0} µs"),
+                String::new(),
+            );
             out.insert(
                 key(if pinned { "pinned" } else { "shared" }),
                 json!({ "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
                         "cpu_us_per_msg_broker_ceiling": ceiling_broker_us, "cpu_us_per_msg_broker_relay": run.broker_us,
                         "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
-                        "cpu_us_per_msg_database": run.database_us }),
+                        "cpu_us_per_msg_database": run.database_us,
+                        "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_consumer_relay": consumer_us }),
             );
             store.close().await;
             if pinned {
@@ -956,12 +981,12 @@ impl Bench {
         // A hot key: every message one key, so one bucket, one drainer, one
         // confirm channel; the ceiling is one channel with the same window.
         let hot = n / 4;
-        let consumer = Drain::start(&self.amqp_url, queue).await;
+        let consumer = Drain::start(queue);
         let ceiling = self.ceiling_with(queue, hot, 1, 100).await;
         let (store, config, _) = self.fresh_on(on, "outboxd_bench_hot", "").await;
         self.seed_keys(&store, hot, queue, false, 1).await;
         let run = self.drain_measured(&store, &config, hot, false).await;
-        consumer.stop().await;
+        consumer.stop();
         let ratio = run.rate / ceiling;
         self.row(
             &format!("{db}, hot key: ceiling, 1 channel x 100 (= batch_size)"),
@@ -1150,15 +1175,49 @@ struct Measured {
     broker_us: f64,
 }
 
-/// A consumer that acknowledges everything on a queue until stopped, so
-/// the queue stays short, as in production.
+/// A consumer that acknowledges every message (one ack per delivery, as
+/// most consumers do) on a queue until stopped, so the queue stays short, as
+/// in production. It runs as a process of its own (this binary with
+/// `--drain QUEUE`, on the harness's cores), so its CPU is told apart.
 struct Drain {
-    conn: Connection,
-    task: tokio::task::JoinHandle<()>,
+    child: Child,
 }
 
 impl Drain {
-    async fn start(amqp_url: &str, queue: &str) -> Self {
+    /// Starts the consumer and returns once it is consuming.
+    fn start(queue: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--drain", queue])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(
+            ready.trim(),
+            "consuming",
+            "the draining consumer did not start"
+        );
+        Self { child }
+    }
+
+    fn cpu_ticks(&self) -> u64 {
+        cpu_ticks(self.child.id()).unwrap_or(0)
+    }
+
+    /// Stops the consumer (as dropping it does).
+    fn stop(self) {
+        drop(self);
+    }
+
+    /// The consumer process: consumes `queue` until killed, or until its
+    /// stdin closes (the harness exited, even by a panic).
+    async fn run(amqp_url: &str, queue: &str) {
         let conn = Connection::connect(amqp_url, ConnectionProperties::default())
             .await
             .unwrap();
@@ -1182,17 +1241,32 @@ impl Drain {
             )
             .await
             .unwrap();
-        let task = tokio::spawn(async move {
-            while let Some(Ok(d)) = consumer.next().await {
-                let _ = d.ack(BasicAckOptions::default()).await;
-            }
+        tokio::task::spawn_blocking(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            std::process::exit(0);
         });
-        Self { conn, task }
+        println!("consuming");
+        // Each ack is queued on its first poll and its write awaited with
+        // a hundred others (as the relay does with its publishes): one ack
+        // frame per delivery, without a wake-up of lapin's I/O thread each.
+        let mut acks = Vec::with_capacity(ACKS_AWAITED_TOGETHER);
+        while let Some(Ok(d)) = consumer.next().await {
+            let mut ack = Box::pin(async move { d.ack(BasicAckOptions::default()).await });
+            if futures_util::poll!(ack.as_mut()).is_pending() {
+                acks.push(ack);
+            }
+            if acks.len() == ACKS_AWAITED_TOGETHER {
+                for ack in acks.drain(..) {
+                    let _ = ack.await;
+                }
+            }
+        }
     }
+}
 
-    async fn stop(self) {
-        self.task.abort();
-        self.conn.close(200, "bye".into()).await.ok();
+impl Drop for Drain {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
     }
 }
 
