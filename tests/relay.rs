@@ -738,6 +738,7 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .bind(None::<uuid::Uuid>)
                 .bind(None::<i64>)
                 .bind(Vec::<i64>::new())
+                .bind(None::<i64>)
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();

@@ -254,6 +254,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .bind(None::<uuid::Uuid>)
     .bind(None::<i64>)
     .bind(Vec::<i64>::new())
+    .bind(None::<i64>)
     .fetch_all(&mut *tx)
     .await
     .unwrap();

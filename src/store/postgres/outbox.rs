@@ -97,7 +97,8 @@ impl OutboxSql {
         // bucket while it lasts; one that outlasts the claim TTL was not
         // made by any worker (written by hand, a clock far off) and is
         // ignored. Rows still in flight from this drainer's previous batch
-        // ($7) are skipped, never a row behind them.
+        // ($7) are skipped, never a row behind them; a row above the highest
+        // of them ($8) skips the array's comparisons.
         let claim = "WITH first_rows AS (
                 SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                        headers, content_type, payload, attempts, created_at,
@@ -106,7 +107,7 @@ impl OutboxSql {
                     SELECT * FROM {outbox}
                     WHERE partition_key BETWEEN $1 AND $1
                       AND published_at IS NULL AND failed_at IS NULL
-                      AND id <> ALL($7::bigint[])
+                      AND (id > $8 OR id <> ALL($7::bigint[]))
                     ORDER BY partition_key, id
                     LIMIT $2
                 ) head
@@ -307,6 +308,7 @@ impl OutboxSql {
             .bind(fence.map(|f| f.owner))
             .bind(fence.map(|f| f.epoch))
             .bind(c.in_flight)
+            .bind(c.in_flight.iter().max())
             .fetch_all(exec)
             .bounded("claiming a batch")
             .await
