@@ -1246,7 +1246,7 @@ fn median(pairs: &[Pair]) -> &Pair {
     sorted[(sorted.len() - 1) / 2]
 }
 
-/// ", runs: 0.61 / 0.67 / 0.57" when there was more than one run.
+/// " (median; runs 0.61 / 0.67 / 0.57)" when there was more than one run.
 fn ratios(pairs: &[Pair]) -> String {
     if pairs.len() < 2 {
         return String::new();
