@@ -910,15 +910,15 @@ impl Bench {
                 continue;
             }
             let pairs = self.pairs(on, n, KEYS, 16, pinned).await;
+            let median = median(&pairs);
             let Pair {
                 ceiling,
                 ceiling_broker_us,
                 ceiling_consumer_us,
                 ref run,
                 consumer_us,
-                ..
-            } = *median(&pairs);
-            let ratio = run.rate / ceiling;
+            } = *median;
+            let ratio = median.ratio();
             let each = ratios(&pairs);
             let target = if pinned {
                 "target >= 0.85"
@@ -977,7 +977,7 @@ impl Bench {
                         "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
                         "cpu_us_per_msg_database": run.database_us,
                         "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_consumer_relay": consumer_us,
-                        "ratio_of_each_run": pairs.iter().map(Pair::ratio).collect::<Vec<_>>() }),
+                        "ratio_of_each_run": each_ratio(&pairs) }),
             );
             if pinned {
                 pin_services(false);
@@ -988,10 +988,11 @@ impl Bench {
         // confirm channel; the ceiling is one channel with the same window.
         let hot = n / 4;
         let pairs = self.pairs(on, hot, 1, 1, false).await;
+        let median = median(&pairs);
         let Pair {
             ceiling, ref run, ..
-        } = *median(&pairs);
-        let ratio = run.rate / ceiling;
+        } = *median;
+        let ratio = median.ratio();
         let each = ratios(&pairs);
         self.row(
             &format!("{db}, hot key: ceiling, 1 channel x 100 (= batch_size)"),
@@ -1006,7 +1007,7 @@ impl Bench {
         out.insert(
             key("hot_key"),
             json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
-                    "ratio_of_each_run": pairs.iter().map(Pair::ratio).collect::<Vec<_>>() }),
+                    "ratio_of_each_run": each_ratio(&pairs) }),
         );
     }
 
@@ -1246,12 +1247,20 @@ fn median(pairs: &[Pair]) -> &Pair {
     sorted[(sorted.len() - 1) / 2]
 }
 
+/// Every run's relay ÷ ceiling, in the order measured.
+fn each_ratio(pairs: &[Pair]) -> Vec<f64> {
+    pairs.iter().map(Pair::ratio).collect()
+}
+
 /// " (median; runs 0.61 / 0.67 / 0.57)" when there was more than one run.
 fn ratios(pairs: &[Pair]) -> String {
     if pairs.len() < 2 {
         return String::new();
     }
-    let each: Vec<String> = pairs.iter().map(|p| format!("{:.2}", p.ratio())).collect();
+    let each: Vec<String> = each_ratio(pairs)
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect();
     format!(" (median; runs {})", each.join(" / "))
 }
 

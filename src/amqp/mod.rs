@@ -569,16 +569,17 @@ impl ConfirmChannel {
         }
     }
 
-    /// Awaits lapin's write of a queued publish; its confirm is then due.
-    async fn written(
+    /// Awaits one of lapin's futures (a queued publish's write, a confirm)
+    /// by the batch's deadline, classifying its error.
+    async fn by_deadline<T>(
         &self,
-        publish: Sending<'_>,
         deadline: tokio::time::Instant,
-    ) -> Result<PublisherConfirm, PublishError> {
-        match tokio::time::timeout_at(deadline, publish).await {
+        step: impl Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<T, PublishError> {
+        match tokio::time::timeout_at(deadline, step).await {
             Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
             Ok(Err(e)) => Err(classify(&e)),
-            Ok(Ok(confirm)) => Ok(confirm),
+            Ok(Ok(done)) => Ok(done),
         }
     }
 
@@ -593,24 +594,9 @@ impl ConfirmChannel {
         for sent in in_flight.drain(..) {
             let confirm = match sent {
                 InFlight::Sent(confirm) => confirm,
-                InFlight::Sending(publish) => self.written(publish, deadline).await?,
+                InFlight::Sending(publish) => self.by_deadline(deadline, publish).await?,
             };
-            let result = match tokio::time::timeout_at(deadline, confirm).await {
-                Err(_) => Err(PublishError::Timeout(self.confirm_timeout)),
-                Ok(Err(e)) => Err(classify(&e)),
-                Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-                Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(PublishError::Rejected(format!(
-                    "unroutable: returned by the broker ({} {})",
-                    returned.reply_code, returned.reply_text
-                ))),
-                Ok(Ok(Confirmation::Nack(_))) => Err(PublishError::Rejected(
-                    "rejected by the broker (basic.nack)".into(),
-                )),
-                Ok(Ok(Confirmation::NotRequested)) => Err(PublishError::Unavailable(
-                    "channel is not in confirm mode".into(),
-                )),
-            };
-            result?;
+            accepted(self.by_deadline(deadline, confirm).await?)?;
             *confirmed += 1;
         }
         Ok(())
@@ -660,6 +646,24 @@ fn classify(e: &lapin::Error) -> PublishError {
         return PublishError::Rejected(format!("refused by the broker: {}", amqp.get_message()));
     }
     PublishError::Unavailable(e.to_string())
+}
+
+/// Whether a confirm accepted its message: an ack without a returned
+/// message; anything else is a failure.
+fn accepted(confirmation: Confirmation) -> Result<(), PublishError> {
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(PublishError::Rejected(format!(
+            "unroutable: returned by the broker ({} {})",
+            returned.reply_code, returned.reply_text
+        ))),
+        Confirmation::Nack(_) => Err(PublishError::Rejected(
+            "rejected by the broker (basic.nack)".into(),
+        )),
+        Confirmation::NotRequested => Err(PublishError::Unavailable(
+            "channel is not in confirm mode".into(),
+        )),
+    }
 }
 
 /// A publish whose frames are queued, until lapin has written them.
