@@ -488,6 +488,11 @@ impl ConfirmChannel {
 
     async fn publish_rows(&self, rows: &[ClaimedMessage], limits: &PublishLimits) -> BatchOutcome {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        // Each row's publish future (lapin's, over 1 KiB: beyond the
+        // allocator's per-thread cache) lives in one allocation for the
+        // batch rather than a box of its own.
+        let mut slots: Pin<Box<[Option<_>]>> = rows.iter().map(|_| None).collect::<Box<_>>().into();
+        let mut free_slots = pinned_elements(slots.as_mut());
         let mut in_flight = Vec::new();
         let mut confirmed = 0;
         let mut destination: Option<(&str, &str)> = None;
@@ -511,7 +516,10 @@ impl ConfirmChannel {
                 Err(PublishError::LeaseLapsed)
             } else {
                 match prepare(row, limits) {
-                    Ok(prepared) => self.start_send(prepared, &row.payload).await,
+                    Ok(prepared) => {
+                        let slot = free_slots.next().expect("a slot for every row");
+                        start_send(slot, self.send(prepared, &row.payload)).await
+                    }
                     Err(e) => Err(e),
                 }
             };
@@ -540,33 +548,24 @@ impl ConfirmChannel {
         BatchOutcome { confirmed, failure }
     }
 
-    /// Queues one row's frames on the channel. lapin queues them (and
-    /// takes the row's delivery tag) when its publish future is first
-    /// polled, which happens here, before the next row's: rows go out in
-    /// the order they are started. Waiting for the socket write is left to
-    /// [`ConfirmChannel::await_confirms`], so a batch costs the I/O thread
-    /// one wake-up, not one round trip per row.
-    async fn start_send<'a>(
+    /// Publishes one row, `mandatory`, its frames queued when the returned
+    /// future is first polled (see [`start_send`]).
+    fn send<'a>(
         &'a self,
         prepared: Prepared,
         payload: &'a [u8],
-    ) -> Result<InFlight<'a>, PublishError> {
+    ) -> impl Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'a {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let mut publish: Sending<'a> = Box::pin(self.channel.basic_publish(
+        self.channel.basic_publish(
             prepared.exchange,
             prepared.routing_key,
             options,
             payload,
             prepared.properties,
-        ));
-        match futures_util::poll!(publish.as_mut()) {
-            Poll::Ready(Ok(confirm)) => Ok(InFlight::Sent(confirm)),
-            Poll::Ready(Err(e)) => Err(classify(&e)),
-            Poll::Pending => Ok(InFlight::Sending(publish)),
-        }
+        )
     }
 
     /// Awaits one of lapin's futures (a queued publish's write, a confirm)
@@ -587,7 +586,9 @@ impl ConfirmChannel {
     /// counting each success into `confirmed`; stops at the first failure.
     async fn await_confirms(
         &self,
-        in_flight: &mut Vec<InFlight<'_>>,
+        in_flight: &mut Vec<
+            InFlight<'_, impl Future<Output = Result<PublisherConfirm, lapin::Error>>>,
+        >,
         confirmed: &mut usize,
         deadline: tokio::time::Instant,
     ) -> Result<(), PublishError> {
@@ -666,13 +667,41 @@ fn accepted(confirmation: Confirmation) -> Result<(), PublishError> {
     }
 }
 
-/// A publish whose frames are queued, until lapin has written them.
-type Sending<'a> =
-    Pin<Box<dyn Future<Output = Result<PublisherConfirm, lapin::Error>> + Send + 'a>>;
+/// Queues one row's frames on the channel: lapin queues them (and takes
+/// the row's delivery tag) when its publish future is first polled, which
+/// happens here, before the next row's, so rows go out in the order they
+/// are started. Waiting for the socket write is left to
+/// [`ConfirmChannel::await_confirms`], so a batch costs the I/O thread one
+/// wake-up, not one round trip per row.
+async fn start_send<F>(
+    mut slot: Pin<&mut Option<F>>,
+    publish: F,
+) -> Result<InFlight<'_, F>, PublishError>
+where
+    F: Future<Output = Result<PublisherConfirm, lapin::Error>>,
+{
+    slot.set(Some(publish));
+    let mut publish = slot.as_pin_mut().expect("just set");
+    match futures_util::poll!(publish.as_mut()) {
+        Poll::Ready(Ok(confirm)) => Ok(InFlight::Sent(confirm)),
+        Poll::Ready(Err(e)) => Err(classify(&e)),
+        Poll::Pending => Ok(InFlight::Sending(publish)),
+    }
+}
 
-/// A row sent on a channel: its frames queued or written, its confirm due.
-enum InFlight<'a> {
-    Sending(Sending<'a>),
+/// The elements of a pinned slice, each pinned in place.
+fn pinned_elements<T>(slice: Pin<&mut [T]>) -> impl Iterator<Item = Pin<&mut T>> {
+    // SAFETY: the elements of a pinned slice never move (a slice cannot
+    // grow or shrink), and each is handed out once, only ever pinned.
+    unsafe { slice.get_unchecked_mut() }
+        .iter_mut()
+        .map(|element| unsafe { Pin::new_unchecked(element) })
+}
+
+/// A row sent on a channel: its frames queued (the publish, until lapin
+/// has written them) or written, its confirm due.
+enum InFlight<'s, F> {
+    Sending(Pin<&'s mut F>),
     Sent(PublisherConfirm),
 }
 
