@@ -13,7 +13,8 @@
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
 //!    `listen_url` and with polling;
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
-//!    vs 1M pending, and vs 10k pending beside 1M published rows;
+//!    vs 1M pending, and vs 10k pending beside 1M published rows: three
+//!    tables, their rounds interleaved;
 //! 4. rebalance — re-own time after a graceful leave and after a kill, with
 //!    the throughput dip around it;
 //! 5. memory — peak RSS of the worker during the 1-worker throughput run;
@@ -653,18 +654,23 @@ impl Bench {
     async fn backlog(&mut self) {
         let big = if self.quick { 100_000 } else { 1_000_000 };
         let mut out = serde_json::Map::new();
-        let (store, _, _) = self.fresh("outboxd_bench_bl", "").await;
-        self.seed(&store, 10_000, "q", false).await;
-        let base = claim_record_cost(&store).await;
+        let (small, _, _) = self.fresh("outboxd_bench_bl_small", "").await;
+        self.seed(&small, 10_000, "q", false).await;
+        let (pending, _, _) = self.fresh("outboxd_bench_bl", "").await;
+        self.seed(&pending, big, "q", false).await;
+        // The same 10k pending rows, beside `big` published rows.
+        let (beside, _, _) = self.fresh("outboxd_bench_bl2", "").await;
+        self.seed(&beside, big, "q", true).await;
+        self.seed(&beside, 10_000, "q", false).await;
+        // Rounds alternate between the three tables, so that a noisy spell
+        // of the machine weighs on the baseline and the others alike.
+        let [base, at_big, at_beside] = claim_record_costs([&small, &pending, &beside]).await;
         self.row(
             "claim + record of 100 rows at 10k pending",
             format!("{:.2} ms", ms(base)),
             "baseline".into(),
         );
         out.insert("pending_10k_ms".into(), json!(ms(base)));
-
-        self.seed(&store, big, "q", false).await;
-        let at_big = claim_record_cost(&store).await;
         let r = at_big.as_secs_f64() / base.as_secs_f64();
         self.row(
             &format!("claim + record of 100 rows at {big} pending"),
@@ -672,25 +678,25 @@ impl Bench {
             format!("{r:.2} x baseline, target <= 1.3"),
         );
         out.insert("pending_big_ms".into(), json!(ms(at_big)));
-
-        // The same 10k pending rows, now beside `big` published rows.
-        let (store2, _, _) = self.fresh("outboxd_bench_bl2", "").await;
-        self.seed(&store2, big, "q", true).await;
-        self.seed(&store2, 10_000, "q", false).await;
-        let beside = claim_record_cost(&store2).await;
-        let r2 = beside.as_secs_f64() / base.as_secs_f64();
+        let r2 = at_beside.as_secs_f64() / base.as_secs_f64();
         self.row(
             &format!("claim + record at 10k pending beside {big} published"),
-            format!("{:.2} ms", ms(beside)),
+            format!("{:.2} ms", ms(at_beside)),
             format!("{r2:.2} x baseline, target <= 1.3"),
         );
-        out.insert("published_big_ms".into(), json!(ms(beside)));
+        out.insert("published_big_ms".into(), json!(ms(at_beside)));
         out.insert("rows".into(), json!(big));
-        store.close().await;
-        store2.close().await;
+        for store in [small, pending, beside] {
+            store.close().await;
+        }
         // Gigabytes of rows would keep autovacuum busy under later sections.
-        self.drop_database("outboxd_bench_bl").await;
-        self.drop_database("outboxd_bench_bl2").await;
+        for name in [
+            "outboxd_bench_bl_small",
+            "outboxd_bench_bl",
+            "outboxd_bench_bl2",
+        ] {
+            self.drop_database(name).await;
+        }
         self.results.insert("backlog".into(), Value::Object(out));
     }
 
@@ -1482,8 +1488,16 @@ fn terminate(c: &mut Child) {
 /// rounds across the buckets (the relay's per-batch database cost). 80
 /// rounds consume 8,000 rows, so even the 10k backlog never runs dry.
 async fn claim_record_cost(store: &Store) -> Duration {
+    let [cost] = claim_record_costs([store]).await;
+    cost
+}
+
+/// [`claim_record_cost`] of several tables at once, their rounds
+/// interleaved (each round visits every table, starting with a different
+/// one each time), so that all are measured under the same conditions.
+async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N] {
     let labels = Partitioner::new(16).labels();
-    let mut times = Vec::new();
+    let mut times: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
     // One drainer's token: a bucket's claim stays with its drainer.
     let token = ClaimToken::new();
     for i in 0..80 {
@@ -1492,29 +1506,35 @@ async fn claim_record_cost(store: &Store) -> Duration {
             token,
             fence: None,
         };
-        let start = Instant::now();
-        let rows = store
-            .claim(Claim {
-                holder,
-                limit: 100,
-                claim_ttl: Duration::from_secs(15),
-                in_flight: &[],
-            })
-            .await
-            .unwrap();
-        assert_eq!(
-            rows.len(),
-            100,
-            "the backlog ran dry: the measure would be of empty claims"
-        );
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        store.record_published(holder, &ids).await.unwrap();
-        if i >= 16 {
-            times.push(start.elapsed()); // the first round of each bucket warms caches and plans
+        for j in 0..N {
+            let which = (i + j) % N;
+            let start = Instant::now();
+            let rows = stores[which]
+                .claim(Claim {
+                    holder,
+                    limit: 100,
+                    claim_ttl: Duration::from_secs(15),
+                    in_flight: &[],
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                rows.len(),
+                100,
+                "the backlog ran dry: the measure would be of empty claims"
+            );
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            stores[which].record_published(holder, &ids).await.unwrap();
+            if i >= 16 {
+                // the first round of each bucket warms caches and plans
+                times[which].push(start.elapsed());
+            }
         }
     }
-    times.sort();
-    times[times.len() / 2]
+    times.map(|mut t| {
+        t.sort();
+        t[t.len() / 2]
+    })
 }
 
 /// Enqueues at `rate` msg/s for `over`, one transaction each, measuring
