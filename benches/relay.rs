@@ -36,6 +36,9 @@
 //!    each of its figures N times, ceiling and relay alternating, and shows
 //!    the pair with the median ratio beside every run's ratio.
 //!
+//! `--unpublished-key-index` gives every PostgreSQL database README's *A
+//! cheaper record* (its own statements) right after migrating.
+//!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
 //! `--only throughput|latency|backlog|rebalance|churn|production` runs one
@@ -67,6 +70,9 @@ use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
 const KEYS: usize = 5_000;
+#[path = "../tests/common/readme.rs"]
+mod readme;
+
 /// The draining consumer awaits the writes of this many acks at once.
 const ACKS_AWAITED_TOGETHER: usize = 100;
 
@@ -79,6 +85,9 @@ struct Bench {
     quick: bool,
     /// How many ceiling/relay pairs section 7 measures per figure.
     repeat: usize,
+    /// `--unpublished-key-index`: PostgreSQL databases get README's *A
+    /// cheaper record* (the key index over unpublished rows only).
+    unpublished_key_index: bool,
     results: serde_json::Map<String, Value>,
     table: Vec<(String, String, String)>,
 }
@@ -95,6 +104,7 @@ async fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let unpublished_key_index = args.iter().any(|a| a == "--unpublished-key-index");
     let repeat = args
         .iter()
         .position(|a| a == "--repeat")
@@ -125,10 +135,19 @@ async fn main() {
         dir,
         quick,
         repeat,
+        unpublished_key_index,
         results: serde_json::Map::new(),
         table: Vec::new(),
     };
     b.results.insert("machine".into(), machine());
+    let key_index = if unpublished_key_index {
+        "unpublished rows only (README, A cheaper record)"
+    } else {
+        "every row (the schema's own)"
+    };
+    println!("PostgreSQL's message-key index: {key_index}");
+    b.results
+        .insert("postgres_key_index".into(), json!(key_index));
     if run("throughput") {
         b.throughput().await;
     }
@@ -263,6 +282,14 @@ impl Bench {
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();
         store.migrate(Partitioner::new(16)).await.unwrap();
+        if on == Backend::Postgres && self.unpublished_key_index {
+            for statement in readme::cheaper_key_index() {
+                sqlx::raw_sql(AssertSqlSafe(statement))
+                    .execute(pg(&store))
+                    .await
+                    .unwrap();
+            }
+        }
         (store, path, url.to_string())
     }
 

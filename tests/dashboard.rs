@@ -460,22 +460,6 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
     );
 }
 
-/// The statements of README's *A cheaper record*: its `sql` block.
-fn readme_cheaper_key_index() -> Vec<String> {
-    let readme = include_str!("../README.md");
-    let section = &readme[readme
-        .find("**A cheaper record (PostgreSQL).**")
-        .expect("README has the section")..];
-    let block = &section[section.find("```sql\n").unwrap() + 7..];
-    let block = &block[..block.find("```").unwrap()];
-    block
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
 /// With README's key index over unpublished rows in place of the full one,
 /// the key search answers in every view, and the Pending and Failed views'
 /// searches use the new index (its scan count grows by one per search).
@@ -483,7 +467,7 @@ fn readme_cheaper_key_index() -> Vec<String> {
 async fn the_readmes_cheaper_key_index_serves_every_key_search() {
     let f = fixture(Db::Postgres).await;
     let env = &f.env;
-    let statements = readme_cheaper_key_index();
+    let statements = readme::cheaper_key_index();
     assert_eq!(statements.len(), 2, "{statements:?}");
     for statement in &statements {
         env.db.exec(statement).await;

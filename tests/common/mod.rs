@@ -12,6 +12,7 @@
 
 pub mod hosts;
 pub mod pooler;
+pub mod readme;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
