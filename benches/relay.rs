@@ -67,12 +67,12 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
-const PAYLOAD: usize = 256;
-const KEYS: usize = 5_000;
 #[path = "../tests/common/readme.rs"]
 mod readme;
 
+const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
+const PAYLOAD: usize = 256;
+const KEYS: usize = 5_000;
 /// The draining consumer awaits the writes of this many acks at once.
 const ACKS_AWAITED_TOGETHER: usize = 100;
 
