@@ -199,7 +199,15 @@ async function loadMessages() {
   const q = new URLSearchParams({ state: state.view, limit: "50" });
   if (state.key) q.set("key", state.key);
   if (state.cursor != null) q.set("cursor", String(state.cursor));
-  const page = await api("/messages?" + q);
+  let page;
+  try {
+    page = await api("/messages?" + q);
+  } catch (e) {
+    // A search the database stopped (or a database gone) says why in place of the rows.
+    $("#messages tbody").innerHTML = `<tr><td colspan="9" class="err">${esc(e.message)}</td></tr>`;
+    $("#next-page").disabled = true;
+    return;
+  }
   $("#messages tbody").innerHTML = page.messages.map((m) => `
     <tr class="clickable" data-id="${m.id}">
       <td class="mono">${m.id}</td><td class="mono">${esc(m.partition_key)}</td><td>${esc(m.message_key)}</td>

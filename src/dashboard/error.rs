@@ -13,8 +13,19 @@ pub enum ApiError {
     NotFound,
     #[error("{0}")]
     BadRequest(String),
-    #[error("the database is unavailable")]
+    #[error("{}", told(.0))]
     Store(#[from] StoreError),
+}
+
+/// What a client is told of a store error: a statement that ran out of
+/// time says which and after how long (the Published view's search by key
+/// is stopped on purpose); anything else only that the database is
+/// unavailable (its cause, which may name hosts, goes to the log).
+fn told(e: &StoreError) -> String {
+    match e {
+        StoreError::Timeout { .. } => e.to_string(),
+        _ => "the database is unavailable".into(),
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -2,12 +2,12 @@
 //! that the tests and the benchmark harness exercise exactly that text.
 //! (The harness includes this file by path.)
 
-/// The statements of README's *A cheaper record (PostgreSQL)*: its `sql`
-/// block, one string per statement.
-pub fn cheaper_key_index() -> Vec<String> {
+/// The statements of README's *Searching published messages by key
+/// (PostgreSQL)*: its `sql` block, one string per statement.
+pub fn published_key_index() -> Vec<String> {
     let readme = include_str!("../../README.md");
     let section = &readme[readme
-        .find("**A cheaper record (PostgreSQL).**")
+        .find("**Searching published messages by key (PostgreSQL).**")
         .expect("README has the section")..];
     let block = &section[section.find("```sql\n").unwrap() + 7..];
     block[..block.find("```").unwrap()]

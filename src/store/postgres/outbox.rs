@@ -9,15 +9,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgExecutor;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+use sqlx::{PgExecutor, Postgres};
 
-use super::PgBackend;
+use super::{DbPool, PgBackend};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
     BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
     MessageDetail, MessageState, MessageSummary, OutboxStore,
 };
-use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
+use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, query_error};
 
 const SUMMARY_COLUMNS: &str =
     "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
@@ -361,6 +363,48 @@ impl OutboxSql {
     }
 }
 
+/// How long the Published view's search by key may run, in milliseconds.
+/// No index serves it by default (migration 0013): it reads the table,
+/// 0.2–0.3 s per million rows here, so the database stops it at this
+/// bound rather than let it load the primary for as long as the table is
+/// large. README, *Searching published messages by key*, gives the index
+/// that makes it a probe.
+pub(crate) const PUBLISHED_KEY_SEARCH_MS: u64 = 5_000;
+
+/// What the Published view's search by key says when it fails.
+const SEARCHING_PUBLISHED: &str = "searching published messages by key \
+     (a scan of the table without the index of README's *Searching published messages by key*)";
+
+/// Runs the Published view's search by key under
+/// [`PUBLISHED_KEY_SEARCH_MS`] (a `statement_timeout` local to its
+/// transaction, so it holds behind a transaction pooler too).
+async fn published_of_key(
+    pool: &DbPool,
+    q: QueryAs<'_, Postgres, MessageSummary, PgArguments>,
+) -> Result<Vec<MessageSummary>, StoreError> {
+    bounded_op(SEARCHING_PUBLISHED, async {
+        let mut tx = pool.begin().await.doing("starting a transaction")?;
+        sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(PUBLISHED_KEY_SEARCH_MS.to_string())
+            .execute(&mut tx)
+            .await
+            .doing(SEARCHING_PUBLISHED)?;
+        let rows = match q.fetch_all(&mut tx).await {
+            Ok(rows) => rows,
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("57014") => {
+                return Err(StoreError::Timeout {
+                    doing: SEARCHING_PUBLISHED,
+                    after: Duration::from_millis(PUBLISHED_KEY_SEARCH_MS),
+                });
+            }
+            Err(e) => return Err(query_error(SEARCHING_PUBLISHED, e)),
+        };
+        tx.commit().await.doing(SEARCHING_PUBLISHED)?;
+        Ok(rows)
+    })
+    .await
+}
+
 #[async_trait]
 impl OutboxStore for PgBackend {
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
@@ -462,6 +506,9 @@ impl OutboxStore for PgBackend {
             .bind(limit);
         if let Some(key) = message_key {
             q = q.bind(key);
+        }
+        if matches!(state, MessageState::Published) && message_key.is_some() {
+            return published_of_key(&self.pool, q).await;
         }
         q.fetch_all(&self.pool).bounded("listing messages").await
     }
