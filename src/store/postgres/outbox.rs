@@ -365,7 +365,7 @@ impl OutboxSql {
 
 /// How long the Published view's search by key may run, in milliseconds.
 /// No index serves it by default (migration 0013): it reads the table,
-/// 0.2–0.3 s per million rows here, so the database stops it at this
+/// 0.1–0.3 s per million rows here, so the database stops it at this
 /// bound rather than let it load the primary for as long as the table is
 /// large. README, *Searching published messages by key*, gives the index
 /// that makes it a probe.
