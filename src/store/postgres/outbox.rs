@@ -369,11 +369,11 @@ impl OutboxSql {
 /// bound rather than let it load the primary for as long as the table is
 /// large. README, *Searching published messages by key*, gives the index
 /// that makes it a probe.
-pub(crate) const PUBLISHED_KEY_SEARCH_MS: u64 = 5_000;
+const PUBLISHED_KEY_SEARCH_MS: u64 = 5_000;
 
 /// What the Published view's search by key says when it fails.
 const SEARCHING_PUBLISHED: &str = "searching published messages by key \
-     (a scan of the table without the index of README's *Searching published messages by key*)";
+     (a scan of the table without the index README's \"Searching published messages by key\" gives)";
 
 /// Runs the Published view's search by key under
 /// [`PUBLISHED_KEY_SEARCH_MS`] (a `statement_timeout` local to its
