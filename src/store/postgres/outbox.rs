@@ -210,9 +210,8 @@ impl OutboxSql {
             list_published: Sql::render(t, &newest_first("o.published_at IS NOT NULL", false)),
             list_published_key: Sql::render(t, &newest_first("o.published_at IS NOT NULL", true)),
             list_failed: Sql::render(t, &newest_first("o.failed_at IS NOT NULL", false)),
-            // A parked row is never published; saying so lets a key index
-            // over unpublished rows only serve this search (README, *A
-            // cheaper record*).
+            // A parked row is never published; saying so lets the key
+            // index over unpublished rows (migration 0012) serve this search.
             list_failed_key: Sql::render(
                 t,
                 &newest_first("o.failed_at IS NOT NULL AND o.published_at IS NULL", true),
