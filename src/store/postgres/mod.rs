@@ -96,6 +96,12 @@ pub(crate) fn hint(db: &dyn DatabaseError) -> Option<&'static str> {
     )
 }
 
+/// True when PostgreSQL cancelled the statement (57014: its
+/// `statement_timeout` ran out, or it was cancelled by request).
+pub(crate) fn is_cancelled(e: &sqlx::Error) -> bool {
+    e.as_database_error().and_then(|db| db.code()).as_deref() == Some("57014")
+}
+
 /// True for a PostgreSQL error that retrying later may get past.
 pub(crate) fn is_transient_error(db: &dyn DatabaseError) -> bool {
     if db.try_downcast_ref::<PgDatabaseError>().is_none() {

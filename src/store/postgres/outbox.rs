@@ -13,7 +13,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::QueryAs;
 use sqlx::{PgExecutor, Postgres};
 
-use super::{DbPool, PgBackend};
+use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
     BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
@@ -390,7 +390,7 @@ async fn published_of_key(
             .doing(SEARCHING_PUBLISHED)?;
         let rows = match q.fetch_all(&mut tx).await {
             Ok(rows) => rows,
-            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("57014") => {
+            Err(e) if is_cancelled(&e) => {
                 return Err(StoreError::Timeout {
                     doing: SEARCHING_PUBLISHED,
                     after: Duration::from_millis(PUBLISHED_KEY_SEARCH_MS),
@@ -492,13 +492,14 @@ impl OutboxStore for PgBackend {
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StoreError> {
         let o = &self.outbox;
-        let (sql, default_cursor) = match (state, message_key.is_some()) {
-            (MessageState::Pending, false) => (&o.list_pending, 0),
-            (MessageState::Pending, true) => (&o.list_pending_key, 0),
-            (MessageState::Published, false) => (&o.list_published, i64::MAX),
-            (MessageState::Published, true) => (&o.list_published_key, i64::MAX),
-            (MessageState::Failed, false) => (&o.list_failed, i64::MAX),
-            (MessageState::Failed, true) => (&o.list_failed_key, i64::MAX),
+        // Only the Published view's search by key may read the table.
+        let (sql, default_cursor, scans_table) = match (state, message_key.is_some()) {
+            (MessageState::Pending, false) => (&o.list_pending, 0, false),
+            (MessageState::Pending, true) => (&o.list_pending_key, 0, false),
+            (MessageState::Published, false) => (&o.list_published, i64::MAX, false),
+            (MessageState::Published, true) => (&o.list_published_key, i64::MAX, true),
+            (MessageState::Failed, false) => (&o.list_failed, i64::MAX, false),
+            (MessageState::Failed, true) => (&o.list_failed_key, i64::MAX, false),
         };
         let mut q = sqlx::query_as(sql.q())
             .bind(cursor.unwrap_or(default_cursor))
@@ -506,7 +507,7 @@ impl OutboxStore for PgBackend {
         if let Some(key) = message_key {
             q = q.bind(key);
         }
-        if matches!(state, MessageState::Published) && message_key.is_some() {
+        if scans_table {
             return published_of_key(&self.pool, q).await;
         }
         q.fetch_all(&self.pool).bounded("listing messages").await
