@@ -25,6 +25,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(5);
 pub const DEFAULT_AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -146,6 +147,12 @@ pub struct DatabaseConfig {
     /// MySQL/MariaDB the shortest delay of the adaptive poll.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub poll_interval: Duration,
+    /// Between its polls, how often a polling worker probes for rows added
+    /// since it last looked (one read of the primary key's newest entries)
+    /// and wakes their buckets at once — while rows keep coming; while none
+    /// do, the probe backs off to `poll_interval`. `0ms` turns it off.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub probe_interval: Duration,
 }
 
 /// `database.pooler`: what the workers' connections go through.
@@ -272,6 +279,7 @@ impl Default for DatabaseConfig {
             pooler: Pooler::None,
             listen_url: String::new(),
             poll_interval: DEFAULT_POLL_INTERVAL,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
         }
     }
 }

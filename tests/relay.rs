@@ -547,6 +547,68 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
+/// MariaDB has no notifications: between polls, which back off to
+/// `idle_backoff_ms` (1 s) while they find nothing, the probe for added rows
+/// (every 5 ms while rows come, backing off to `poll_interval`, 100 ms)
+/// wakes a bucket as soon as a row lands in it. After each quiet spell long
+/// enough for the polls to back off, a message must get out well before
+/// the next poll could find it; the same worker with the probe off is the
+/// control that shows the polls alone would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mariadb_the_probe_relays_a_row_after_a_quiet_spell_before_the_next_poll() {
+    let env = TestEnv::on(Db::MariaDb).await;
+    assert_eq!(env.config.outbox.idle_backoff_ms, 1000);
+    assert_eq!(env.config.database.probe_interval, Duration::from_millis(5));
+    let off = env.config_variant("probe-off", |t| {
+        t.replacen("[database]\n", "[database]\nprobe_interval = \"0ms\"\n", 1)
+    });
+    let mut slowest = HashMap::new();
+    for (probe, config) in [("on", env.config_path.clone()), ("off", off)] {
+        let queue = unique("q");
+        let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+        let mut worker = env.spawn_worker_on(None, &config, &["--no-leasing"]);
+        let mut took = Vec::new();
+        for i in 0..5 {
+            // Quiet for longer than the polls' second at full pace and
+            // three doublings after it.
+            tokio::time::sleep(Duration::from_millis(2600)).await;
+            let m = Message::new(format!("quiet-{i}"), "", queue.clone(), "x");
+            let id = env.db.enqueue_in_tx(vec![m], true).await.unwrap()[0];
+            let committed = Instant::now();
+            assert!(
+                reader
+                    .read_until(Duration::from_secs(5), |c| c.has(id))
+                    .await
+                    .unwrap(),
+                "message {i} not relayed with the probe {probe}:\n{}",
+                worker.log_text()
+            );
+            took.push(committed.elapsed());
+        }
+        println!("probe {probe}: after each quiet spell, relayed in {took:?}");
+        let log = worker.log_text();
+        assert_eq!(
+            log.contains("probing for added rows every 5ms (database.probe_interval)"),
+            probe == "on",
+            "start-up names the probe when it runs:\n{log}"
+        );
+        slowest.insert(probe, took.into_iter().max().unwrap());
+        assert!(worker.terminate(Duration::from_secs(15)).success());
+    }
+    // After a poll that found a row, the polls run every 100 ms for a
+    // second, then 200, 400, 800 and 1000 ms apart: a row committed 2.6 s
+    // later waits for the poll at about 3.5 s. The probe, backed off as
+    // far as it goes, runs every 100 ms.
+    assert!(
+        slowest["on"] < Duration::from_millis(300),
+        "with the probe: {slowest:?}"
+    );
+    assert!(
+        slowest["off"] >= Duration::from_millis(300),
+        "the control, polls only, was as fast: {slowest:?}"
+    );
+}
+
 async fn once_json_prints_one_valid_json_report_and_exits_zero(db: Db) {
     let env = TestEnv::on(db).await;
     let queue = unique("q");

@@ -13,7 +13,15 @@
 //! - **Polling** ([`Wakeups::poll`]): every `database.poll_interval`, while
 //!   `LISTEN` is not known to work (not configured, reconnecting, or failed
 //!   its check), one query finds which of the buckets drained here have a
-//!   ready head and wakes those.
+//!   ready head and wakes those. Between polls a *probe* ([`Probe`]) reads
+//!   the rows added since the newest id it saw (one range read of the
+//!   primary key: a single index lookup when nothing was added) and wakes
+//!   their buckets at once: every `database.probe_interval` (5 ms) while
+//!   rows keep coming, backing off to `database.poll_interval` while none
+//!   do. So a polling worker relays a new row within milliseconds while
+//!   traffic flows, and within a poll interval after a quiet spell. A row
+//!   whose id was taken earlier but committed after the probe read past it
+//!   (ids commit out of order) is left to the polls.
 //!
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
 //! `LISTEN` is attempted: start-up says the worker polls. A database
@@ -141,26 +149,21 @@ impl Wakeups {
         let every = fmt_duration(db.poll_interval);
         if !store.has_notifications() {
             tracing::info!(
-                "{} has no notifications: polling for new rows every {every} \
+                "{} has no notifications: {}polling for new rows every {every} \
                  (database.poll_interval) while rows keep coming, backing off to {} \
                  (outbox.idle_backoff_ms) while none do",
                 store.kind().name(),
+                probing(db),
                 fmt_duration(idle_backoff)
             );
-            let polling = Polling {
-                every: db.poll_interval,
-                back_off_to: Some(idle_backoff.max(db.poll_interval)),
-            };
+            let polling = Polling::new(db, Some(idle_backoff));
             return vec![tokio::spawn(self.clone().poll(
                 store.clone(),
                 polling,
                 cancel.clone(),
             ))];
         }
-        let polling = Polling {
-            every: db.poll_interval,
-            back_off_to: None,
-        };
+        let polling = Polling::new(db, None);
         let mut tasks = vec![tokio::spawn(self.clone().poll(
             store.clone(),
             polling,
@@ -169,8 +172,9 @@ impl Wakeups {
         match (db.pooler, db.listen_url()) {
             (Pooler::Transaction, None) => tracing::info!(
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
-                 the pooler, polling for new rows every {every} (database.poll_interval); set \
-                 database.listen_url to a direct connection for immediate wake-ups"
+                 the pooler, {}polling for new rows every {every} (database.poll_interval); set \
+                 database.listen_url to a direct connection for wake-ups without either",
+                probing(db)
             ),
             (_, direct) => {
                 tasks.push(tokio::spawn(self.clone().listen(
@@ -188,36 +192,60 @@ impl Wakeups {
     /// whose head is ready, every `polling.every` — or, adaptively, that
     /// often while polls find something and for [`QUIET_BEFORE_BACKOFF`]
     /// after the last that did, then backing off (doubling) to
-    /// `polling.back_off_to` while they find nothing.
+    /// `polling.back_off_to` while they find nothing. Between polls the
+    /// [`Probe`] wakes the buckets of rows added since it last looked (rows
+    /// it finds count as found).
     async fn poll(self, store: Store, polling: Polling, cancel: CancellationToken) {
+        use tokio::time::Instant;
         let mut delay = polling.every;
-        let mut quiet_since: Option<tokio::time::Instant> = None;
+        let mut next_poll = Instant::now() + delay;
+        let mut quiet_since: Option<Instant> = None;
+        let mut probe = polling.probe.map(|every| Probe::new(every, polling.every));
         loop {
+            let until = match &probe {
+                Some(p) if !self.listening.load(Ordering::Relaxed) => next_poll.min(p.next),
+                _ => next_poll,
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+            let polling_now = Instant::now() >= next_poll;
+            if polling_now {
+                next_poll = Instant::now() + delay;
             }
             if self.listening.load(Ordering::Relaxed) {
+                // Rows added while LISTEN works are announced.
+                if let Some(p) = &mut probe {
+                    p.forget();
+                }
                 continue;
             }
             let labels = self.drained_here();
             if labels.is_empty() {
                 continue;
             }
-            let found = match store.ready_buckets(&labels).await {
-                Ok(ready) => {
-                    tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
-                    ready.iter().for_each(|l| self.wake(l));
-                    !ready.is_empty()
+            let mut found = false;
+            if let Some(p) = probe.as_mut().filter(|p| Instant::now() >= p.next) {
+                let added = p.run(&store).await;
+                added.iter().for_each(|l| self.wake(l));
+                found = !added.is_empty();
+            }
+            if polling_now {
+                match store.ready_buckets(&labels).await {
+                    Ok(ready) => {
+                        tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
+                        ready.iter().for_each(|l| self.wake(l));
+                        found |= !ready.is_empty();
+                    }
+                    Err(e) => tracing::debug!(error = %e, "polling for new rows failed"),
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "polling for new rows failed");
-                    false
-                }
-            };
+            } else if !found {
+                continue;
+            }
             delay = match polling.back_off_to {
                 Some(max) if !found => {
-                    let quiet = quiet_since.get_or_insert_with(tokio::time::Instant::now);
+                    let quiet = quiet_since.get_or_insert_with(Instant::now);
                     if quiet.elapsed() < QUIET_BEFORE_BACKOFF {
                         polling.every
                     } else {
@@ -228,6 +256,11 @@ impl Wakeups {
                     quiet_since = None;
                     polling.every
                 }
+            };
+            next_poll = if polling_now {
+                Instant::now() + delay
+            } else {
+                next_poll.min(Instant::now() + delay)
             };
         }
     }
@@ -343,4 +376,108 @@ struct Polling {
     every: Duration,
     /// Adaptive: each poll that finds nothing doubles the delay, up to this.
     back_off_to: Option<Duration>,
+    /// Between probes for added rows (`None`: no probe).
+    probe: Option<Duration>,
+}
+
+impl Polling {
+    fn new(db: &DatabaseConfig, back_off_to: Option<Duration>) -> Self {
+        Self {
+            every: db.poll_interval,
+            back_off_to: back_off_to.map(|max| max.max(db.poll_interval)),
+            probe: (!db.probe_interval.is_zero()).then_some(db.probe_interval),
+        }
+    }
+}
+
+/// How start-up names the probe: "probing … every …, " or nothing.
+fn probing(db: &DatabaseConfig) -> String {
+    if db.probe_interval.is_zero() {
+        String::new()
+    } else {
+        format!(
+            "probing for added rows every {} (database.probe_interval) while rows keep \
+             coming and every {} while none do, ",
+            fmt_duration(db.probe_interval),
+            fmt_duration(db.poll_interval.max(db.probe_interval))
+        )
+    }
+}
+
+/// Rows read by one probe at most; more are read by the next.
+const PROBE_ROWS: i64 = 1000;
+
+/// The probe for added rows: one read of the primary key above the newest
+/// id it saw, which finds nothing at the cost of one index lookup when
+/// nothing was added. It runs every `every` while it finds rows and for
+/// [`QUIET_BEFORE_BACKOFF`] after the last it found, then backs off
+/// (doubling) to `back_off_to` (the poll interval): a worker that sees no
+/// traffic wakes a few times a second, not hundreds.
+struct Probe {
+    every: Duration,
+    back_off_to: Duration,
+    delay: Duration,
+    /// When it runs next.
+    next: tokio::time::Instant,
+    /// The newest id seen (`None`: not known yet).
+    seen: Option<i64>,
+    found_at: Option<tokio::time::Instant>,
+}
+
+impl Probe {
+    fn new(every: Duration, back_off_to: Duration) -> Self {
+        Self {
+            every,
+            back_off_to: back_off_to.max(every),
+            delay: every,
+            next: tokio::time::Instant::now() + every,
+            seen: None,
+            found_at: None,
+        }
+    }
+
+    /// Starts again from the newest id at its next run.
+    fn forget(&mut self) {
+        self.seen = None;
+    }
+
+    /// The buckets of the rows added since the last run (none on the first
+    /// run, which only finds where to start: older rows are the polls' and
+    /// the drainers' own to find), and when to run next.
+    async fn run(&mut self, store: &Store) -> Vec<String> {
+        let now = tokio::time::Instant::now();
+        let added = match self.read(store).await {
+            Ok(added) => added,
+            Err(e) => {
+                tracing::debug!(error = %e, "probing for new rows failed");
+                Vec::new()
+            }
+        };
+        if !added.is_empty() {
+            self.found_at = Some(now);
+            self.delay = self.every;
+        } else if self
+            .found_at
+            .is_none_or(|at| at.elapsed() >= QUIET_BEFORE_BACKOFF)
+        {
+            self.delay = (self.delay * 2).min(self.back_off_to);
+        }
+        self.next = now + self.delay;
+        added
+    }
+
+    async fn read(&mut self, store: &Store) -> Result<Vec<String>, crate::store::StoreError> {
+        let Some(after) = self.seen else {
+            self.seen = Some(store.newest_id().await?);
+            return Ok(Vec::new());
+        };
+        let rows = store.added_after(after, PROBE_ROWS).await?;
+        if let Some((last, _)) = rows.last() {
+            self.seen = Some(*last);
+        }
+        let mut labels: Vec<String> = rows.into_iter().map(|(_, l)| l).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        Ok(labels)
+    }
 }

@@ -262,6 +262,18 @@ pub trait OutboxStore {
     /// polling that replaces notifications where they cannot work).
     async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError>;
 
+    /// The newest id in the table (0 when it is empty): where a poller's
+    /// probe ([`OutboxStore::added_after`]) starts.
+    async fn newest_id(&self) -> Result<i64, StoreError>;
+
+    /// Up to `limit` rows with an id above `after`, oldest first: their ids
+    /// and buckets. One range read of the primary key, as cheap as a query
+    /// gets when nothing was added: the probe a polling worker runs between
+    /// its polls. A row whose id was taken before `after` but that commits
+    /// after this read is not among them (ids commit out of order); polls
+    /// find it.
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError>;
+
     /// A page of messages in `state`, optionally of one key. `cursor` is the
     /// last id of the previous page (pending pages go up, others down).
     async fn list_messages(

@@ -56,6 +56,8 @@ pub struct OutboxSql {
     release: Sql,
     clear_claims: Sql,
     detail: Sql,
+    newest_id: Sql,
+    added_after: Sql,
 }
 
 impl OutboxSql {
@@ -106,6 +108,11 @@ impl OutboxSql {
                     "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload
                      FROM {{outbox}} o WHERE o.id = ?"
                 ),
+            ),
+            newest_id: Sql::render(t, "SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
+            added_after: Sql::render(
+                t,
+                "SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?",
             ),
         }
     }
@@ -344,6 +351,22 @@ impl OutboxStore for MySqlBackend {
         }
         q.fetch_all(&self.pool)
             .bounded("polling for new rows")
+            .await
+    }
+
+    async fn newest_id(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.outbox.newest_id.q())
+            .fetch_one(&self.pool)
+            .bounded("reading the newest id")
+            .await
+    }
+
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::query_as(self.outbox.added_after.q())
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .bounded("probing for new rows")
             .await
     }
 

@@ -68,6 +68,8 @@ pub struct OutboxSql {
     clear_claims: Sql,
     bucket_heads: Sql,
     ready_buckets: Sql,
+    newest_id: Sql,
+    added_after: Sql,
     list_pending: Sql,
     list_pending_key: Sql,
     list_published: Sql,
@@ -181,6 +183,11 @@ impl OutboxSql {
         Self {
             enqueue: enqueue_statement(t),
             ready_buckets: Sql::render(t, ready_buckets),
+            newest_id: Sql::render(t, "SELECT coalesce(max(id), 0) FROM {outbox}"),
+            added_after: Sql::render(
+                t,
+                "SELECT id, partition_key FROM {outbox} WHERE id > $1 ORDER BY id LIMIT $2",
+            ),
             claim: Sql::render(t, claim),
             record_published: Sql::render(t, &record_published),
             record_failure: Sql::render(t, &record_failure),
@@ -481,6 +488,22 @@ impl OutboxStore for PgBackend {
             .bind(partition_keys)
             .fetch_all(&self.pool)
             .bounded("polling for new rows")
+            .await
+    }
+
+    async fn newest_id(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.outbox.newest_id.q())
+            .fetch_one(&self.pool)
+            .bounded("reading the newest id")
+            .await
+    }
+
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::query_as(self.outbox.added_after.q())
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .bounded("probing for new rows")
             .await
     }
 
