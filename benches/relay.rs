@@ -573,6 +573,27 @@ impl Bench {
     }
 
     // ---------------------------------------------------------------- 2
+    /// One trickle (`rate` msg/s for `over`) through `db_url`'s worker, as
+    /// a row of the table (`measure` names it; p50 / p99 / max) and its
+    /// figures for the JSON.
+    async fn trickle_row(
+        &mut self,
+        db_url: &str,
+        queue: &str,
+        (rate, over): (u64, Duration),
+        measure: &str,
+        note: &str,
+    ) -> Value {
+        let lat = trickle(db_url, &self.amqp_url, queue, rate, over).await;
+        let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+        self.row(
+            measure,
+            format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
+            note.into(),
+        );
+        json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) })
+    }
+
     async fn latency(&mut self) {
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
         let queue = "bench-latency";
@@ -580,98 +601,112 @@ impl Bench {
         let mut worker = self.spawn(&config, &["--silent"]);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut out = serde_json::Map::new();
+        let over = Duration::from_secs(if self.quick { 3 } else { 10 });
         for rate in [50u64, 500] {
-            let secs = if self.quick { 3 } else { 10 };
-            let lat = trickle(
-                &db_url,
-                &self.amqp_url,
-                queue,
-                rate,
-                Duration::from_secs(secs),
-            )
-            .await;
-            let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
-            let target = "target p99 <= 5 ms";
-            self.row(
-                &format!("commit-to-queue latency at {rate} msg/s (p50 / p99 / max)"),
-                format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
-                target.into(),
-            );
-            out.insert(
-                rate.to_string(),
-                json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) }),
-            );
+            let measure = format!("commit-to-queue latency at {rate} msg/s (p50 / p99 / max)");
+            let figures = self
+                .trickle_row(&db_url, queue, (rate, over), &measure, "target p99 <= 5 ms")
+                .await;
+            out.insert(rate.to_string(), figures);
         }
         terminate(&mut worker);
 
-        // MariaDB: no notifications, adaptive polling (poll_interval 100 ms
-        // while polls find rows, backing off to idle_backoff_ms 1 s).
+        // MariaDB: no notifications; adaptive polling (poll_interval 100 ms
+        // while polls find rows, backing off to idle_backoff_ms 1 s), with
+        // the probe for added rows between polls (probe_interval, 5 ms by
+        // default) and without it (0ms: the baseline). What the probe costs
+        // is measured idle, where it is all the work there is.
         let (my_store, my_config, my_url) = self
             .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
             .await;
-        let mut my_worker = self.spawn(&my_config, &["--silent"]);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        for rate in [50u64, 500] {
-            let secs = if self.quick { 3 } else { 10 };
-            let lat = trickle(
-                &my_url,
-                &self.amqp_url,
-                queue,
-                rate,
-                Duration::from_secs(secs),
-            )
-            .await;
-            let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+        for probe in ["5ms", "0ms"] {
+            let toml = std::fs::read_to_string(&my_config).unwrap().replacen(
+                &format!("url = \"{my_url}\"\n"),
+                &format!("url = \"{my_url}\"\nprobe_interval = \"{probe}\"\n"),
+                1,
+            );
+            let probed = self.dir.join(format!("latency-mariadb-probe-{probe}.toml"));
+            std::fs::write(&probed, toml).unwrap();
+            let mut my_worker = self.spawn(&probed, &["--silent"]);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let idle = Duration::from_secs(if self.quick { 2 } else { 5 });
+            let ticks = || cpu_ticks(my_worker.id()).unwrap_or(0) + database_cpu_ticks(&my_store);
+            let before = ticks();
+            tokio::time::sleep(idle).await;
+            let idle_cpu = (ticks() - before) as f64 / clock_ticks() as f64 / idle.as_secs_f64();
+            let baseline = probe == "0ms";
             self.row(
-                &format!(
-                    "commit-to-queue latency on MariaDB (polling) at {rate} msg/s (p50 / p99 / max)"
-                ),
-                format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
-                "polling, not NOTIFY".into(),
+                &format!("MariaDB, probe_interval {probe}: idle worker + MariaDB CPU"),
+                format!("{:.1} % of a core", idle_cpu * 100.0),
+                if baseline {
+                    "baseline"
+                } else {
+                    "the probe's cost"
+                }
+                .into(),
             );
             out.insert(
-                format!("mariadb_{rate}"),
-                json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) }),
+                format!("mariadb_idle_cpu_probe_{probe}"),
+                json!({ "share_of_a_core": idle_cpu }),
             );
+            for rate in [50u64, 500] {
+                let measure = format!(
+                    "commit-to-queue latency on MariaDB (polling, probe_interval {probe}) at {rate} msg/s (p50 / p99 / max)"
+                );
+                let note = if baseline {
+                    "baseline: polls only"
+                } else {
+                    "target p99 <= 5 ms"
+                };
+                let figures = self
+                    .trickle_row(&my_url, queue, (rate, over), &measure, note)
+                    .await;
+                let key = if baseline {
+                    format!("mariadb_{rate}_probe_off")
+                } else {
+                    format!("mariadb_{rate}")
+                };
+                out.insert(key, figures);
+            }
+            terminate(&mut my_worker);
         }
-        terminate(&mut my_worker);
         my_store.close().await;
         self.drop_database_on(Backend::MariaDb, "outboxd_bench_lat")
             .await;
 
         // Through PgBouncer in transaction mode (the services' own, in
         // front of the same PostgreSQL): wake-ups by LISTEN on the direct
-        // listen_url, and by polling (database.poll_interval).
+        // listen_url, and by polling (database.poll_interval) with and
+        // without the probe.
         let bouncer_port = std::env::var("OUTBOXD_PGBOUNCER_PORT").unwrap_or("56432".into());
         let mut via = url::Url::parse(&db_url).unwrap();
         via.set_port(Some(bouncer_port.parse().unwrap())).unwrap();
-        for (name, listen) in [("listen_url", true), ("polling", false)] {
-            let listen_line = if listen {
-                format!("listen_url = \"{db_url}\"\n")
-            } else {
-                String::new()
-            };
+        for (name, listen_line) in [
+            ("listen_url", format!("listen_url = \"{db_url}\"\n")),
+            ("polling", String::new()),
+            (
+                "polling, probe off",
+                "probe_interval = \"0ms\"\n".to_string(),
+            ),
+        ] {
             let toml = std::fs::read_to_string(&config).unwrap().replacen(
                 &format!("url = \"{db_url}\"\n"),
                 &format!("url = \"{via}\"\npooler = \"transaction\"\n{listen_line}"),
                 1,
             );
-            let pooled = self.dir.join(format!("latency-pgbouncer-{name}.toml"));
+            let slug = name.replace(", ", "_").replace(' ', "_");
+            let pooled = self.dir.join(format!("latency-pgbouncer-{slug}.toml"));
             std::fs::write(&pooled, toml).unwrap();
             let mut worker = self.spawn(&pooled, &["--silent"]);
             tokio::time::sleep(Duration::from_secs(7)).await;
             // 200 messages at 100 msg/s.
-            let lat = trickle(&db_url, &self.amqp_url, queue, 100, Duration::from_secs(2)).await;
-            let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
-            self.row(
-                &format!("commit-to-queue latency through PgBouncer, {name} (p50 / p99 / max, 200 at 100 msg/s)"),
-                format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
-                String::new(),
+            let measure = format!(
+                "commit-to-queue latency through PgBouncer, {name} (p50 / p99 / max, 200 at 100 msg/s)"
             );
-            out.insert(
-                format!("pgbouncer_{name}"),
-                json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) }),
-            );
+            let figures = self
+                .trickle_row(&db_url, queue, (100, Duration::from_secs(2)), &measure, "")
+                .await;
+            out.insert(format!("pgbouncer_{slug}"), figures);
             terminate(&mut worker);
         }
         store.close().await;
