@@ -574,8 +574,55 @@ async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(
     assert!(acquisitions > 100, "too few hand-overs to prove anything");
 }
 
+/// A worker with nothing to drain (more workers than buckets) sits idle: it
+/// heartbeats, and on MariaDB, without notifications, its poller and probe
+/// wait their turns with no bucket to wake — none of them may spin. A
+/// spinning loop takes a whole core; an idle worker a few percent of one.
+async fn a_worker_left_without_buckets_stays_idle(db: Db) {
+    let env = TestEnv::with(Tuning {
+        partition_count: 2,
+        ..Tuning::fleet().on(db)
+    })
+    .await;
+    let mut workers: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
+    wait_converged(&env, 3, Duration::from_secs(15)).await;
+    let owners: Vec<_> = leases(&env).await.iter().map(|l| l.lease_owner).collect();
+    let idle = live(&env)
+        .await
+        .into_iter()
+        .filter(|w| !owners.contains(&Some(*w)))
+        .count();
+    assert_eq!(idle, 1, "one of three workers drains none of two buckets");
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let before: Vec<u64> = workers.iter().map(|w| ticks(w.pid())).collect();
+    let over = Duration::from_secs(3);
+    tokio::time::sleep(over).await;
+    // Clock ticks are 1/100 s (CLK_TCK on Linux).
+    let busy: Vec<f64> = workers
+        .iter()
+        .zip(&before)
+        .map(|(w, b)| (ticks(w.pid()) - b) as f64 / 100.0 / over.as_secs_f64())
+        .collect();
+    println!("share of a core over {over:?}, per worker: {busy:?}");
+    assert!(busy.iter().all(|&b| b < 0.3), "{busy:?}");
+    for w in &mut workers {
+        assert!(
+            w.terminate(Duration::from_secs(15)).success(),
+            "{}",
+            w.log_text()
+        );
+    }
+}
+
 on_every_db!(
     three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet,
+    a_worker_left_without_buckets_stays_idle,
     scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order,
     a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing_is_lost,
     a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing_under_them,

@@ -223,6 +223,11 @@ impl Wakeups {
             }
             let labels = self.drained_here();
             if labels.is_empty() {
+                // Nothing to wake (no bucket drained here yet, or none
+                // assigned): the probe waits its turn all the same.
+                if let Some(p) = probe.as_mut().filter(|p| Instant::now() >= p.next) {
+                    p.pace(false);
+                }
                 continue;
             }
             let mut found = false;
@@ -445,7 +450,6 @@ impl Probe {
     /// run, which only finds where to start: older rows are the polls' and
     /// the drainers' own to find), and when to run next.
     async fn run(&mut self, store: &Store) -> Vec<String> {
-        let now = tokio::time::Instant::now();
         let added = match self.read(store).await {
             Ok(added) => added,
             Err(e) => {
@@ -453,17 +457,23 @@ impl Probe {
                 Vec::new()
             }
         };
-        if !added.is_empty() {
+        self.pace(!added.is_empty());
+        added
+    }
+
+    /// Sets when to run next, after a run that `found` rows or not.
+    fn pace(&mut self, found: bool) {
+        let now = tokio::time::Instant::now();
+        if found {
             self.found_at = Some(now);
             self.delay = self.every;
         } else if self
             .found_at
-            .is_none_or(|at| at.elapsed() >= QUIET_BEFORE_BACKOFF)
+            .is_none_or(|at| now - at >= QUIET_BEFORE_BACKOFF)
         {
             self.delay = (self.delay * 2).min(self.back_off_to);
         }
         self.next = now + self.delay;
-        added
     }
 
     async fn read(&mut self, store: &Store) -> Result<Vec<String>, crate::store::StoreError> {
