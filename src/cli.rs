@@ -254,6 +254,9 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
             let partitioner = Partitioner::new(config.outbox.partition_count);
             let store = Store::connect_for_session(&config, "outboxd migrate").await?;
             let report = store.migrate(partitioner).await?;
+            for index in &report.rebuilt {
+                crate::say!("rebuilt index {index}, which an interrupted build had left invalid");
+            }
             crate::say!(
                 "schema at version {} ({} migration(s) applied); partition_count {}{}",
                 report.version,

@@ -315,3 +315,64 @@ on_every_db!(
     enqueue_is_part_of_the_callers_transaction,
     plain_sql_producers_get_clear_refusals_for_bad_rows,
 );
+
+/// A concurrent index build that was interrupted leaves its index behind,
+/// invalid, and `IF NOT EXISTS` would skip it when its migration runs
+/// again. Here migration 12's build "failed" (a unique build of the same
+/// name, stopped by duplicate keys, stands in for a cancelled one) and was
+/// not recorded: `outboxd migrate` must end with the index valid and as
+/// the migration defines it, and say that it rebuilt it; a second run has
+/// nothing to do.
+#[tokio::test]
+async fn migrate_rebuilds_an_index_an_interrupted_concurrent_build_left_invalid() {
+    let env = TestEnv::on(Db::Postgres).await;
+    let pg = env.db.pg();
+    for key in ["same", "same"] {
+        env.db
+            .enqueue(Message::new(key, "", "q".to_string(), "x"))
+            .await;
+    }
+    env.db.exec("DROP INDEX outbox_unpublished_key_idx").await;
+    let failed = sqlx::query(
+        "CREATE UNIQUE INDEX CONCURRENTLY outbox_unpublished_key_idx
+         ON outbox (message_key) WHERE published_at IS NULL",
+    )
+    .execute(pg)
+    .await;
+    assert!(failed.is_err(), "the stand-in build must fail: {failed:?}");
+    env.db
+        .exec("DELETE FROM outbox_schema_migrations WHERE version = 12")
+        .await;
+    let state = "SELECT i.indisvalid::text || ' ' || pg_get_indexdef(i.indexrelid)
+                 FROM pg_index i WHERE i.indexrelid = to_regclass('outbox_unpublished_key_idx')";
+    let before: String = env.db.value(state).await;
+    assert!(before.starts_with("false CREATE UNIQUE INDEX"), "{before}");
+
+    let out = env.command(&["migrate"]).output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "rebuilt index outbox_unpublished_key_idx, which an interrupted build had left invalid"
+        ),
+        "{said}"
+    );
+    let after: String = env.db.value(state).await;
+    assert_eq!(
+        after,
+        "true CREATE INDEX outbox_unpublished_key_idx ON public.outbox USING btree \
+         (message_key, id) WHERE (published_at IS NULL)"
+    );
+    let recorded: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_schema_migrations WHERE version = 12 AND success")
+        .await;
+    assert_eq!(recorded, 1);
+
+    let again = env.command(&["migrate"]).output().unwrap();
+    let said = String::from_utf8_lossy(&again.stdout).to_string()
+        + &String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{said}");
+    assert!(!said.contains("rebuilt"), "{said}");
+}

@@ -32,6 +32,8 @@ pub struct MigrateReport {
     pub version: i64,
     /// Whether this run recorded `partition_count` (first migration).
     pub partition_count_recorded: bool,
+    /// Indexes an interrupted build had left invalid, rebuilt by this run.
+    pub rebuilt: Vec<String>,
 }
 
 /// The schema, as every backend implements it.

@@ -66,6 +66,7 @@ impl SchemaStore for MySqlBackend {
             applied: after.len().saturating_sub(before.len()),
             version: after.last().copied().unwrap_or(0),
             partition_count_recorded: inserted == 1,
+            rebuilt: Vec::new(),
         })
     }
 

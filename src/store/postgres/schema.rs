@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
-use sqlx::{AssertSqlSafe, PgExecutor};
+use sqlx::{AssertSqlSafe, PgConnection, PgExecutor};
 
 use super::PgBackend;
 use crate::config::{Pooler, TablesConfig};
@@ -37,6 +37,109 @@ pub(crate) async fn partition_count<'e, E: PgExecutor<'e>>(
     Ok(n.map(|n| n as u32))
 }
 
+/// The indexes migrations build `CONCURRENTLY`: each index's name and the
+/// migration that builds it (alone in its file, `CREATE [UNIQUE] INDEX
+/// CONCURRENTLY IF NOT EXISTS <name> …`).
+fn concurrent_builds(migrator: &Migrator) -> Vec<(String, &str)> {
+    const BUILD: &str = "CONCURRENTLY IF NOT EXISTS ";
+    migrator
+        .iter()
+        .filter(|m| m.no_tx)
+        .filter_map(|m| {
+            let sql = m.sql.as_str();
+            let name = sql[sql.find(BUILD)? + BUILD.len()..]
+                .split_whitespace()
+                .next()?;
+            Some((name.to_string(), sql))
+        })
+        .collect()
+}
+
+impl PgBackend {
+    /// A concurrent build that was interrupted (`outboxd migrate` stopped,
+    /// its connection lost, the build failing) leaves its index behind,
+    /// marked invalid: no query uses it, and the migration's `IF NOT
+    /// EXISTS` skips it when run again. Every such index of an applied
+    /// migration is dropped and built again here, under a session lock so
+    /// that two `outboxd migrate` never rebuild the same index at once.
+    async fn rebuild_invalid_indexes(
+        &self,
+        migrator: &Migrator,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut conn = self
+            .pool
+            .sqlx()
+            .acquire()
+            .await
+            .doing("connecting to check the indexes")?;
+        let lock = format!("outboxd migrate {}", self.tables.outbox);
+        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await
+            .doing("taking the index rebuild lock")?;
+        let mut rebuilt = Vec::new();
+        let mut result = Ok(());
+        for (name, build) in concurrent_builds(migrator) {
+            match rebuild_if_invalid(&mut conn, &name, build).await {
+                Ok(true) => rebuilt.push(name),
+                Ok(false) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let _ = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+            .bind(&lock)
+            .execute(&mut *conn)
+            .await;
+        result.map(|()| rebuilt)
+    }
+}
+
+/// Whether an index exists and is valid (`None`: there is none).
+async fn index_valid(conn: &mut PgConnection, name: &str) -> Result<Option<bool>, StoreError> {
+    sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+        .bind(name)
+        .fetch_optional(conn)
+        .await
+        .doing("checking an index")
+}
+
+/// Drops and builds again (with its migration's statement) the index
+/// `name` if it is invalid; whether it did.
+async fn rebuild_if_invalid(
+    conn: &mut PgConnection,
+    name: &str,
+    build: &str,
+) -> Result<bool, StoreError> {
+    if index_valid(conn, name).await? != Some(false) {
+        return Ok(false);
+    }
+    tracing::warn!(index = %name, "index left invalid by an interrupted build: building it again");
+    let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {name}");
+    let rebuilt = match sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut *conn).await {
+        Ok(_) => sqlx::raw_sql(AssertSqlSafe(build.to_string()))
+            .execute(&mut *conn)
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let failed = |why: String| {
+        StoreError::Schema(format!(
+            "index {name} was left invalid by an interrupted build and {why}"
+        ))
+    };
+    rebuilt.map_err(|e| failed(format!("could not be built again: {e}")))?;
+    if index_valid(conn, name).await? != Some(true) {
+        return Err(failed(
+            "is still invalid after building it again (is another build of it running?)".into(),
+        ));
+    }
+    Ok(true)
+}
+
 #[async_trait]
 impl SchemaStore for PgBackend {
     async fn migrate(&self, partitioner: Partitioner) -> Result<MigrateReport, StoreError> {
@@ -44,11 +147,13 @@ impl SchemaStore for PgBackend {
             return Err(StoreError::Schema(MIGRATE_NEEDS_SESSION.into()));
         }
         let before = self.applied_versions().await?;
-        migrator(&self.tables)
+        let migrator = migrator(&self.tables);
+        migrator
             .run(self.pool.sqlx())
             .await
             .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
         let after = self.applied_versions().await?;
+        let rebuilt = self.rebuild_invalid_indexes(&migrator).await?;
 
         let mut tx = self
             .pool
@@ -78,6 +183,7 @@ impl SchemaStore for PgBackend {
             applied: after.len().saturating_sub(before.len()),
             version: after.last().copied().unwrap_or(0),
             partition_count_recorded: inserted == 1,
+            rebuilt,
         })
     }
 
@@ -105,5 +211,33 @@ impl SchemaStore for PgBackend {
 
     async fn partition_count(&self) -> Result<Option<u32>, StoreError> {
         partition_count(&self.pool, &self.tables).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_indexes_built_concurrently_are_found_with_their_migrations() {
+        let tables = TablesConfig {
+            outbox: "events".into(),
+            ..TablesConfig::default()
+        };
+        let migrator = migrator(&tables);
+        let builds = concurrent_builds(&migrator);
+        let names: Vec<&str> = builds.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "events_message_id_pending_key",
+                "events_unpublished_key_idx"
+            ]
+        );
+        assert!(
+            builds
+                .iter()
+                .all(|(n, sql)| sql.contains(&format!("EXISTS {n}\n")))
+        );
     }
 }
