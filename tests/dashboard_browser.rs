@@ -5,7 +5,9 @@
 //! live per-second rate moves, a worker stopped with SIGTERM shows up on the
 //! lease timeline as its buckets' release and the survivors' acquisitions
 //! (without a reload), and a parked message is requeued through the UI —
-//! then published for real.
+//! then published for real. And (tests/browser/stopped_search.mjs): a
+//! search of published messages by key that the database stops shows why
+//! in place of the rows.
 //!
 //! `scripts/test.sh` installs Chromium, Node.js and the script's package.
 //! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.
@@ -176,3 +178,67 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
 }
 
 on_every_db!(the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui,);
+
+/// A search of published messages by key reads the table (no index serves
+/// it unless README's is built) and is stopped after 5 s; the page must say
+/// so in place of the rows. A lock held on the table stands in for a table
+/// too large to scan (as in tests/dashboard.rs): taken once the page is up
+/// and the key typed in (tests/browser/stopped_search.mjs waits for it),
+/// released once the browser is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_says_why_a_published_key_search_was_stopped() {
+    let (chromium, _) = prerequisites();
+    let script = repo_dir().join("tests/browser/stopped_search.mjs");
+    let env = TestEnv::on(Db::Postgres).await;
+    let id = env
+        .db
+        .enqueue(Message::new("stopped-key", "", "q".to_string(), "x"))
+        .await;
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET published_at = now() WHERE id = {id}"
+        ))
+        .await;
+    let (mut ui, base) = spawn_ui(&env, &env.config_path);
+    let signal = env.dir.join("browser");
+    let mut browser = Command::new("node")
+        .arg(&script)
+        .env("DASH_URL", format!("{base}/outbox/"))
+        .env("DASH_KEY", "stopped-key")
+        .env("DASH_SIGNAL", &signal)
+        .env("CHROMIUM", &chromium)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = signal.with_extension("ready");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !ready.exists() && browser.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the page never got ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut locker = env.db.pg().begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    std::fs::write(signal.with_extension("locked"), "").unwrap();
+    let out = tokio::task::spawn_blocking(move || browser.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    locker.rollback().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("browser: {stdout}");
+    assert!(
+        out.status.success(),
+        "browser checks failed:\n{}\n{stdout}\ndashboard log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ui.log_text()
+    );
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let after = seen["after_ms"].as_u64().unwrap();
+    assert!((4500..9000).contains(&after), "shown after {after} ms");
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+}

@@ -1,0 +1,51 @@
+// Drives the dashboard in headless Chromium: a search of published messages
+// by key that the database stops (tests/dashboard_browser.rs holds a lock on
+// the outbox table meanwhile) shows why in place of the rows. Input in the
+// environment:
+//   DASH_URL     page URL, e.g. http://127.0.0.1:41234/outbox/
+//   DASH_KEY     the key to search (one published message has it)
+//   DASH_SIGNAL  a path prefix: this script creates DASH_SIGNAL.ready once
+//                the search is typed in, and submits it once the test has
+//                created DASH_SIGNAL.locked
+// Prints one JSON line of observations; exits non-zero on the first failed check.
+import { existsSync, writeFileSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const { DASH_URL: url, DASH_KEY: key, DASH_SIGNAL: signal } = process.env;
+const fail = (msg) => { console.error("FAIL: " + msg); process.exit(1); };
+const check = (cond, msg) => { if (!cond) fail(msg); };
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
+  page.setDefaultTimeout(20000);
+  await page.goto(url);
+  // Before the lock: the Published view lists the message.
+  await page.click(".tabs button[data-state=published]");
+  await page.waitForFunction((k) => [...document.querySelectorAll("#messages tbody tr.clickable")]
+    .some((tr) => tr.children[2].textContent === k), key);
+  await page.fill("#search-key", key);
+  writeFileSync(signal + ".ready", "");
+  const deadline = Date.now() + 20000;
+  while (!existsSync(signal + ".locked")) {
+    check(Date.now() < deadline, "the test never took its lock");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const started = Date.now();
+  await page.click("#search button[type=submit]");
+  // The error takes the whole row (a row of messages has a last-error cell too).
+  const cell = await page.waitForSelector("#messages tbody td.err[colspan]", { timeout: 15000 });
+  const seen = { after_ms: Date.now() - started, text: await cell.textContent() };
+  seen.rows = await page.$$eval("#messages tbody tr", (trs) => trs.length);
+  seen.next_page_disabled = await page.$eval("#next-page", (b) => b.disabled);
+  check(seen.text.includes("searching published messages by key") && seen.text.includes("within 5s"), `the page says: ${seen.text}`);
+  check(seen.rows === 1, `${seen.rows} rows beside the message`);
+  check(seen.next_page_disabled, "next page still enabled");
+  console.log(JSON.stringify(seen));
+} finally {
+  await browser.close();
+}
