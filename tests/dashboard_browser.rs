@@ -5,9 +5,10 @@
 //! live per-second rate moves, a worker stopped with SIGTERM shows up on the
 //! lease timeline as its buckets' release and the survivors' acquisitions
 //! (without a reload), and a parked message is requeued through the UI —
-//! then published for real. And (tests/browser/stopped_search.mjs): a
-//! search of published messages by key that the database stops shows why
-//! in place of the rows.
+//! then published for real. And (tests/browser/stopped_search.mjs): a slow
+//! answer does not overwrite the message view chosen after it, and a search
+//! of published messages by key that the database stops shows why in place
+//! of the rows.
 //!
 //! `scripts/test.sh` installs Chromium, Node.js and the script's package.
 //! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.

@@ -195,7 +195,12 @@ function messageState(m) {
   return m.attempts > 0 ? `<span class="badge blocked">retrying</span>` : `<span class="badge idle">pending</span>`;
 }
 
+// Each load of the message table is numbered; only the latest may render, so
+// a slow answer (a long search) never overwrites the view chosen after it.
+let messagesLoad = 0;
+
 async function loadMessages() {
+  const load = ++messagesLoad;
   const q = new URLSearchParams({ state: state.view, limit: "50" });
   if (state.key) q.set("key", state.key);
   if (state.cursor != null) q.set("cursor", String(state.cursor));
@@ -203,11 +208,13 @@ async function loadMessages() {
   try {
     page = await api("/messages?" + q);
   } catch (e) {
+    if (load !== messagesLoad) return;
     // A search the database stopped (or a database gone) says why in place of the rows.
     $("#messages tbody").innerHTML = `<tr><td colspan="9" class="err">${esc(e.message)}</td></tr>`;
     $("#next-page").disabled = true;
     return;
   }
+  if (load !== messagesLoad) return;
   $("#messages tbody").innerHTML = page.messages.map((m) => `
     <tr class="clickable" data-id="${m.id}">
       <td class="mono">${m.id}</td><td class="mono">${esc(m.partition_key)}</td><td>${esc(m.message_key)}</td>

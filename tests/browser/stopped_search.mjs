@@ -1,7 +1,9 @@
-// Drives the dashboard in headless Chromium: a search of published messages
-// by key that the database stops (tests/dashboard_browser.rs holds a lock on
-// the outbox table meanwhile) shows why in place of the rows. Input in the
-// environment:
+// Drives the dashboard in headless Chromium, for tests/dashboard_browser.rs:
+// 1. a slow answer for the Published view (held up 3 s on its way) does not
+//    overwrite the Failed view chosen after it;
+// 2. a search of published messages by key that the database stops (the test
+//    holds a lock on the outbox table meanwhile) shows why in place of the rows.
+// Input in the environment:
 //   DASH_URL     page URL, e.g. http://127.0.0.1:41234/outbox/
 //   DASH_KEY     the key to search (one published message has it)
 //   DASH_SIGNAL  a path prefix: this script creates DASH_SIGNAL.ready once
@@ -24,6 +26,17 @@ try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
   page.setDefaultTimeout(20000);
   await page.goto(url);
+  await page.waitForSelector("#messages tbody tr");
+  // A slow answer must not overwrite the view chosen after it: the Published
+  // list is held up on its way (3 s), the Failed tab is chosen meanwhile.
+  const slow = "**/api/messages?state=published*";
+  await page.route(slow, async (route) => { await new Promise((r) => setTimeout(r, 3000)); await route.continue(); });
+  await page.click(".tabs button[data-state=published]");
+  await page.click(".tabs button[data-state=failed]");
+  await page.waitForTimeout(4000);
+  const shown = (await page.textContent("#messages tbody")).replace(/\s+/g, " ").trim();
+  check(shown.includes("No failed messages"), `the Failed tab shows: ${shown}`);
+  await page.unroute(slow);
   // Before the lock: the Published view lists the message.
   await page.click(".tabs button[data-state=published]");
   await page.waitForFunction((k) => [...document.querySelectorAll("#messages tbody tr.clickable")]
