@@ -224,8 +224,11 @@ impl Wakeups {
             let labels = self.drained_here();
             if labels.is_empty() {
                 // Nothing to wake (no bucket drained here yet, or none
-                // assigned): the probe waits its turn all the same.
+                // assigned): the probe waits its turn all the same, and
+                // starts from the newest id once there is (a new drainer
+                // claims what is there without being woken).
                 if let Some(p) = probe.as_mut().filter(|p| Instant::now() >= p.next) {
+                    p.forget();
                     p.pace(false);
                 }
                 continue;
