@@ -7,18 +7,11 @@
 //                  up: its buckets' takeovers must appear on the lease timeline
 //   DASH_SCREENSHOT  optional PNG path
 // Prints one JSON line of observations; exits non-zero on the first failed check.
-import { chromium } from "playwright-core";
+import { check, launch } from "./common.mjs";
 
 const url = process.env.DASH_URL;
 const expect = JSON.parse(process.env.DASH_EXPECT);
-const fail = (msg) => { console.error("FAIL: " + msg); process.exit(1); };
-const check = (cond, msg) => { if (!cond) fail(msg); };
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 const seen = {};
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });

@@ -11,17 +11,10 @@
 //                created DASH_SIGNAL.locked
 // Prints one JSON line of observations; exits non-zero on the first failed check.
 import { existsSync, writeFileSync } from "node:fs";
-import { chromium } from "playwright-core";
+import { check, launch } from "./common.mjs";
 
 const { DASH_URL: url, DASH_KEY: key, DASH_SIGNAL: signal } = process.env;
-const fail = (msg) => { console.error("FAIL: " + msg); process.exit(1); };
-const check = (cond, msg) => { if (!cond) fail(msg); };
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
   page.setDefaultTimeout(20000);

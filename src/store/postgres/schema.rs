@@ -119,13 +119,15 @@ async fn rebuild_if_invalid(
     }
     tracing::warn!(index = %name, "index left invalid by an interrupted build: building it again");
     let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {name}");
-    let rebuilt = match sqlx::raw_sql(AssertSqlSafe(drop)).execute(&mut *conn).await {
-        Ok(_) => sqlx::raw_sql(AssertSqlSafe(build.to_string()))
+    let rebuilt = async {
+        sqlx::raw_sql(AssertSqlSafe(drop))
+            .execute(&mut *conn)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(build.to_string()))
             .execute(&mut *conn)
             .await
-            .map(|_| ()),
-        Err(e) => Err(e),
-    };
+    }
+    .await;
     let failed = |why: String| {
         StoreError::Schema(format!(
             "index {name} was left invalid by an interrupted build and {why}"
