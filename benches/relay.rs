@@ -58,11 +58,12 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use outboxd::amqp::message_properties;
 use outboxd::config::Config;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
 use outboxd::store::Store;
-use outboxd::store::outbox::{Claim, ClaimToken, Holder};
+use outboxd::store::outbox::{Claim, ClaimToken, ClaimedMessage, Holder};
 use outboxd::store::postgres::DbPool;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
@@ -504,21 +505,51 @@ impl Bench {
     /// The same messages, the same window (16 channels, 100 in flight each,
     /// confirms awaited per batch), no database.
     async fn ceiling(&self, queue: &str, n: usize) -> f64 {
-        self.ceiling_with(queue, n, 16, 100).await
+        self.ceiling_with(queue, n, KEYS, 16, 100).await
     }
 
     /// A bare publisher: `channels` confirm channels, `window` messages in
-    /// flight on each (confirms awaited per window), no database.
-    async fn ceiling_with(&self, queue: &str, n: usize, channels: usize, window: usize) -> f64 {
+    /// flight on each (confirms awaited per window), no database. It sends
+    /// the messages the relay would send for the seeded rows (`keys` keys):
+    /// the same properties and headers, built by the relay's own
+    /// [`message_properties`] before the clock starts.
+    async fn ceiling_with(
+        &self,
+        queue: &str,
+        n: usize,
+        keys: usize,
+        channels: usize,
+        window: usize,
+    ) -> f64 {
         self.declare_purged(queue).await;
         let conn = Arc::new(
             Connection::connect(&self.amqp_url, ConnectionProperties::default())
                 .await
                 .unwrap(),
         );
+        let partitioner = Partitioner::new(16);
+        let mut messages: Vec<Vec<BasicProperties>> = vec![Vec::new(); channels];
+        for i in 0..n {
+            let message_key = format!("key-{}", i % keys);
+            let row = ClaimedMessage {
+                id: i as i64 + 1,
+                message_id: uuid::Uuid::new_v4(),
+                partition_key: partitioner.label_for(&message_key),
+                message_key,
+                exchange: String::new(),
+                routing_key: queue.to_string(),
+                headers: json!({}),
+                content_type: None,
+                payload: Vec::new(),
+                attempts: 0,
+                created_at: chrono::Utc::now(),
+            };
+            // A fresh database's leases are all at epoch 1.
+            messages[i % channels].push(message_properties(&row, Some(1)).unwrap());
+        }
         let start = Instant::now();
         let mut tasks = Vec::new();
-        for c in 0..channels {
+        for mine in messages {
             let (conn, queue) = (conn.clone(), queue.to_string());
             tasks.push(tokio::spawn(async move {
                 let ch = conn.create_channel().await.unwrap();
@@ -526,21 +557,10 @@ impl Bench {
                     .await
                     .unwrap();
                 let payload = vec![b'x'; PAYLOAD];
-                let mine = n / channels + usize::from(c < n % channels);
-                let mut sent = 0;
-                while sent < mine {
-                    let batch = (mine - sent).min(window);
-                    let mut confirms = Vec::with_capacity(batch);
-                    for i in 0..batch {
-                        let mut headers = FieldTable::default();
-                        headers.insert(
-                            "outbox-id".into(),
-                            AMQPValue::LongLongInt((sent + i) as i64),
-                        );
-                        let props = BasicProperties::default()
-                            .with_delivery_mode(2)
-                            .with_message_id(uuid::Uuid::new_v4().to_string().into())
-                            .with_headers(headers);
+                let mut mine = mine.into_iter().peekable();
+                while mine.peek().is_some() {
+                    let mut confirms = Vec::with_capacity(window);
+                    for props in mine.by_ref().take(window) {
                         let options = BasicPublishOptions {
                             mandatory: true,
                             ..BasicPublishOptions::default()
@@ -560,7 +580,6 @@ impl Bench {
                     for c in confirms {
                         assert!(c.await.unwrap().is_ack());
                     }
-                    sent += batch;
                 }
             }));
         }
@@ -1098,7 +1117,7 @@ impl Bench {
             let consumer = Drain::start(queue);
             let broker_before = broker_cpu_ticks();
             let consumer_before = consumer.cpu_ticks();
-            let ceiling = self.ceiling_with(queue, n, channels, 100).await;
+            let ceiling = self.ceiling_with(queue, n, keys, channels, 100).await;
             let ceiling_broker_us =
                 us_per_message(broker_cpu_ticks().saturating_sub(broker_before), n);
             let consumer_before_relay = consumer.cpu_ticks();

@@ -724,6 +724,22 @@ fn prepare(row: &ClaimedMessage, limits: &PublishLimits) -> Result<Prepared, Pub
         .map_err(|e| PublishError::Rejected(format!("invalid exchange name: {e}")))?;
     let routing_key = ShortString::try_new(row.routing_key.as_str())
         .map_err(|e| PublishError::Rejected(format!("invalid routing key: {e}")))?;
+    let properties = message_properties(row, limits.lease_epoch)?;
+    Ok(Prepared {
+        exchange,
+        routing_key,
+        properties,
+    })
+}
+
+/// The AMQP properties the relay sends `row` with: its JSON headers plus
+/// the `outbox-*` headers (`lease_epoch` stamped when set), persistent
+/// delivery, message id, timestamp, app id and content type. Public so
+/// that the benchmark's ceiling sends byte for byte the same messages.
+pub fn message_properties(
+    row: &ClaimedMessage,
+    lease_epoch: Option<i64>,
+) -> Result<BasicProperties, PublishError> {
     let mut headers = match &row.headers {
         Json::Object(map) => json_table(map, 0)
             .map_err(|e| PublishError::Rejected(format!("invalid headers: {e}")))?,
@@ -743,7 +759,7 @@ fn prepare(row: &ClaimedMessage, limits: &PublishLimits) -> Result<Prepared, Pub
         HEADER_MESSAGE_KEY.into(),
         AMQPValue::LongString(row.message_key.as_str().into()),
     );
-    if let Some(epoch) = limits.lease_epoch {
+    if let Some(epoch) = lease_epoch {
         headers.insert(HEADER_LEASE_EPOCH.into(), AMQPValue::LongLongInt(epoch));
     }
     let mut properties = BasicProperties::default()
@@ -757,11 +773,7 @@ fn prepare(row: &ClaimedMessage, limits: &PublishLimits) -> Result<Prepared, Pub
             .map_err(|e| PublishError::Rejected(format!("invalid content_type: {e}")))?;
         properties = properties.with_content_type(ct);
     }
-    Ok(Prepared {
-        exchange,
-        routing_key,
-        properties,
-    })
+    Ok(properties)
 }
 
 fn json_kind(v: &Json) -> &'static str {
