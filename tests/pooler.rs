@@ -319,6 +319,17 @@ async fn a_listener_behind_a_transaction_pooler_is_noticed_and_the_worker_polls(
         .matches("LISTEN received no test notification")
         .count();
     assert_eq!(warnings, 1, "said once:\n{}", worker.log_text());
+    // It names both ways it finds rows from now on.
+    let log = worker.log_text();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("LISTEN received no test notification"))
+        .unwrap();
+    assert!(
+        warning.contains("From now on probing for added rows every 5ms")
+            && warning.contains("polling for new rows every 100ms"),
+        "{warning}"
+    );
 }
 
 /// How long after `stop` the workers published again on the new primary.

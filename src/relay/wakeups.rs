@@ -177,10 +177,12 @@ impl Wakeups {
                 probing(db)
             ),
             (_, direct) => {
+                // What the worker falls back to if the self-check fails.
+                let fallback = format!("{}polling for new rows every {every}", probing(db));
                 tasks.push(tokio::spawn(self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
-                    db.poll_interval,
+                    fallback,
                     cancel.clone(),
                 )));
             }
@@ -281,7 +283,7 @@ impl Wakeups {
         self,
         store: Store,
         direct: Option<String>,
-        poll_interval: Duration,
+        fallback: String,
         cancel: CancellationToken,
     ) {
         let mut delay = Duration::from_millis(100);
@@ -327,10 +329,9 @@ impl Wakeups {
                 // LISTEN polluted: the notification cannot even be sent.
                 tracing::warn!(
                     error = %e,
-                    "LISTEN received no test notification: it could not be sent. Polling for \
-                     new rows every {} from now on; if a pooler in transaction mode is in \
-                     between, set database.listen_url to a direct connection (see the README)",
-                    fmt_duration(poll_interval)
+                    "LISTEN received no test notification: it could not be sent. From now on \
+                     {fallback}; if a pooler in transaction mode is in between, set \
+                     database.listen_url to a direct connection (see the README)"
                 );
                 let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;
                 return;
@@ -349,10 +350,9 @@ impl Wakeups {
                         tracing::warn!(
                             "LISTEN received no test notification within {}: something between \
                              this worker and the database (a pooler in transaction mode?) loses \
-                             notifications. Polling for new rows every {} from now on; set \
-                             database.listen_url to a direct connection (see the README)",
-                            fmt_duration(SELF_CHECK),
-                            fmt_duration(poll_interval)
+                             notifications. From now on {fallback}; set database.listen_url to \
+                             a direct connection (see the README)",
+                            fmt_duration(SELF_CHECK)
                         );
                         let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;
                         return;
