@@ -735,7 +735,7 @@ fn prepare(row: &ClaimedMessage, limits: &PublishLimits) -> Result<Prepared, Pub
 /// The AMQP properties the relay sends `row` with: its JSON headers plus
 /// the `outbox-*` headers (`lease_epoch` stamped when set), persistent
 /// delivery, message id, timestamp, app id and content type. Public so
-/// that the benchmark's ceiling sends byte for byte the same messages.
+/// that the benchmark's ceiling sends the same messages as the relay.
 pub fn message_properties(
     row: &ClaimedMessage,
     lease_epoch: Option<i64>,
