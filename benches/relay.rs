@@ -75,6 +75,8 @@ mod readme;
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
 const KEYS: usize = 5_000;
+/// The bucket count of every database the harness migrates.
+const BUCKETS: u32 = 16;
 /// The draining consumer awaits the writes of this many acks at once.
 const ACKS_AWAITED_TOGETHER: usize = 100;
 
@@ -283,7 +285,7 @@ impl Bench {
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();
-        store.migrate(Partitioner::new(16)).await.unwrap();
+        store.migrate(Partitioner::new(BUCKETS)).await.unwrap();
         if on == Backend::Postgres && self.published_key_index {
             for statement in readme::published_key_index() {
                 sqlx::raw_sql(AssertSqlSafe(statement))
@@ -341,7 +343,7 @@ impl Bench {
                 let end = (start + chunk).min(n);
                 let sql = format!(
                     "INSERT INTO outbox (partition_key, message_key, routing_key, payload, published_at)
-                     SELECT CONCAT('p', LPAD(CRC32(CONCAT('key-', seq % {keys})) % 16, 2, '0')),
+                     SELECT CONCAT('p', LPAD(CRC32(CONCAT('key-', seq % {keys})) % {BUCKETS}, 2, '0')),
                             CONCAT('key-', seq % {keys}), '{queue}', REPEAT('x', {PAYLOAD}),
                             {published}
                      FROM seq_{start}_to_{last}",
@@ -356,7 +358,7 @@ impl Bench {
             }
             return;
         }
-        let p = Partitioner::new(16);
+        let p = Partitioner::new(BUCKETS);
         let labels: Vec<String> = (0..keys)
             .map(|k| p.label_for(&format!("key-{k}")))
             .collect();
@@ -527,7 +529,7 @@ impl Bench {
                 .await
                 .unwrap(),
         );
-        let partitioner = Partitioner::new(16);
+        let partitioner = Partitioner::new(BUCKETS);
         let mut messages: Vec<Vec<BasicProperties>> = vec![Vec::new(); channels];
         for i in 0..n {
             let message_key = format!("key-{}", i % keys);
@@ -1578,13 +1580,13 @@ async fn claim_record_cost(store: &Store) -> Duration {
 /// interleaved (each round visits every table, starting with a different
 /// one each time), so that all are measured under the same conditions.
 async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N] {
-    let labels = Partitioner::new(16).labels();
+    let labels = Partitioner::new(BUCKETS).labels();
     let mut times: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
     // One drainer's token: a bucket's claim stays with its drainer.
     let token = ClaimToken::new();
     for i in 0..80 {
         let holder = Holder {
-            partition_key: &labels[i % 16],
+            partition_key: &labels[i % labels.len()],
             token,
             fence: None,
         };
@@ -1607,7 +1609,7 @@ async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N
             );
             let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
             stores[which].record_published(holder, &ids).await.unwrap();
-            if i >= 16 {
+            if i >= labels.len() {
                 // the first round of each bucket warms caches and plans
                 times[which].push(start.elapsed());
             }

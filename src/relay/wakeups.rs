@@ -146,14 +146,12 @@ impl Wakeups {
         idle_backoff: Duration,
         cancel: &CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        let every = fmt_duration(db.poll_interval);
         if !store.has_notifications() {
             tracing::info!(
-                "{} has no notifications: {}polling for new rows every {every} \
-                 (database.poll_interval) while rows keep coming, backing off to {} \
+                "{} has no notifications: {} while rows keep coming, backing off to {} \
                  (outbox.idle_backoff_ms) while none do",
                 store.kind().name(),
-                probing(db),
+                finding_rows(db),
                 fmt_duration(idle_backoff)
             );
             let polling = Polling::new(db, Some(idle_backoff));
@@ -172,17 +170,15 @@ impl Wakeups {
         match (db.pooler, db.listen_url()) {
             (Pooler::Transaction, None) => tracing::info!(
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
-                 the pooler, {}polling for new rows every {every} (database.poll_interval); set \
-                 database.listen_url to a direct connection for wake-ups without either",
-                probing(db)
+                 the pooler, {}; set database.listen_url to a direct connection for wake-ups \
+                 without either",
+                finding_rows(db)
             ),
             (_, direct) => {
-                // What the worker falls back to if the self-check fails.
-                let fallback = format!("{}polling for new rows every {every}", probing(db));
                 tasks.push(tokio::spawn(self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
-                    fallback,
+                    finding_rows(db),
                     cancel.clone(),
                 )));
             }
@@ -283,6 +279,7 @@ impl Wakeups {
         self,
         store: Store,
         direct: Option<String>,
+        // What it falls back to if its self-check fails ([`finding_rows`]).
         fallback: String,
         cancel: CancellationToken,
     ) {
@@ -396,6 +393,16 @@ impl Polling {
             probe: (!db.probe_interval.is_zero()).then_some(db.probe_interval),
         }
     }
+}
+
+/// How a worker without working notifications finds new rows, as its log
+/// lines say it: "[probing … every …, ]polling for new rows every …".
+fn finding_rows(db: &DatabaseConfig) -> String {
+    format!(
+        "{}polling for new rows every {} (database.poll_interval)",
+        probing(db),
+        fmt_duration(db.poll_interval)
+    )
 }
 
 /// How start-up names the probe: "probing … every …, " or nothing.
