@@ -14,6 +14,7 @@
 #   scripts/services.sh pg start|stop      only PostgreSQL
 #   scripts/services.sh pg standby HOST PORT   a streaming replica of HOST:PORT (pg_basebackup), started
 #   scripts/services.sh pg promote         promote that replica to primary
+#   scripts/services.sh pg tls-reload      new TLS files for a TLS server (see TLS below)
 #   scripts/services.sh mariadb start|stop|kill   only MariaDB (kill: SIGKILL, a crash)
 #   scripts/services.sh pgbouncer start|repoint DIR PORT HOST PGPORT
 #                                          a PgBouncer (transaction mode) in DIR on PORT in front of
@@ -28,6 +29,20 @@
 # (scripts/hosts.sh): OUTBOXD_RABBIT_NODE_HOST (the node's IP, long node
 # names), OUTBOXD_RABBIT_COOKIE (shared by the cluster), OUTBOXD_RABBIT_CONF
 # (extra rabbitmq.conf lines).
+#
+# TLS (the TLS tests; a private server each): OUTBOXD_TLS_DIR names a folder
+# holding ca.pem, server.pem and server.key (PEM, made by the test). With it,
+#   pg start        serves TLS only (pg_hba: hostnossl … reject); with
+#                   OUTBOXD_TLS_CLIENT=required also a client certificate
+#                   signed by ca.pem (clientcert=verify-ca)
+#   mariadb start   serves TLS, require_secure_transport = ON
+#   rabbit start    adds a TLS listener on OUTBOXD_AMQPS_PORT (verify_peer;
+#                   OUTBOXD_TLS_CLIENT=required: fail_if_no_peer_cert and the
+#                   EXTERNAL mechanism, the certificate's CN the user name)
+#   pgbouncer start client_tls_sslmode = require
+# and `pg tls-reload` / `rabbit tls-reload DIR PORT` take new files from it
+# (certificate rotation). The files are copied into the server's state,
+# readable by the service user only.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +60,19 @@ svc_user=outboxd-svc
 if [ "$(id -u)" = 0 ]; then svc_user_or_root=$svc_user; else svc_user_or_root=$(id -un); fi
 
 log() { echo "services: $*" >&2; }
+
+tls_dir=${OUTBOXD_TLS_DIR:-}
+tls_client=${OUTBOXD_TLS_CLIENT:-}
+
+# Copies the TLS files into DIR (state of one server), owned by the service
+# user, private (PostgreSQL refuses a key others can read).
+tls_copy() {
+  local dir=$1 f
+  as_svc mkdir -p "$dir"
+  for f in ca.pem server.pem server.key; do
+    as_svc sh -c "umask 077; cat > '$dir/$f.new' && mv '$dir/$f.new' '$dir/$f'" < "$tls_dir/$f"
+  done
+}
 
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
@@ -116,19 +144,37 @@ pg_start() {
     # Test hosts (scripts/hosts.sh) reach a server listening on their
     # network's address; it listens on loopback only otherwise.
     as_svc sh -c "echo 'host all all samenet scram-sha-256' >> '$data/pg_hba.conf'"
+    if [ -n "$tls_dir" ]; then
+      local client=""
+      [ "$tls_client" != required ] || client=" clientcert=verify-ca"
+      # TCP over TLS only: plain TCP is refused by the first line.
+      as_svc sh -c "sed -i '/^host /d' '$data/pg_hba.conf' && printf 'hostnossl all all all reject\nhostssl all all all scram-sha-256$client\n' >> '$data/pg_hba.conf'"
+    fi
   fi
   if as_svc "$pg_bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     return 0
   fi
+  local tls_opts=""
+  if [ -n "$tls_dir" ]; then
+    tls_copy "$state/tls"
+    tls_opts="-c ssl=on -c ssl_cert_file=$state/tls/server.pem -c ssl_key_file=$state/tls/server.key -c ssl_ca_file=$state/tls/ca.pem"
+  fi
   as_svc mkdir -p "$state/pg-run"
   as_svc "$pg_bin/pg_ctl" -D "$data" -l "$state/pg.log" -w -t 60 start -o \
     "-c listen_addresses=$listen -c port=$pg_port -c unix_socket_directories=$state/pg-run \
-     -c max_connections=300 -c shared_buffers=256MB -c fsync=on" >/dev/null
+     -c max_connections=300 -c shared_buffers=256MB -c fsync=on $tls_opts" >/dev/null
   if ! as_svc "$pg_bin/psql" -h "$state/pg-run" -p "$pg_port" -U outboxd -d postgres -tAc \
       "SELECT 1 FROM pg_database WHERE datname='outboxd'" | grep -q 1; then
     as_svc "$pg_bin/createdb" -h "$state/pg-run" -p "$pg_port" -U outboxd outboxd
   fi
   log "PostgreSQL up on $listen:$pg_port"
+}
+
+# New certificate files for a running TLS server: copied in, then a reload
+# (new connections use them; established ones keep theirs).
+pg_tls_reload() {
+  tls_copy "$state/tls"
+  as_svc "$pg_bin/pg_ctl" -D "$state/pg" reload >/dev/null
 }
 
 pg_stop() {
@@ -178,6 +224,10 @@ query_wait_timeout = 30
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 EOF
+  if [ -n "$tls_dir" ]; then
+    printf 'client_tls_sslmode = require\nclient_tls_cert_file = %s\nclient_tls_key_file = %s\nclient_tls_ca_file = %s\n' \
+      "$dir/tls/server.pem" "$dir/tls/server.key" "$dir/tls/ca.pem"
+  fi
 }
 
 pgbouncer_admin() {
@@ -191,6 +241,7 @@ pgbouncer_start() {
   own_state
   as_svc mkdir -p "$dir"
   as_svc sh -c "echo '\"outboxd\" \"outboxd\"' > '$dir/userlist.txt'"
+  [ -z "$tls_dir" ] || tls_copy "$dir/tls"
   pgbouncer_conf "$@" | as_svc sh -c "cat > '$dir/pgbouncer.ini'"
   if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
     return 0
@@ -243,7 +294,13 @@ mariadb_start() {
   if mariadb_ping; then
     return 0
   fi
-  as_svc setsid /usr/sbin/mariadbd --no-defaults --datadir="$data" --port="$mysql_port" \
+  local tls_opts=()
+  if [ -n "$tls_dir" ]; then
+    tls_copy "$state/tls"
+    tls_opts=(--ssl-ca="$state/tls/ca.pem" --ssl-cert="$state/tls/server.pem"
+      --ssl-key="$state/tls/server.key" --require-secure-transport=ON)
+  fi
+  as_svc setsid /usr/sbin/mariadbd --no-defaults "${tls_opts[@]}" --datadir="$data" --port="$mysql_port" \
     --bind-address="$listen" --socket="$state/mariadb.sock" --pid-file="$state/mariadb.pid" \
     --log-error="$state/mariadb.log" --skip-log-bin --innodb-buffer-pool-size=256M \
     --innodb-log-file-size=256M --max-connections=500 --max-allowed-packet=64M --character-set-server=utf8mb4 \
@@ -329,7 +386,28 @@ rabbit_start() {
   local dist_if="127,0,0,1" ticktime=""
   # A cluster node notices a lost peer node within seconds, not a minute.
   [ -z "$node_host" ] || { dist_if=${node_host//./,}; ticktime=", {net_ticktime, 8}"; }
-  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' > '$dir/rabbitmq.conf'; echo '[].' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
+  local tls_conf="" plugins="[]"
+  if [ -n "$tls_dir" ]; then
+    tls_copy "$dir/tls"
+    tls_conf="listeners.ssl.default = ${OUTBOXD_AMQPS_PORT:?OUTBOXD_AMQPS_PORT is needed with OUTBOXD_TLS_DIR}
+ssl_options.cacertfile = $dir/tls/ca.pem
+ssl_options.certfile = $dir/tls/server.pem
+ssl_options.keyfile = $dir/tls/server.key
+ssl_options.verify = verify_peer"
+    if [ "$tls_client" = required ]; then
+      tls_conf="$tls_conf
+ssl_options.fail_if_no_peer_cert = true
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name"
+      plugins="[rabbitmq_auth_mechanism_ssl]"
+    else
+      tls_conf="$tls_conf
+ssl_options.fail_if_no_peer_cert = false"
+    fi
+  fi
+  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' '$tls_conf' > '$dir/rabbitmq.conf'; echo '$plugins.' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
 
   # shellcheck disable=SC2046
   as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
@@ -403,7 +481,8 @@ case "$cmd" in
       standby) [ $# -ge 4 ] || { log "usage: $0 pg standby HOST PORT"; exit 2; }
         ensure_packages; pg_standby "$3" "$4" ;;
       promote) pg_promote ;;
-      *) log "usage: $0 pg start|stop [fast|immediate]|standby HOST PORT|promote"; exit 2 ;;
+      tls-reload) pg_tls_reload ;;
+      *) log "usage: $0 pg start|stop [fast|immediate]|standby HOST PORT|promote|tls-reload"; exit 2 ;;
     esac
     ;;
   mariadb)
@@ -431,7 +510,9 @@ case "$cmd" in
       start) ensure_packages; rabbit_start "$3" "$4" ;;
       stop) rabbit_stop "$3" "$4" ;;
       ctl) dir=$3 port=$4; shift 4; rabbit_ctl "$dir" "$port" "$@" ;;
-      *) log "usage: $0 rabbit start|stop|ctl DIR PORT [rabbitmqctl args]"; exit 2 ;;
+      # Erlang's TLS caches the PEM files it read; new connections read them anew.
+      tls-reload) tls_copy "$3/tls"; rabbit_ctl "$3" "$4" -q eval 'ssl:clear_pem_cache().' >/dev/null ;;
+      *) log "usage: $0 rabbit start|stop|ctl|tls-reload DIR PORT [rabbitmqctl args]"; exit 2 ;;
     esac
     ;;
   *) log "usage: $0 up|down|env|pg|mariadb|pgbouncer|rabbit"; exit 2 ;;

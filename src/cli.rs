@@ -220,7 +220,7 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         None if default_path.is_file() => Config::from_file(&default_path)?,
         None => Config::default(),
     };
-    config.apply_env();
+    config.apply_env()?;
     if let Some(url) = &cli.database_url {
         config.database.url = url.clone();
     }

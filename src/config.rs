@@ -68,6 +68,8 @@ pub enum ConfigError {
     Parse { path: String, message: String },
     #[error("{key} {problem}")]
     Invalid { key: &'static str, problem: String },
+    #[error("{0}")]
+    Env(String),
 }
 
 fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
@@ -199,6 +201,36 @@ pub struct AmqpConfig {
     /// Ceiling of the exponential reconnect backoff.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub reconnect_backoff_max: Duration,
+    /// `[amqp.tls]`: certificates for `amqps://` nodes.
+    pub tls: AmqpTlsConfig,
+}
+
+/// `[amqp.tls]`: PEM files for `amqps://` nodes, read again at every new
+/// connection (so a rotated file is used from the next reconnect).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AmqpTlsConfig {
+    /// CA certificate(s) the server's certificate must chain to; empty:
+    /// the system's trusted roots.
+    pub ca_file: String,
+    /// Client certificate (chain) for mutual TLS; empty: none.
+    pub cert_file: String,
+    /// The client certificate's private key.
+    pub key_file: String,
+}
+
+impl AmqpTlsConfig {
+    /// The typed form the broker connection uses.
+    pub fn client_tls(&self) -> crate::tls::AmqpTls {
+        let path = |s: &str| Some(s.trim()).filter(|s| !s.is_empty()).map(Into::into);
+        crate::tls::AmqpTls {
+            files: crate::tls::TlsFiles {
+                ca_file: path(&self.ca_file),
+                cert_file: path(&self.cert_file),
+                key_file: path(&self.key_file),
+            },
+        }
+    }
 }
 
 /// `[outbox]`: how rows are drained.
@@ -299,6 +331,7 @@ impl Default for AmqpConfig {
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             reconnect_backoff_max: DEFAULT_RECONNECT_BACKOFF_MAX,
+            tls: AmqpTlsConfig::default(),
         }
     }
 }
@@ -387,18 +420,27 @@ impl Config {
         })
     }
 
-    /// Applies `DATABASE_URL` and `AMQP_URL` from the environment.
-    pub fn apply_env(&mut self) {
-        self.apply_env_from(|k| std::env::var(k).ok());
+    /// Applies the secrets the environment gives: `DATABASE_URL`,
+    /// `AMQP_URL` and `OUTBOXD_DASHBOARD__TOKEN`, each also as `<NAME>_FILE`
+    /// (a file holding the value, the container convention; a trailing
+    /// newline is ignored). A file that cannot be read, or a variable
+    /// given both ways, is one line naming it.
+    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
+        self.apply_env_from(|k| std::env::var(k).ok())
     }
 
-    fn apply_env_from(&mut self, get: impl Fn(&str) -> Option<String>) {
-        if let Some(url) = get("DATABASE_URL").filter(|u| !u.is_empty()) {
-            self.database.url = url;
+    fn apply_env_from(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let targets: [(&'static str, &mut String); 3] = [
+            ("DATABASE_URL", &mut self.database.url),
+            ("AMQP_URL", &mut self.amqp.url),
+            ("OUTBOXD_DASHBOARD__TOKEN", &mut self.dashboard.token),
+        ];
+        for (name, target) in targets {
+            if let Some(value) = secret_from_env(name, &get)? {
+                *target = value;
+            }
         }
-        if let Some(url) = get("AMQP_URL").filter(|u| !u.is_empty()) {
-            self.amqp.url = url;
-        }
+        Ok(())
     }
 
     /// Checks every value; the first problem found is returned.
@@ -432,8 +474,9 @@ impl Config {
             return Err(invalid("amqp.url", "is empty"));
         }
         for url in self.amqp.urls() {
-            validate_url("amqp.url", url, &["amqp"])?;
+            validate_url("amqp.url", url, &["amqp", "amqps"])?;
         }
+        validate_amqp_tls(&self.amqp.tls)?;
         if self.database.max_connections < 2 {
             return Err(invalid(
                 "database.max_connections",
@@ -568,6 +611,33 @@ impl Config {
     }
 }
 
+/// `NAME`, or the content of the file `NAME_FILE` names; unset or empty:
+/// `None`.
+fn secret_from_env(
+    name: &'static str,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    let file_var = format!("{name}_FILE");
+    let direct = get(name).filter(|v| !v.is_empty());
+    let file = get(&file_var).filter(|v| !v.is_empty());
+    match (direct, file) {
+        (Some(_), Some(_)) => Err(ConfigError::Env(format!(
+            "both {name} and {file_var} are set: set one of them"
+        ))),
+        (Some(value), None) => Ok(Some(value)),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ConfigError::Env(format!("{file_var}: cannot read {path}: {e}")))?;
+            let value = text.trim_end_matches(['\n', '\r']).to_string();
+            if value.is_empty() {
+                return Err(ConfigError::Env(format!("{file_var}: {path} is empty")));
+            }
+            Ok(Some(value))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 fn positive(key: &'static str, d: Duration) -> Result<(), ConfigError> {
     if d.is_zero() {
         return Err(invalid(key, "must be longer than 0"));
@@ -583,15 +653,10 @@ fn validate_url(key: &'static str, raw: &str, schemes: &[&str]) -> Result<(), Co
         )
     })?;
     if !schemes.contains(&url.scheme()) {
-        let hint = if url.scheme() == "amqps" {
-            " (TLS is not built into this outboxd; terminate TLS in front of the broker or use amqp://)"
-        } else {
-            ""
-        };
         return Err(invalid(
             key,
             format!(
-                "has scheme '{}', expected {}{hint}",
+                "has scheme '{}', expected {}",
                 url.scheme(),
                 schemes.join(" or ")
             ),
@@ -599,6 +664,43 @@ fn validate_url(key: &'static str, raw: &str, schemes: &[&str]) -> Result<(), Co
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid(key, format!("has no host: {}", redact_url(raw))));
+    }
+    Ok(())
+}
+
+/// The `[amqp.tls]` files: a certificate needs its key, and every file
+/// named must be readable now (it is read again at every connect).
+fn validate_amqp_tls(tls: &AmqpTlsConfig) -> Result<(), ConfigError> {
+    let files = tls.client_tls().files;
+    match (&files.cert_file, &files.key_file) {
+        (Some(_), None) => {
+            return Err(invalid(
+                "amqp.tls.key_file",
+                "is empty, but amqp.tls.cert_file is set: a client certificate needs its key",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "amqp.tls.cert_file",
+                "is empty, but amqp.tls.key_file is set: a key needs its client certificate",
+            ));
+        }
+        _ => {}
+    }
+    let named = [
+        ("amqp.tls.ca_file", &files.ca_file),
+        ("amqp.tls.cert_file", &files.cert_file),
+        ("amqp.tls.key_file", &files.key_file),
+    ];
+    for (key, path) in named {
+        if let Some(path) = path
+            && let Err(e) = std::fs::File::open(path)
+        {
+            return Err(invalid(
+                key,
+                format!("({}): cannot read: {e}", path.display()),
+            ));
+        }
     }
     Ok(())
 }
@@ -800,9 +902,68 @@ mod tests {
     #[test]
     fn env_overrides_file() {
         let mut c = Config::from_toml("[database]\nurl = \"postgres://file/x\"").unwrap();
-        c.apply_env_from(|k| (k == "DATABASE_URL").then(|| "postgres://env/y".to_string()));
+        c.apply_env_from(|k| (k == "DATABASE_URL").then(|| "postgres://env/y".to_string()))
+            .unwrap();
         assert_eq!(c.database.url, "postgres://env/y");
         assert_eq!(c.amqp.url, DEFAULT_AMQP_URL);
+    }
+
+    #[test]
+    fn secrets_come_from_files_without_their_trailing_newline() {
+        let dir = std::env::temp_dir().join(format!("outboxd-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url_file = dir.join("amqp_url");
+        std::fs::write(&url_file, "amqps://u:pw@broker:5671/%2f\n").unwrap();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, "0123456789abcdef0123\r\n").unwrap();
+        let vars = [
+            ("AMQP_URL_FILE", url_file.display().to_string()),
+            (
+                "OUTBOXD_DASHBOARD__TOKEN_FILE",
+                token_file.display().to_string(),
+            ),
+        ];
+        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        let mut c = Config::default();
+        c.apply_env_from(get).unwrap();
+        assert_eq!(c.amqp.url, "amqps://u:pw@broker:5671/%2f");
+        assert_eq!(c.dashboard.token, "0123456789abcdef0123");
+        c.validate().unwrap();
+
+        let missing =
+            |k: &str| (k == "DATABASE_URL_FILE").then(|| "/nonexistent/db-url".to_string());
+        let e = Config::default()
+            .apply_env_from(missing)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("DATABASE_URL_FILE: cannot read /nonexistent/db-url"),
+            "{e}"
+        );
+        let both = |k: &str| k.starts_with("DATABASE_URL").then(|| "x".to_string());
+        let e = Config::default()
+            .apply_env_from(both)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "both DATABASE_URL and DATABASE_URL_FILE are set: set one of them"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn amqps_urls_are_accepted_and_tls_files_checked() {
+        let c =
+            Config::from_toml("[amqp]\nurl = \"amqps://u:pw@h1/%2f,amqps://u:pw@h2/%2f\"").unwrap();
+        c.validate().unwrap();
+        let e = problem("[amqp.tls]\ncert_file = \"/etc/hostname\"");
+        assert!(e.starts_with("amqp.tls.key_file is empty"), "{e}");
+        let e = problem("[amqp.tls]\nca_file = \"/nonexistent/ca.pem\"");
+        assert!(
+            e.starts_with("amqp.tls.ca_file (/nonexistent/ca.pem): cannot read"),
+            "{e}"
+        );
     }
 
     #[test]

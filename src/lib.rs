@@ -21,6 +21,8 @@
 //!   and the send gate that keeps a stalled worker's frames off the wire.
 //! - [`net`]: dead-peer detection (keepalive, `TCP_USER_TIMEOUT`) on the
 //!   database and broker connections.
+//! - [`tls`]: TLS on the database and broker links (rustls): client
+//!   configuration from PEM files, and failed handshakes explained in one line.
 //! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
 //! - [`dashboard`]: the axum web monitor, JSON API, `/metrics`, `/healthz`.
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
@@ -61,4 +63,5 @@ pub mod partitioner;
 pub mod producer;
 pub mod relay;
 pub mod store;
+pub mod tls;
 pub mod worker;

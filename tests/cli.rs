@@ -88,7 +88,11 @@ fn bad_configuration_names_the_key_and_exits_2() {
             "[database]\nurl = \"postgres://u:hunter2@db:notaport/x\"\n",
             "database.url",
         ),
-        ("[amqp]\nurl = \"amqps://u:hunter2@mq/%2f\"\n", "amqp.url"),
+        ("[amqp]\nurl = \"http://u:hunter2@mq/%2f\"\n", "amqp.url"),
+        (
+            "[amqp]\nurl = \"amqps://u:hunter2@mq/%2f\"\n[amqp.tls]\nca_file = \"/nonexistent/ca.pem\"\n",
+            "amqp.tls.ca_file (/nonexistent/ca.pem): cannot read",
+        ),
         ("[outbox]\nbatch_sise = 10\n", "batch_sise"),
         (
             "[outbox]\nclaim_ttl = \"fifteen\"\n",

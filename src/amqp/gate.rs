@@ -26,6 +26,11 @@
 //! connection for every bucket on it. That only happens when a lease was
 //! lost mid-batch, where dropping everything in flight is the safe answer
 //! (the other buckets' batches are replayed: duplicates, not gaps).
+//!
+//! For `amqps://` the socket is TLS ([`BrokerStream::Tls`]) *above* the
+//! gate: the gate sees the encrypted records, so TLS adds no buffer the gate
+//! cannot stop. A plain connection whose server answers with a TLS record
+//! fails at once with a hint to use `amqps://`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -179,22 +184,37 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
     }
 }
 
-/// lapin's default Tokio runtime kit, with every TCP connection gated and
-/// hardened against a silent peer ([`crate::net::harden`]).
+/// How a broker connection is secured: `None` for `amqp://`.
+#[derive(Debug, Clone)]
+pub struct TlsTarget {
+    /// Built from `amqp.tls.*` for this very connection (files re-read).
+    pub config: Arc<rustls::ClientConfig>,
+    /// The URL's host: the name the certificate must carry.
+    pub name: rustls::pki_types::ServerName<'static>,
+    /// Where a failed handshake leaves its error, for
+    /// [`crate::tls::explain`] (lapin reports it only as text).
+    pub failure: Arc<Mutex<Option<rustls::Error>>>,
+}
+
+/// lapin's default Tokio runtime kit, with every TCP connection gated,
+/// hardened against a silent peer ([`crate::net::harden`]) and, for
+/// `amqps://`, wrapped in TLS above the gate.
 #[derive(Debug, Clone)]
 pub struct GatedTokio {
     inner: Tokio,
     gate: Arc<SendGate>,
     dead_peer_timeout: Duration,
+    tls: Option<TlsTarget>,
 }
 
 impl GatedTokio {
     /// The kit for the current Tokio runtime, gating through `gate`.
-    pub fn new(gate: Arc<SendGate>, dead_peer_timeout: Duration) -> Self {
+    pub fn new(gate: Arc<SendGate>, dead_peer_timeout: Duration, tls: Option<TlsTarget>) -> Self {
         Self {
             inner: Tokio::current(),
             gate,
             dead_peer_timeout,
+            tls,
         }
     }
 }
@@ -223,8 +243,119 @@ impl Executor for GatedTokio {
     }
 }
 
+type Gated = GatedStream<<Tokio as Reactor>::TcpStream>;
+
+/// The broker socket: plain, or TLS over the gated socket (the gate sees
+/// the encrypted records, so nothing at all is written once it closes).
+pub enum BrokerStream {
+    /// `amqp://`. `answered` turns true with the first byte read: a first
+    /// byte that opens a TLS record means the port speaks TLS.
+    Plain { stream: Gated, answered: bool },
+    /// With TLS 1.3 a server refuses a client certificate after the
+    /// client's side of the handshake is done: that alert arrives on the
+    /// first read, and is kept in `failure` as a failed handshake is.
+    Tls {
+        stream: Box<futures_rustls::client::TlsStream<Gated>>,
+        failure: Arc<Mutex<Option<rustls::Error>>>,
+    },
+}
+
+/// Keeps the rustls error of a failed TLS read or handshake for
+/// [`crate::tls::explain`].
+fn keep_failure(failure: &Mutex<Option<rustls::Error>>, error: &io::Error) {
+    if let Some(cause) = crate::tls::find_rustls(error) {
+        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.clone());
+    }
+}
+
+impl std::fmt::Debug for BrokerStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BrokerStream::Plain { .. } => "BrokerStream::Plain",
+            BrokerStream::Tls { .. } => "BrokerStream::Tls",
+        })
+    }
+}
+
+/// The first byte of a TLS record a server sends first: a handshake or an
+/// alert. An AMQP server's first frame starts with 1 (a method frame).
+fn opens_tls_record(byte: u8) -> bool {
+    byte == 0x15 || byte == 0x16
+}
+
+impl AsyncRead for BrokerStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut *self {
+            BrokerStream::Plain { stream, answered } => {
+                let read = std::task::ready!(Pin::new(stream).poll_read(cx, buf))?;
+                if !*answered && read > 0 {
+                    *answered = true;
+                    if opens_tls_record(buf[0]) {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "the server answered in TLS: this port wants an amqps:// URL",
+                        )));
+                    }
+                }
+                Poll::Ready(Ok(read))
+            }
+            BrokerStream::Tls { stream, failure } => {
+                let read = std::task::ready!(Pin::new(stream.as_mut()).poll_read(cx, buf));
+                if let Err(e) = &read {
+                    keep_failure(failure, e);
+                }
+                Poll::Ready(read)
+            }
+        }
+    }
+}
+
+impl AsyncWrite for BrokerStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut *self {
+            BrokerStream::Plain { stream, .. } => Pin::new(stream).poll_write(cx, buf),
+            BrokerStream::Tls { stream: tls, .. } => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut *self {
+            BrokerStream::Plain { stream, .. } => Pin::new(stream).poll_write_vectored(cx, bufs),
+            BrokerStream::Tls { stream: tls, .. } => {
+                Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs)
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut *self {
+            BrokerStream::Plain { stream, .. } => Pin::new(stream).poll_flush(cx),
+            BrokerStream::Tls { stream: tls, .. } => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut *self {
+            BrokerStream::Plain { stream, .. } => Pin::new(stream).poll_close(cx),
+            BrokerStream::Tls { stream: tls, .. } => Pin::new(tls.as_mut()).poll_close(cx),
+        }
+    }
+}
+
 impl Reactor for GatedTokio {
-    type TcpStream = GatedStream<<Tokio as Reactor>::TcpStream>;
+    type TcpStream = BrokerStream;
     type Sleep = <Tokio as Reactor>::Sleep;
 
     /// Registering raw handles is not used by lapin (it connects with
@@ -256,10 +387,28 @@ impl Reactor for GatedTokio {
     ) -> impl Future<Output = io::Result<Self::TcpStream>> + Send + 'static {
         let (gate, dead_after) = (self.gate.clone(), self.dead_peer_timeout);
         let connect = self.inner.tcp_connect_addr(addr);
+        let tls = self.tls.clone();
         async move {
             let inner = connect.await?;
             crate::net::harden(inner.get_ref().as_fd(), dead_after)?;
-            Ok(GatedStream { inner, gate })
+            let stream = GatedStream { inner, gate };
+            let Some(tls) = tls else {
+                return Ok(BrokerStream::Plain {
+                    stream,
+                    answered: false,
+                });
+            };
+            let connector = futures_rustls::TlsConnector::from(tls.config);
+            match connector.connect(tls.name, stream).await {
+                Ok(stream) => Ok(BrokerStream::Tls {
+                    stream: Box::new(stream),
+                    failure: tls.failure,
+                }),
+                Err(e) => {
+                    keep_failure(&tls.failure, &e);
+                    Err(e)
+                }
+            }
         }
     }
 }

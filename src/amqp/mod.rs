@@ -23,6 +23,13 @@
 //! as the row's own fault, a timeout, or a lost broker ([`PublishError`]).
 //! An ack that carries a returned message means *unroutable*: a failure.
 //!
+//! An `amqps://` node is reached over TLS that outboxd wraps around the
+//! socket itself ([`gate::BrokerStream`], [`crate::tls`]): the server's
+//! certificate and name verified against `amqp.tls.ca_file` or the system's
+//! roots, an optional client certificate (with the EXTERNAL mechanism when
+//! the URL has no password), the files re-read at every connect, and never
+//! a fall-back to plain TCP.
+//!
 //! Every connection's socket writes pass a [`gate::SendGate`]: frames of a
 //! batch published under a lease are never written after that lease's trust
 //! deadline, even when the process stalled with them buffered.
@@ -142,6 +149,26 @@ impl Reach {
     }
 }
 
+/// A hint for a connection the server cut before it answered, without a
+/// word: RabbitMQ does that to a plain client on a TLS port, and (with TLS
+/// 1.3, racing its alert) to a TLS client whose certificate it refused.
+fn cut_hint(url: &str, has_client_cert: bool, error: &lapin::Error) -> &'static str {
+    let text = error.to_string().to_lowercase();
+    let cut = text.contains("reset by peer")
+        || text.contains("unexpected eof")
+        || text.contains("closed");
+    match (cut, url.starts_with("amqps://"), has_client_cert) {
+        (false, ..) => "",
+        (true, false, _) => " (if this port speaks TLS, use an amqps:// URL)",
+        (true, true, false) => {
+            " (the server cut the TLS connection: if it requires a client certificate, set amqp.tls.cert_file and amqp.tls.key_file)"
+        }
+        (true, true, true) => {
+            " (the server cut the TLS connection: it may have refused the client certificate in amqp.tls.cert_file)"
+        }
+    }
+}
+
 /// Records a failure to reach the broker; the first one since it was last
 /// reachable starts the clock.
 fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
@@ -166,6 +193,8 @@ pub struct Broker {
     connect_timeout: Duration,
     dead_peer_timeout: Duration,
     backoff_max: Duration,
+    /// `amqp.tls`: CA, client certificate and key for `amqps://` nodes.
+    tls: crate::tls::AmqpTls,
     /// The current connection and its generation (one more per connect).
     connection: Mutex<Option<(u64, Arc<Connection>)>>,
     generations: std::sync::atomic::AtomicU64,
@@ -184,6 +213,7 @@ impl Broker {
             connect_timeout: config.connect_timeout,
             dead_peer_timeout: config.dead_peer_timeout,
             backoff_max: config.reconnect_backoff_max,
+            tls: config.tls.client_tls(),
             connection: Mutex::new(None),
             generations: Default::default(),
             gate: Arc::default(),
@@ -333,11 +363,14 @@ impl Broker {
 
     async fn connect_to(&self, url: &str) -> Result<Connection, String> {
         let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
+        let (lapin_url, tls) = self.secure(url)?;
+        let failure = tls.as_ref().map(|t| t.failure.clone());
         let runtime = async_rs::Runtime::new(gate::GatedTokio::new(
             self.gate.clone(),
             self.dead_peer_timeout,
+            tls,
         ));
-        let connect = Connection::connect_with_runtime(url, props, runtime);
+        let connect = Connection::connect_with_runtime(&lapin_url, props, runtime);
         let conn = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| {
@@ -347,10 +380,59 @@ impl Broker {
                     crate::config::fmt_duration(self.connect_timeout)
                 )
             })?
-            .map_err(|e| format!("cannot connect to {}: {e}", Redacted(url)))?;
+            .map_err(|e| {
+                let handshake =
+                    failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take());
+                match handshake {
+                    Some(cause) => format!(
+                        "cannot connect to {}: {}",
+                        Redacted(url),
+                        crate::tls::explain(crate::tls::Link::Amqp, url, &self.tls.files, &cause)
+                            .unwrap_or_else(|| cause.to_string())
+                    ),
+                    None => format!(
+                        "cannot connect to {}: {e}{}",
+                        Redacted(url),
+                        cut_hint(url, self.tls.has_client_cert(), &e)
+                    ),
+                }
+            })?;
         tracing::info!(url = %Redacted(url), "connected to RabbitMQ");
         self.watch_events(&conn);
         Ok(conn)
+    }
+
+    /// The URL lapin is given, and the TLS to wrap its socket in: lapin is
+    /// built without TLS, so an `amqps://` node is handed to it as
+    /// `amqp://` on the same port (5671 unless given), over a socket that
+    /// is TLS already — never plain. Without a password and with a client
+    /// certificate, the EXTERNAL mechanism (the certificate is the login).
+    fn secure(&self, url: &str) -> Result<(String, Option<gate::TlsTarget>), String> {
+        let mut parsed = url::Url::parse(url).map_err(|e| format!("{}: {e}", Redacted(url)))?;
+        if parsed.scheme() != "amqps" {
+            return Ok((url.to_string(), None));
+        }
+        let host = parsed.host_str().unwrap_or_default().to_string();
+        let config = self.tls.client_config()?;
+        let name = crate::tls::server_name(&host)?;
+        if parsed.port().is_none() {
+            let _ = parsed.set_port(Some(5671));
+        }
+        let _ = parsed.set_scheme("amqp");
+        let external = parsed.password().is_none()
+            && self.tls.has_client_cert()
+            && !parsed.query_pairs().any(|(k, _)| k == "auth_mechanism");
+        if external {
+            parsed
+                .query_pairs_mut()
+                .append_pair("auth_mechanism", "external");
+        }
+        let target = gate::TlsTarget {
+            config,
+            name,
+            failure: Default::default(),
+        };
+        Ok((parsed.to_string(), Some(target)))
     }
 
     /// Drops `conn` if it is still the current connection, so the next

@@ -188,11 +188,13 @@ impl Store {
 /// A database error, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot connect to {} at {url}: {}", .backend.name(), Cause(source))]
+    /// The cause is said in the message (explained when it is about TLS),
+    /// so it is not also the error's `source`.
+    #[error("cannot connect to {} at {url}: {}", .backend.name(), ConnectCause(*.backend, url, cause))]
     Connect {
         backend: BackendKind,
         url: String,
-        source: sqlx::Error,
+        cause: sqlx::Error,
     },
     #[error("cannot connect to {} at {url}: no answer within {}", .backend.name(), fmt_duration(*.after))]
     ConnectTimeout {
@@ -224,6 +226,25 @@ impl StoreError {
             StoreError::Schema(_) => false,
             StoreError::Query { source, .. } => is_transient(source),
             StoreError::Timeout { .. } => true,
+        }
+    }
+}
+
+/// Why a connection failed: a TLS problem explained in one line
+/// ([`crate::tls::explain`]), anything else as [`Cause`].
+struct ConnectCause<'a>(BackendKind, &'a str, &'a sqlx::Error);
+
+impl std::fmt::Display for ConnectCause<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ConnectCause(backend, url, error) = *self;
+        let link = match backend {
+            BackendKind::Postgres => crate::tls::Link::Postgres,
+            BackendKind::MySql => crate::tls::Link::MySql,
+        };
+        let files = crate::tls::TlsFiles::from_url(link, url);
+        match crate::tls::explain(link, url, &files, error) {
+            Some(line) => f.write_str(&line),
+            None => Cause(error).fmt(f),
         }
     }
 }

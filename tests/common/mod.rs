@@ -31,6 +31,7 @@ use outboxd::store::partitions::LeaseRow;
 use uuid::Uuid;
 
 pub mod db;
+pub mod tls;
 #[allow(unused_imports)]
 pub use db::{Db, Held, TestDb, list, plain_insert};
 
@@ -144,6 +145,8 @@ pub struct Tuning {
     /// With `pooler_url`: `database.listen_url` is the direct URL (else the
     /// workers poll).
     pub listen_direct: bool,
+    /// TOML appended to the config file (e.g. an `[amqp.tls]` table).
+    pub extra_toml: String,
 }
 
 impl Default for Tuning {
@@ -169,6 +172,7 @@ impl Default for Tuning {
             amqp_connect_timeout: "5s",
             pooler_url: None,
             listen_direct: false,
+            extra_toml: String::new(),
         }
     }
 }
@@ -258,7 +262,7 @@ impl TestEnv {
              [outbox]\npartition_count = {pc}\nidle_backoff_ms = {ib}\nclaim_ttl = \"15s\"\n\
              retry_backoff_initial = \"{rbi}\"\nretry_backoff = \"{rb}\"\nmax_attempts = {ma}\n\
              [worker]\nshutdown_timeout = \"10s\"\nlease_ttl = \"{lt}\"\nlease_renew = \"{lr}\"\n\
-             heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\nbroker_grace = \"{bg}\"\n",
+             heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\nbroker_grace = \"{bg}\"\n{extra}",
             ct = t.confirm_timeout,
             pc = t.partition_count,
             ib = t.idle_backoff_ms,
@@ -273,6 +277,7 @@ impl TestEnv {
             qt = t.query_timeout,
             dp = t.dead_peer_timeout,
             act = t.amqp_connect_timeout,
+            extra = t.extra_toml,
         );
         let config_path = dir.join("outboxd.toml");
         std::fs::write(&config_path, &toml).unwrap();
@@ -532,6 +537,8 @@ pub struct PrivateBroker {
     pub port: u16,
     /// The address it listens on.
     pub host: String,
+    /// Extra environment for `services.sh` (TLS: [`tls::TlsServer`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl PrivateBroker {
@@ -539,8 +546,22 @@ impl PrivateBroker {
         Self::start_on("127.0.0.1")
     }
 
+    /// A broker with `services.sh`'s extra environment `env` (e.g. TLS).
+    pub fn start_with(env: Vec<(String, String)>) -> Self {
+        let mut b = Self::unstarted("127.0.0.1");
+        b.env = env;
+        b.run("start");
+        b
+    }
+
     /// A broker listening on `host` (a test network's gateway).
     pub fn start_on(host: &str) -> Self {
+        let b = Self::unstarted(host);
+        b.run("start");
+        b
+    }
+
+    fn unstarted(host: &str) -> Self {
         // Ports 24000-27998, even, so port+1 (distribution) is free too.
         // Below the kernel's ephemeral range (32768-60999 by default): with
         // the broker down, a client reconnecting to a port in that range can
@@ -551,13 +572,12 @@ impl PrivateBroker {
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("rabbit-{port}"));
-        let b = Self {
+        Self {
             dir,
             port,
             host: host.to_string(),
-        };
-        b.run("start");
-        b
+            env: Vec::new(),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -571,6 +591,7 @@ impl PrivateBroker {
             .arg(&self.dir)
             .arg(self.port.to_string())
             .env("OUTBOXD_LISTEN", &self.host)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .status()
             .expect("run services.sh");
         assert!(status.success(), "services.sh rabbit {action} failed");
@@ -610,6 +631,8 @@ pub struct PrivatePostgres {
     pub port: u16,
     /// The address it listens on.
     pub host: String,
+    /// Extra environment for `services.sh` (TLS: [`tls::TlsServer`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl PrivatePostgres {
@@ -620,6 +643,14 @@ impl PrivatePostgres {
     /// A server listening on `host` (a test network's gateway).
     pub fn start_on(host: &str) -> Self {
         let pg = Self::unstarted(host);
+        pg.run(&["start"]);
+        pg
+    }
+
+    /// A server with `services.sh`'s extra environment `env` (e.g. TLS).
+    pub fn start_with(env: Vec<(String, String)>) -> Self {
+        let mut pg = Self::unstarted("127.0.0.1");
+        pg.env = env;
         pg.run(&["start"]);
         pg
     }
@@ -635,6 +666,7 @@ impl PrivatePostgres {
             dir,
             port,
             host: host.to_string(),
+            env: Vec::new(),
         }
     }
 
@@ -654,6 +686,7 @@ impl PrivatePostgres {
             .env("OUTBOXD_STATE_DIR", &self.dir)
             .env("OUTBOXD_PG_PORT", self.port.to_string())
             .env("OUTBOXD_LISTEN", &self.host)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .status()
             .expect("run services.sh");
@@ -673,16 +706,23 @@ impl Drop for PrivatePostgres {
 pub struct PrivateMariaDb {
     pub dir: PathBuf,
     pub port: u16,
+    /// Extra environment for `services.sh` (TLS: [`tls::TlsServer`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl PrivateMariaDb {
     pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    /// A server with `services.sh`'s extra environment `env` (e.g. TLS).
+    pub fn start_with(env: Vec<(String, String)>) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 29000 + 2 * (rand_u16() % 1000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("mariadb-{port}"));
-        let m = Self { dir, port };
+        let m = Self { dir, port, env };
         m.run("start");
         m
     }
@@ -698,6 +738,7 @@ impl PrivateMariaDb {
             .args(["mariadb", action])
             .env("OUTBOXD_STATE_DIR", &self.dir)
             .env("OUTBOXD_MYSQL_PORT", self.port.to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .status()
             .expect("run services.sh");
@@ -752,7 +793,7 @@ impl PrivateDatabase {
 }
 
 /// A port from `pick` such that it and the next one are free right now.
-fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
+pub fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
     loop {
         let port = pick();
         let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
@@ -762,7 +803,7 @@ fn free_port_pair(pick: impl Fn() -> u16) -> u16 {
     }
 }
 
-fn rand_u16() -> u16 {
+pub fn rand_u16() -> u16 {
     let b = uuid::Uuid::new_v4();
     u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]])
 }

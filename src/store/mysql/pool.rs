@@ -22,10 +22,10 @@ pub async fn connect(
     _application_name: &str,
 ) -> Result<MySqlPool, StoreError> {
     let url = db.url.as_str();
-    let connect_err = |source| StoreError::Connect {
+    let connect_err = |cause| StoreError::Connect {
         backend: BackendKind::MySql,
         url: shown(url),
-        source,
+        cause,
     };
     // sqlx knows the scheme as mysql://; mariadb:// names the same protocol.
     let parseable = match url.strip_prefix("mariadb://") {

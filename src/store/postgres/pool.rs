@@ -119,12 +119,13 @@ pub async fn connect_to(
     max_connections: u32,
     application_name: &str,
 ) -> Result<DbPool, StoreError> {
-    let connect_err = |source| StoreError::Connect {
+    let connect_err = |cause| StoreError::Connect {
         backend: BackendKind::Postgres,
         url: shown(url),
-        source,
+        cause,
     };
     let options: PgConnectOptions = url.parse().map_err(connect_err)?;
+    let options = verify_with_named_root(options, url);
     // extra_float_digits is a startup parameter PgBouncer refuses unless
     // told to ignore it; PostgreSQL 12+ prints floats exactly without it.
     let mut options = options
@@ -162,6 +163,26 @@ pub async fn connect_to(
         .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
         .connect_lazy_with(options);
     Ok(DbPool { inner, pooler })
+}
+
+/// libpq's rule, which sqlx lacks: `sslmode=require` with `sslrootcert`
+/// named verifies the server's certificate chain (as `verify-ca`) rather
+/// than accepting any certificate.
+fn verify_with_named_root(options: PgConnectOptions, url: &str) -> PgConnectOptions {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return options;
+    };
+    let param = |name: &str| {
+        parsed
+            .query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    if param("sslmode").as_deref() == Some("require") && param("sslrootcert").is_some() {
+        options.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa)
+    } else {
+        options
+    }
 }
 
 /// A query whose arguments were taken out to look at them, put back
