@@ -42,8 +42,8 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production` runs one
-//! section.
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls` runs one
+//! section (tls: `relay/tls.rs`, TLS on both links against plaintext).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -71,6 +71,11 @@ use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 
 #[path = "../tests/common/readme.rs"]
 mod readme;
+#[path = "relay/tls.rs"]
+mod tls;
+#[path = "../tests/common/tls.rs"]
+#[allow(dead_code)]
+mod tls_pki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
@@ -169,6 +174,9 @@ async fn main() {
     }
     if run("production") {
         b.production().await;
+    }
+    if run("tls") {
+        b.tls().await;
     }
 
     println!(

@@ -34,7 +34,8 @@
 # holding ca.pem, server.pem and server.key (PEM, made by the test). With it,
 #   pg start        serves TLS only (pg_hba: hostnossl … reject); with
 #                   OUTBOXD_TLS_CLIENT=required also a client certificate
-#                   signed by ca.pem (clientcert=verify-ca)
+#                   signed by ca.pem (clientcert=verify-ca); with
+#                   OUTBOXD_TLS_PLAIN_TOO=1 plain connections too (the bench)
 #   mariadb start   serves TLS, require_secure_transport = ON
 #   rabbit start    adds a TLS listener on OUTBOXD_AMQPS_PORT (verify_peer;
 #                   OUTBOXD_TLS_CLIENT=required: fail_if_no_peer_cert and the
@@ -144,7 +145,7 @@ pg_start() {
     # Test hosts (scripts/hosts.sh) reach a server listening on their
     # network's address; it listens on loopback only otherwise.
     as_svc sh -c "echo 'host all all samenet scram-sha-256' >> '$data/pg_hba.conf'"
-    if [ -n "$tls_dir" ]; then
+    if [ -n "$tls_dir" ] && [ -z "${OUTBOXD_TLS_PLAIN_TOO:-}" ]; then
       local client=""
       [ "$tls_client" != required ] || client=" clientcert=verify-ca"
       # TCP over TLS only: plain TCP is refused by the first line.

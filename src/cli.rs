@@ -195,8 +195,15 @@ fn init_tracing(silent: bool) {
         // lapin logs every returned message at WARN, with its whole content,
         // and a channel the broker closed (a missing exchange) as an ERROR
         // with its debug form; the relay reports each failure itself, once,
-        // with the row id and the broker's reason.
-        .or_else(|_| EnvFilter::try_new(format!("{default},sqlx=warn,lapin=off")))
+        // with the row id and the broker's reason. sqlx's pool pings a
+        // connection released after an error and warns when that fails too:
+        // the same failure said twice (and a second line after a command's
+        // one-line error).
+        .or_else(|_| {
+            EnvFilter::try_new(format!(
+                "{default},sqlx=warn,sqlx_core::pool::connection=error,lapin=off"
+            ))
+        })
         .unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()

@@ -49,6 +49,7 @@ pub const DEFAULT_PARTITIONS_TABLE: &str = "outbox_partitions";
 pub const DEFAULT_WORKERS_TABLE: &str = "outbox_workers";
 pub const DEFAULT_DASHBOARD_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DASHBOARD_PATH: &str = "/outbox";
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// Largest batch a worker may claim at once.
 pub const MAX_BATCH_SIZE: u32 = 10_000;
@@ -102,6 +103,17 @@ pub struct DashboardConfig {
     /// When set, every request but /healthz needs it (Bearer header or the
     /// login form's session cookie).
     pub token: String,
+    /// Host names (besides IP addresses and `localhost`) the dashboard
+    /// answers to in the `Host` header: a request naming another host is
+    /// refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// How long a login form's session lasts.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub session_ttl: Duration,
+    /// HTTPS on the dashboard's own listener: its certificate (chain) and
+    /// key, PEM, both or neither (read at start-up).
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
 }
 
 impl Default for DashboardConfig {
@@ -110,6 +122,10 @@ impl Default for DashboardConfig {
             listen: DEFAULT_DASHBOARD_LISTEN.into(),
             path: DEFAULT_DASHBOARD_PATH.into(),
             token: String::new(),
+            allowed_hosts: Vec::new(),
+            session_ttl: DEFAULT_SESSION_TTL,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
         }
     }
 }
@@ -595,6 +611,38 @@ impl Config {
                 "dashboard.token",
                 "must be at least 16 characters (or empty to disable)",
             ));
+        }
+        positive("dashboard.session_ttl", d.session_ttl)?;
+        if let Some(bad) = d.allowed_hosts.iter().find(|h| {
+            h.is_empty()
+                || !h
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+        }) {
+            return Err(invalid(
+                "dashboard.allowed_hosts",
+                format!(
+                    "('{bad}') must hold host names like outboxd.example.com (no port, no scheme)"
+                ),
+            ));
+        }
+        match (
+            d.tls_cert_file.trim().is_empty(),
+            d.tls_key_file.trim().is_empty(),
+        ) {
+            (false, true) => {
+                return Err(invalid(
+                    "dashboard.tls_key_file",
+                    "is empty, but dashboard.tls_cert_file is set: HTTPS needs both",
+                ));
+            }
+            (true, false) => {
+                return Err(invalid(
+                    "dashboard.tls_cert_file",
+                    "is empty, but dashboard.tls_key_file is set: HTTPS needs both",
+                ));
+            }
+            _ => {}
         }
 
         validate_identifier("tables.outbox", &self.tables.outbox, MAX_OUTBOX_TABLE_LEN)?;

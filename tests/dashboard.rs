@@ -120,6 +120,42 @@ async fn every_endpoint_answers_what_the_database_holds(db: Db) {
     let r = get(&format!("{base}/")).await;
     assert_eq!((r.status, r.header("location")), (303, Some("/outbox/")));
 
+    // Every response carries the security headers; the API's are not cached.
+    for path in [
+        "/outbox/",
+        "/outbox/app.js",
+        "/outbox/api/summary",
+        "/healthz",
+        "/nowhere",
+    ] {
+        let r = get(&format!("{base}{path}")).await;
+        let csp = r.header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"),
+            "{path}: {csp}"
+        );
+        assert_eq!(r.header("x-frame-options"), Some("DENY"), "{path}");
+        assert_eq!(
+            r.header("x-content-type-options"),
+            Some("nosniff"),
+            "{path}"
+        );
+        assert_eq!(r.header("referrer-policy"), Some("no-referrer"), "{path}");
+        let cached = r.header("cache-control");
+        assert_eq!(
+            cached == Some("no-store"),
+            path.contains("/api/"),
+            "{path}: {cached:?}"
+        );
+    }
+    // A NUL in a key search is bad input, not an outage.
+    let r = get(&format!(
+        "{base}/outbox/api/messages?state=pending&key=a%00b"
+    ))
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("NUL"), "{}", r.body);
+
     // Workers.
     let w = get(&format!("{api}/workers")).await.json();
     let w = w.as_array().unwrap();
@@ -607,3 +643,200 @@ on_every_db!(
     every_endpoint_answers_what_the_database_holds,
     with_a_token_everything_but_healthz_is_refused_without_it,
 );
+
+/// `outboxd ui` with `[dashboard]` settings appended to the test's config.
+fn spawn_ui_with(env: &TestEnv, dashboard: &str) -> (WorkerProcess, String) {
+    let config = env.dir.join(format!("{}.toml", unique("dashboard")));
+    let text = std::fs::read_to_string(&env.config_path).unwrap();
+    std::fs::write(&config, format!("{text}[dashboard]\n{dashboard}")).unwrap();
+    spawn_ui(env, &config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_hosts_guessing_expired_sessions_and_misattributed_audits_are_refused() {
+    let f = fixture(Db::Postgres).await;
+    let env = &f.env;
+    let (mut ui, base) = spawn_ui_with(
+        env,
+        &format!("token = \"{TOKEN}\"\nsession_ttl = \"2s\"\nallowed_hosts = [\"ops.example\"]\n"),
+    );
+    let port = base.rsplit(':').next().unwrap().to_string();
+    let summary = format!("{base}/outbox/api/summary");
+    let bearer = format!("Bearer {TOKEN}");
+
+    // DNS rebinding: a page's own name, resolved to the dashboard's address.
+    let foreign = format!("rebound.example:{port}");
+    let r = http(
+        "GET",
+        &summary,
+        &[("Host", &foreign), ("Authorization", &bearer)],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 421, "{}", r.body);
+    for host in [format!("localhost:{port}"), "ops.example".to_string()] {
+        let r = http(
+            "GET",
+            &summary,
+            &[("Host", &host), ("Authorization", &bearer)],
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+    }
+
+    // A Bearer request that also carries a bogus session cookie is audited
+    // as the Bearer credential that was checked.
+    let body = format!("{{\"ids\":[{}]}}", f.parked[0]);
+    let r = http(
+        "POST",
+        &format!("{base}/outbox/api/requeue"),
+        &[
+            ("Authorization", &bearer),
+            ("Cookie", "outboxd_session=bogus"),
+            ("Content-Type", "application/json"),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let actor: String = env
+        .db
+        .value("SELECT actor FROM outbox_audit WHERE action = 'requeue'")
+        .await;
+    assert_eq!(actor, "dashboard API (bearer token)");
+    // An empty action header is no action header.
+    let login = |token: &str| {
+        let body = format!("token={token}");
+        let url = format!("{base}/outbox/login");
+        async move {
+            http(
+                "POST",
+                &url,
+                &[("Content-Type", "application/x-www-form-urlencoded")],
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let r = login(TOKEN).await;
+    assert_eq!(r.status, 303);
+    let session = r
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let r = http(
+        "POST",
+        &format!("{base}/outbox/api/requeue"),
+        &[
+            ("Cookie", &session),
+            ("Content-Type", "application/json"),
+            ("X-Outboxd-Action", ""),
+        ],
+        Some(&body),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+
+    // The session expires: the page sends the browser to the login form.
+    let page = format!("{base}/outbox/");
+    assert_eq!(
+        http("GET", &page, &[("Cookie", &session)], None)
+            .await
+            .status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    let r = http("GET", &page, &[("Cookie", &session)], None).await;
+    assert_eq!(
+        (r.status, r.header("location")),
+        (303, Some("/outbox/login"))
+    );
+
+    // Guessing: ten wrong tokens a minute from one address, then even the
+    // right one is refused, and the refusal names the address.
+    for i in 0..10 {
+        assert_eq!(
+            login(&format!("wrong-token-{i:08}")).await.status,
+            401,
+            "attempt {i}"
+        );
+    }
+    let r = login(TOKEN).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    let r = http("GET", &summary, &[("Authorization", &bearer)], None).await;
+    assert_eq!(r.status, 429, "a Bearer token from the same address too");
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+    let log = ui.log_text();
+    assert!(
+        log.contains("dashboard login with a wrong token") && log.contains("client=127.0.0.1"),
+        "{log}"
+    );
+    assert!(
+        log.contains("refused a token from an address that sent 10 wrong ones"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "the token leaked into the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_serves_https_with_its_own_certificate() {
+    let env = TestEnv::new().await;
+    let pki = common::tls::Pki::new();
+    let files = pki.dir.join("dashboard");
+    pki.server_files(&files, common::tls::ServerCert::Good);
+    let (mut ui, base) = spawn_ui_with(
+        &env,
+        &format!(
+            "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+            files.join("server.pem").display(),
+            files.join("server.key").display()
+        ),
+    );
+    assert!(base.starts_with("https://127.0.0.1:"), "{base}");
+    let curl = |extra: &[&str]| {
+        std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .args(extra)
+            .arg(format!("{base}/outbox/api/summary"))
+            .output()
+            .unwrap()
+    };
+    let ok = curl(&["--cacert", &pki.ca.display().to_string()]);
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // Without the CA the certificate is not trusted; plain HTTP gets nothing.
+    assert!(!curl(&[]).status.success());
+    let plain = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(format!("{}/healthz", base.replace("https://", "http://")))
+        .output()
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&plain.stdout), "200");
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+}

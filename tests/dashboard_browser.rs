@@ -243,3 +243,79 @@ async fn the_page_says_why_a_published_key_search_was_stopped() {
     ui.signal("TERM");
     ui.wait(Duration::from_secs(10));
 }
+
+/// A page on another port that frames `target`: what a clickjacking page
+/// would serve. Answers every request with it until the test ends.
+async fn framing_page(target: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let body = format!(
+                "<!doctype html><title>innocent</title><p>Click the button!</p>\
+                 <iframe src=\"{target}\" width=\"1200\" height=\"800\"></iframe>"
+            );
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+        }
+    });
+    url
+}
+
+/// With a token: the page works under its content security policy (no
+/// violation, clean console), shows invisible characters of a key and its
+/// headers visibly, cannot be framed by another page, and an expired
+/// session is sent to the login form (tests/browser/hardening.mjs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
+    let (chromium, _) = prerequisites();
+    let script = repo_dir().join("tests/browser/hardening.mjs");
+    let env = TestEnv::on(Db::Postgres).await;
+    env.db
+        .enqueue(
+            Message::new("rtl-\u{202E}gnp.exe\u{200B}", "", "q".to_string(), "x")
+                .header("file", "invoice-\u{202E}fdp.exe"),
+        )
+        .await;
+    let token = "browser-test-token-0123456789";
+    let ttl_ms = 20_000;
+    let config = env.dir.join("hardened.toml");
+    let text = std::fs::read_to_string(&env.config_path).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}[dashboard]\ntoken = \"{token}\"\nsession_ttl = \"{ttl_ms}ms\"\n"),
+    )
+    .unwrap();
+    let (mut ui, base) = spawn_ui(&env, &config);
+    let page = format!("{base}/outbox/");
+    let frame = framing_page(page.clone()).await;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(&script)
+            .env("DASH_URL", &page)
+            .env("DASH_TOKEN", token)
+            .env("FRAME_URL", &frame)
+            .env("SESSION_TTL_MS", ttl_ms.to_string())
+            .env("CHROMIUM", &chromium)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("browser: {stdout}");
+    assert!(
+        out.status.success(),
+        "browser checks failed:\n{}\n{stdout}\ndashboard log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ui.log_text()
+    );
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+}

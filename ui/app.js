@@ -7,7 +7,18 @@ const POLL_MS = 2000;
 const state = { view: "pending", key: "", cursor: null, pageCursors: [] };
 
 const $ = (sel) => document.querySelector(sel);
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+// Characters that change how text reads without being seen — controls,
+// bidirectional overrides, zero-width — are shown as ⟨U+XXXX⟩, so a key like
+// "rtl-\u202Egnp.exe" cannot pass for another name.
+const HIDDEN = "\\u0000-\\u0008\\u000B\\u000C\\u000E-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF";
+const INVISIBLE = new RegExp(`[${HIDDEN}]`, "g");
+const INVISIBLE_OR_BREAK = new RegExp(`[${HIDDEN}\\t\\n\\r]`, "g");
+const mark = (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`;
+// For multi-line text (headers, payloads): line breaks and tabs stay.
+const visible = (s) => String(s ?? "").replace(INVISIBLE, mark);
+// For one-line text and attributes, HTML-escaped.
+const esc = (s) => String(s ?? "").replace(INVISIBLE_OR_BREAK, mark)
+  .replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const short = (id) => (id ? String(id).slice(0, 8) : "—");
 const num = (n) => Number(n ?? 0).toLocaleString("en-US");
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : "—");
@@ -128,7 +139,9 @@ function renderTimeline(s) {
   $("#tl-labels").innerHTML = buckets.map((b) => `<div>${esc(b)}</div>`).join("");
   const live = new Set(s.workers.filter((w) => w.live).map((w) => w.worker_id));
   $("#tl-legend").innerHTML = [...new Set([...live, ...owners])].map((id) =>
-    `<span class="${live.has(id) ? "" : "gone"}" data-worker="${esc(id)}"><span class="swatch" style="background:${colour(id)}"></span><span class="mono">${short(id)}</span></span>`).join("");
+    `<span class="${live.has(id) ? "" : "gone"}" data-worker="${esc(id)}"><span class="swatch" data-colour="${esc(colour(id))}"></span><span class="mono">${short(id)}</span></span>`).join("");
+  // Colours through the CSSOM: the content security policy refuses style attributes.
+  for (const el of document.querySelectorAll("#tl-legend .swatch")) el.style.background = el.dataset.colour;
 }
 
 // A worker's state: broker trouble first, then what its buckets are doing.
@@ -236,10 +249,10 @@ async function showDetail(id) {
     Attempts: m.attempts, "Last error": m.last_error || "—", Size: `${num(m.payload_bytes)} bytes`,
   };
   $("#detail-fields").innerHTML = Object.entries(fields).map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
-  $("#detail-headers").textContent = JSON.stringify(m.headers, null, 2);
+  $("#detail-headers").textContent = visible(JSON.stringify(m.headers, null, 2));
   const p = m.payload_preview;
   $("#detail-payload-info").textContent = `(${p.encoding}${p.truncated ? ", first 4 KiB" : ""})`;
-  $("#detail-payload").textContent = p.text;
+  $("#detail-payload").textContent = visible(p.text);
   $("#detail").showModal();
 }
 

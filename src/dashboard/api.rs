@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -165,6 +164,13 @@ pub async fn messages(
     let state = q.state.unwrap_or(MessageState::Pending);
     let limit = q.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     let key = q.key.as_deref().map(str::trim).filter(|k| !k.is_empty());
+    // A NUL cannot be in any key (PostgreSQL's text refuses it): bad input,
+    // not a database outage.
+    if key.is_some_and(|k| k.contains('\0')) {
+        return Err(ApiError::BadRequest(
+            "a key cannot contain a NUL character".into(),
+        ));
+    }
     // "#123" (or a bare number that is no key) finds a message by id.
     if let Some(id) = key
         .and_then(|k| k.strip_prefix('#'))
@@ -248,18 +254,20 @@ pub struct RequeueRequest {
 
 pub async fn requeue(
     State(st): State<Arc<DashboardState>>,
-    headers: HeaderMap,
+    caller: Option<axum::Extension<auth::Caller>>,
     Json(req): Json<RequeueRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let buckets: Vec<String> = req.bucket.into_iter().collect();
     if req.ids.is_empty() && buckets.is_empty() {
         return Err(ApiError::BadRequest("give ids or a bucket".into()));
     }
-    let actor = match (&st.auth, auth::session_cookie(&headers)) {
-        (None, _) => "dashboard (no token configured)".to_string(),
-        (Some(_), Some(_)) => "dashboard session".to_string(),
-        (Some(_), None) => "dashboard API (bearer token)".to_string(),
-    };
+    // The credential the guard actually checked, not what else the
+    // request carries (a Bearer request with any session-like cookie).
+    let actor = caller
+        .map(|axum::Extension(c)| c)
+        .unwrap_or(auth::Caller::Anonymous)
+        .actor()
+        .to_string();
     let requeued = st.store.requeue(&req.ids, &buckets, false, &actor).await?;
     tracing::info!(ids = ?requeued, buckets = ?buckets, actor, "requeued parked messages");
     Ok(Json(json!({ "requeued": requeued })))

@@ -1,20 +1,35 @@
 //! Who may use the dashboard.
 //!
 //! Without `dashboard.token` every request is served (the default bind
-//! address is loopback). With a token, every request except `/healthz` and
+//! address is loopback). With a token, every request except `/healthz`, the stylesheet and
 //! the login page must carry it, as `Authorization: Bearer <token>` (API
 //! clients, Prometheus) or as the session cookie the login form sets
 //! (browsers: HttpOnly, SameSite=Strict). Requests without it get 401; page
 //! requests are sent to the login form instead.
 //!
 //! Actions are POST only, and a POST authenticated by cookie — or by nothing,
-//! on an open dashboard — must carry the `X-Outboxd-Action` header, which a
-//! cross-site form cannot send: no cross-site request forgery.
+//! on an open dashboard — must carry the `X-Outboxd-Action` header (not
+//! empty), which a cross-site form cannot send: no cross-site request
+//! forgery.
+//!
+//! Sessions expire after `dashboard.session_ttl`. Guessing is bounded: after
+//! [`MAX_FAILURES`] wrong tokens (login form or Bearer) from one address
+//! within a minute, that address is refused until the minute has passed,
+//! even with the right token; every wrong token is logged with the address.
+//! The token is compared in time that does not depend on its length.
+//! Handlers learn which credential was checked from the request's [`Caller`]
+//! (for the audit trail), never from what else the request carries.
+//!
+//! [`host_guard`] refuses a request whose `Host` names a host this dashboard
+//! is not (DNS rebinding): IP addresses, `localhost` and
+//! `dashboard.allowed_hosts` pass.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -25,25 +40,58 @@ use super::DashboardState;
 pub const ACTION_HEADER: &str = "x-outboxd-action";
 const COOKIE: &str = "outboxd_session";
 const MAX_SESSIONS: usize = 10_000;
+/// Wrong tokens one address may send within [`FAILURE_WINDOW`].
+pub const MAX_FAILURES: usize = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+const MAX_TRACKED_CLIENTS: usize = 10_000;
 
-/// The configured token and the browser sessions created from it.
+/// The configured token, the browser sessions created from it, and the
+/// recent wrong tokens per client address.
 pub struct Auth {
     token: String,
-    sessions: Mutex<HashSet<String>>,
+    session_ttl: Duration,
+    /// Session id → when it expires.
+    sessions: Mutex<HashMap<String, Instant>>,
+    /// Client address → when its recent wrong tokens came.
+    failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
 }
 
 impl Auth {
-    pub fn new(token: &str) -> Option<Arc<Self>> {
+    pub fn new(token: &str, session_ttl: Duration) -> Option<Arc<Self>> {
         (!token.is_empty()).then(|| {
             Arc::new(Self {
                 token: token.to_string(),
-                sessions: Mutex::new(HashSet::new()),
+                session_ttl,
+                sessions: Mutex::new(HashMap::new()),
+                failures: Mutex::new(HashMap::new()),
             })
         })
     }
 
     pub fn token_matches(&self, given: &str) -> bool {
         constant_time_eq(self.token.as_bytes(), given.as_bytes())
+    }
+
+    /// Whether `client` may present a token now: fewer than
+    /// [`MAX_FAILURES`] wrong ones within the last minute.
+    pub fn may_try(&self, client: IpAddr) -> bool {
+        let mut failures = lock(&self.failures);
+        let recent = failures.entry(client).or_default();
+        recent.retain(|t| t.elapsed() < FAILURE_WINDOW);
+        let allowed = recent.len() < MAX_FAILURES;
+        if recent.is_empty() {
+            failures.remove(&client);
+        }
+        allowed
+    }
+
+    /// Counts a wrong token from `client`.
+    pub fn failed(&self, client: IpAddr) {
+        let mut failures = lock(&self.failures);
+        if failures.len() >= MAX_TRACKED_CLIENTS {
+            failures.retain(|_, times| times.iter().any(|t| t.elapsed() < FAILURE_WINDOW));
+        }
+        failures.entry(client).or_default().push(Instant::now());
     }
 
     /// A new session id for a successful login.
@@ -53,25 +101,65 @@ impl Auth {
             uuid::Uuid::new_v4().simple(),
             uuid::Uuid::new_v4().simple()
         );
-        let mut sessions = self.sessions.lock().expect("sessions lock");
+        let mut sessions = lock(&self.sessions);
         if sessions.len() >= MAX_SESSIONS {
-            sessions.clear();
+            let now = Instant::now();
+            sessions.retain(|_, expires| *expires > now);
+            if sessions.len() >= MAX_SESSIONS {
+                sessions.clear();
+            }
         }
-        sessions.insert(id.clone());
+        sessions.insert(id.clone(), Instant::now() + self.session_ttl);
         id
     }
 
     pub fn close_session(&self, id: &str) {
-        self.sessions.lock().expect("sessions lock").remove(id);
+        lock(&self.sessions).remove(id);
     }
 
+    /// Whether `id` is a session that has not expired (an expired one is
+    /// forgotten).
     fn session_valid(&self, id: &str) -> bool {
-        self.sessions.lock().expect("sessions lock").contains(id)
+        let mut sessions = lock(&self.sessions);
+        match sessions.get(id) {
+            Some(expires) if *expires > Instant::now() => true,
+            Some(_) => {
+                sessions.remove(id);
+                false
+            }
+            None => false,
+        }
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave the maps inconsistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Equal or not, in a time that depends only on the length of `given` (the
+/// caller's own input), never on the secret's length or content.
+fn constant_time_eq(secret: &[u8], given: &[u8]) -> bool {
+    if secret.is_empty() {
+        return given.is_empty();
+    }
+    let mut diff = secret.len() ^ given.len();
+    for (i, g) in given.iter().enumerate() {
+        diff |= usize::from(secret[i % secret.len()] ^ g);
+    }
+    diff == 0
+}
+
+/// The client's address, when the server recorded it.
+pub fn client_of(req: &Request) -> Option<IpAddr> {
+    client_in(req.extensions())
+}
+
+/// [`client_of`], from a request's extensions.
+pub fn client_in(extensions: &axum::http::Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<ConnectInfo<super::https::ClientAddr>>()
+        .map(|ConnectInfo(client)| client.0.ip())
 }
 
 /// The session cookie of a request, if any.
@@ -95,10 +183,59 @@ pub fn cookie_header(id: &str, path: &str) -> String {
     }
 }
 
-enum Caller {
+/// Which credential the guard checked for a request (a request extension,
+/// for the audit trail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
     Bearer,
     Session,
+    /// No token is configured.
     Anonymous,
+}
+
+impl Caller {
+    /// How the audit trail names the caller.
+    pub fn actor(self) -> &'static str {
+        match self {
+            Caller::Bearer => "dashboard API (bearer token)",
+            Caller::Session => "dashboard session",
+            Caller::Anonymous => "dashboard (no token configured)",
+        }
+    }
+}
+
+fn too_many_attempts(client: Option<IpAddr>) -> Response {
+    tracing::warn!(client = %client.map(|c| c.to_string()).unwrap_or_default(),
+        "dashboard: refused a token from an address that sent {MAX_FAILURES} wrong ones within a minute");
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, "60")],
+        format!("429 too many attempts: {MAX_FAILURES} wrong tokens from this address within a minute; try again later\n"),
+    )
+        .into_response()
+}
+
+/// Checks the login form's token for `client`: `Err` is the answer when
+/// the address is over its limit.
+pub fn check_login(
+    auth: &Auth,
+    client: Option<IpAddr>,
+    token: &str,
+) -> Result<bool, Box<Response>> {
+    if let Some(c) = client
+        && !auth.may_try(c)
+    {
+        return Err(Box::new(too_many_attempts(client)));
+    }
+    if auth.token_matches(token) {
+        return Ok(true);
+    }
+    if let Some(c) = client {
+        auth.failed(c);
+    }
+    tracing::warn!(client = %client.map(|c| c.to_string()).unwrap_or_default(),
+        "dashboard login with a wrong token");
+    Ok(false)
 }
 
 /// The middleware in front of every route.
@@ -107,22 +244,35 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
     let login = format!("{}/login", state.path);
     // A forged logout is harmless, so the logout form needs no action header.
     let logout = format!("{}/logout", state.path);
-    if path == "/healthz" || path == login || path == logout {
+    // The login page's own stylesheet (static, holds nothing).
+    let style = format!("{}/style.css", state.path);
+    if path == "/healthz" || path == login || path == logout || path == style {
         return next.run(req).await;
     }
     let caller = match &state.auth {
         None => Caller::Anonymous,
         Some(auth) => {
+            let client = client_of(&req);
             let bearer = req
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
+            if bearer.is_some() && client.is_some_and(|c| !auth.may_try(c)) {
+                return too_many_attempts(client);
+            }
             if bearer.is_some_and(|t| auth.token_matches(t.trim())) {
                 Caller::Bearer
             } else if session_cookie(req.headers()).is_some_and(|s| auth.session_valid(&s)) {
                 Caller::Session
             } else {
+                if bearer.is_some() {
+                    if let Some(c) = client {
+                        auth.failed(c);
+                    }
+                    tracing::warn!(client = %client.map(|c| c.to_string()).unwrap_or_default(),
+                        %path, "dashboard request with a wrong Bearer token");
+                }
                 let wants_page = req.method() == Method::GET
                     && !path.starts_with(&format!("{}/api", state.path))
                     && path != "/metrics";
@@ -139,39 +289,146 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
         }
     };
     let unsafe_method = !matches!(*req.method(), Method::GET | Method::HEAD);
-    if unsafe_method
-        && !matches!(caller, Caller::Bearer)
-        && !req.headers().contains_key(ACTION_HEADER)
-    {
+    let action_header = req
+        .headers()
+        .get(ACTION_HEADER)
+        .is_some_and(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace));
+    if unsafe_method && !matches!(caller, Caller::Bearer) && !action_header {
         return (
             StatusCode::FORBIDDEN,
             format!("403 forbidden: actions need the {ACTION_HEADER} header (cross-site requests are refused)\n"),
         )
             .into_response();
     }
+    let mut req = req;
+    req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// The hosts a dashboard answers to: see [`host_guard`].
+pub struct HostRule {
+    /// The address it listens on.
+    listen: IpAddr,
+    /// `dashboard.allowed_hosts`, lower-case.
+    names: Vec<String>,
+}
+
+impl HostRule {
+    pub fn new(listen: IpAddr, allowed_hosts: &[String]) -> Self {
+        Self {
+            listen,
+            names: allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        }
+    }
+
+    /// Whether a `Host` header (with or without a port) names this
+    /// dashboard: its listen address (any IP address when it listens on
+    /// all of them, which a rebinding page cannot name), `localhost` when
+    /// it listens on loopback or everywhere, or an allowed name.
+    pub fn allows(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or_default(),
+            None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+        }
+        .to_ascii_lowercase();
+        let everywhere = self.listen.is_unspecified();
+        match name.parse::<IpAddr>() {
+            Ok(ip) => everywhere || ip == self.listen,
+            Err(_) if name == "localhost" => everywhere || self.listen.is_loopback(),
+            Err(_) => self.names.contains(&name),
+        }
+    }
+}
+
+/// Refuses a request whose `Host` this dashboard is not (a web page that
+/// rebound its own name to the dashboard's address cannot use it).
+pub async fn host_guard(State(rule): State<Arc<HostRule>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("(not text)").to_string())
+        .or_else(|| req.uri().authority().map(|a| a.to_string()));
+    match host {
+        Some(host) if !rule.allows(&host) => (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "421 misdirected request: this dashboard does not answer to the host '{}' (add it to dashboard.allowed_hosts)\n",
+                host.escape_default()
+            ),
+        )
+            .into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
     #[test]
     fn tokens_compare_exactly() {
-        let auth = Auth::new("a-long-enough-token").unwrap();
+        let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
         assert!(auth.token_matches("a-long-enough-token"));
         assert!(!auth.token_matches("a-long-enough-tokeN"));
         assert!(!auth.token_matches("a-long-enough"));
-        assert!(Auth::new("").is_none());
+        assert!(!auth.token_matches("a-long-enough-tokena-long-enough-token"));
+        assert!(!auth.token_matches(""));
+        assert!(Auth::new("", HOUR).is_none());
     }
 
     #[test]
-    fn sessions_come_and_go() {
-        let auth = Auth::new("a-long-enough-token").unwrap();
+    fn sessions_come_go_and_expire() {
+        let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
         let s = auth.open_session();
         assert!(auth.session_valid(&s));
         auth.close_session(&s);
         assert!(!auth.session_valid(&s));
+        let short = Auth::new("a-long-enough-token", Duration::from_millis(1)).unwrap();
+        let s = short.open_session();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!short.session_valid(&s));
+    }
+
+    #[test]
+    fn an_address_is_refused_after_ten_wrong_tokens_in_a_minute() {
+        let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..MAX_FAILURES {
+            assert!(auth.may_try(a));
+            auth.failed(a);
+        }
+        assert!(!auth.may_try(a));
+        assert!(auth.may_try(b));
+    }
+
+    #[test]
+    fn hosts_are_the_listen_address_localhost_or_allowed_names() {
+        let loopback = HostRule::new("127.0.0.1".parse().unwrap(), &["ops.example".into()]);
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "ops.example",
+            "ops.example:443",
+        ] {
+            assert!(loopback.allows(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example:8080",
+            "10.0.0.1:8080",
+            "127.0.0.1.evil.example",
+            "[::1]:8080",
+        ] {
+            assert!(!loopback.allows(refused), "{refused}");
+        }
+        let everywhere = HostRule::new("0.0.0.0".parse().unwrap(), &[]);
+        assert!(everywhere.allows("10.1.2.3:8080") && everywhere.allows("[fe80::1]:8080"));
+        assert!(!everywhere.allows("rebound.example:8080"));
     }
 
     #[test]

@@ -14,11 +14,15 @@
 //! - `GET /metrics` Prometheus text ([`metrics`]); `GET /healthz` liveness
 //!   (always open).
 //!
-//! Access control is [`auth`]; errors are [`error::ApiError`].
+//! Access control is [`auth`]; errors are [`error::ApiError`]; HTTPS on
+//! the dashboard's own listener is [`https`]. Every response carries a
+//! content security policy (no inline script or style, no framing), and
+//! `nosniff` / `no-referrer`; the API's answers are never cached.
 
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod https;
 pub mod metrics;
 
 use std::net::SocketAddr;
@@ -48,6 +52,10 @@ pub struct DashboardState {
     /// The serving worker's own counters (`outboxd work --ui`).
     pub process: Option<Arc<RelayStats>>,
     pub partition_count: u32,
+    /// `dashboard.allowed_hosts`.
+    pub allowed_hosts: Vec<String>,
+    /// `dashboard.tls_cert_file` / `tls_key_file`, when HTTPS.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl DashboardState {
@@ -61,9 +69,16 @@ impl DashboardState {
         Arc::new(Self {
             store,
             path: config.dashboard.path.clone(),
-            auth: auth::Auth::new(&config.dashboard.token),
+            auth: auth::Auth::new(&config.dashboard.token, config.dashboard.session_ttl),
             process,
             partition_count: config.outbox.partition_count,
+            allowed_hosts: config.dashboard.allowed_hosts.clone(),
+            tls: Some((
+                config.dashboard.tls_cert_file.trim(),
+                config.dashboard.tls_key_file.trim(),
+            ))
+            .filter(|(c, k)| !c.is_empty() && !k.is_empty())
+            .map(|(c, k)| (c.into(), k.into())),
         })
     }
 }
@@ -78,6 +93,8 @@ pub enum DashboardError {
     },
     #[error("dashboard server failed: {0}")]
     Serve(std::io::Error),
+    #[error("dashboard HTTPS: {0}")]
+    Tls(String),
 }
 
 /// The dashboard's routes.
@@ -124,7 +141,38 @@ pub fn router(state: Arc<DashboardState>) -> Router {
             state.clone(),
             auth::guard,
         ))
+        .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
+}
+
+/// The page's content security policy: its own script and style only (no
+/// inline script or style attribute), no framing by any other page.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
+     form-action 'self'";
+
+/// Headers on every response, refusals included: the CSP and the framing
+/// ban (clickjacking), no content sniffing, no referrer; the API's answers
+/// are never cached.
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let api = req.uri().path().contains("/api/");
+    let mut response = next.run(req).await;
+    let headers = response.headers_mut();
+    let set = |headers: &mut header::HeaderMap, name: header::HeaderName, value: &'static str| {
+        headers.insert(name, header::HeaderValue::from_static(value));
+    };
+    set(
+        headers,
+        header::CONTENT_SECURITY_POLICY,
+        CONTENT_SECURITY_POLICY,
+    );
+    set(headers, header::X_FRAME_OPTIONS, "DENY");
+    set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(headers, header::REFERRER_POLICY, "no-referrer");
+    if api {
+        set(headers, header::CACHE_CONTROL, "no-store");
+    }
+    response
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -163,12 +211,20 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(st): State<Arc<DashboardState>>, Form(form): Form<LoginForm>) -> Response {
+async fn login(
+    State(st): State<Arc<DashboardState>>,
+    extensions: axum::http::Extensions,
+    Form(form): Form<LoginForm>,
+) -> Response {
     let Some(auth) = &st.auth else {
         return Redirect::to(&format!("{}/", st.path)).into_response();
     };
-    if !auth.token_matches(form.token.trim()) {
-        tracing::warn!("dashboard login with a wrong token");
+    let client = auth::client_in(&extensions);
+    let right = match auth::check_login(auth, client, form.token.trim()) {
+        Ok(right) => right,
+        Err(refused) => return *refused,
+    };
+    if !right {
         let page = LOGIN_HTML.replace("{{BASE}}", &st.path).replace(
             "{{ERROR}}",
             "<p class=\"error\">That token is not right.</p>",
@@ -176,7 +232,7 @@ async fn login(State(st): State<Arc<DashboardState>>, Form(form): Form<LoginForm
         return (StatusCode::UNAUTHORIZED, Html(page)).into_response();
     }
     let session = auth.open_session();
-    tracing::info!("dashboard login");
+    tracing::info!(client = %client.map(|c| c.to_string()).unwrap_or_default(), "dashboard login");
     (
         StatusCode::SEE_OTHER,
         [
@@ -209,19 +265,40 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Dashboard
         .map_err(|source| DashboardError::Bind { addr, source })
 }
 
-/// Serves on `listener` until `cancel` fires.
+/// Serves on `listener` until `cancel` fires: HTTPS when the state names a
+/// certificate, HTTP otherwise; requests for other hosts refused
+/// ([`auth::host_guard`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<DashboardState>,
     cancel: CancellationToken,
 ) -> Result<(), DashboardError> {
     let local = listener.local_addr().map_err(DashboardError::Serve)?;
-    tracing::info!(url = %format!("http://{local}{}/", state.path), auth = state.auth.is_some(), "dashboard listening");
+    let scheme = if state.tls.is_some() { "https" } else { "http" };
+    tracing::info!(url = %format!("{scheme}://{local}{}/", state.path), auth = state.auth.is_some(), "dashboard listening");
     if !local.ip().is_loopback() && state.auth.is_none() {
         tracing::warn!(%local, "the dashboard is reachable from other hosts without a token; set dashboard.token");
     }
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
-        .map_err(DashboardError::Serve)
+    let hosts = Arc::new(auth::HostRule::new(local.ip(), &state.allowed_hosts));
+    let tls = state.tls.clone();
+    let app = router(state)
+        .layer(axum::middleware::from_fn_with_state(
+            hosts,
+            auth::host_guard,
+        ))
+        .into_make_service_with_connect_info::<https::ClientAddr>();
+    match tls {
+        None => axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await
+            .map_err(DashboardError::Serve),
+        Some((cert, key)) => {
+            let config = https::server_config(&cert, &key).map_err(DashboardError::Tls)?;
+            let listener = https::TlsListener::new(listener, config, cancel.clone());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(cancel.cancelled_owned())
+                .await
+                .map_err(DashboardError::Serve)
+        }
+    }
 }

@@ -949,7 +949,10 @@ pub async fn http(
         Some(q) => format!("{}?{q}", u.path()),
         None => u.path().to_string(),
     };
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {host}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -1025,17 +1028,19 @@ pub fn spawn_ui(env: &TestEnv, config: &Path) -> (WorkerProcess, String) {
     (p, url)
 }
 
-/// The `http://host:port` a process's dashboard listens on, from its log.
+/// The `http://host:port` (or `https://`) a process's dashboard listens
+/// on, from its log.
 pub fn wait_for_dashboard_url(p: &WorkerProcess) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let text = p.log_text();
-        if let Some(i) = text.find("url=http://") {
+        if let Some(i) = text
+            .find("url=http://")
+            .or_else(|| text.find("url=https://"))
+        {
             let rest = &text[i + 4..];
-            let end = rest
-                .find('/')
-                .map(|_| rest[7..].find('/').unwrap() + 7)
-                .unwrap();
+            let after_scheme = rest.find("://").unwrap() + 3;
+            let end = rest[after_scheme..].find('/').unwrap() + after_scheme;
             return rest[..end].to_string();
         }
         assert!(

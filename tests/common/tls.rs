@@ -13,7 +13,14 @@ use rcgen::{
     KeyUsagePurpose, date_time_ymd,
 };
 
-use super::unique;
+/// A unique name with `prefix` (this module is shared with the bench,
+/// which has no `common`).
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
 
 /// A CA and the folder its files are written to.
 pub struct Pki {
@@ -36,7 +43,12 @@ pub enum ServerCert<'a> {
 impl Pki {
     /// A new CA in a new temporary folder.
     pub fn new() -> Self {
-        let dir = std::env::temp_dir().join(unique("outboxd-pki"));
+        Self::in_dir(&std::env::temp_dir())
+    }
+
+    /// A new CA in a new folder under `parent`.
+    pub fn in_dir(parent: &Path) -> Self {
+        let dir = parent.join(unique("outboxd-pki"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -116,6 +128,9 @@ pub struct TlsServer {
     pub client_cert_required: bool,
     /// RabbitMQ only: the TLS listener's port.
     pub amqps_port: Option<u16>,
+    /// PostgreSQL only: plain connections are served too (the bench
+    /// compares both on one server).
+    pub plain_too: bool,
 }
 
 impl TlsServer {
@@ -127,6 +142,7 @@ impl TlsServer {
             files,
             client_cert_required,
             amqps_port: None,
+            plain_too: false,
         }
     }
 
@@ -138,6 +154,9 @@ impl TlsServer {
         )];
         if self.client_cert_required {
             env.push(("OUTBOXD_TLS_CLIENT".into(), "required".into()));
+        }
+        if self.plain_too {
+            env.push(("OUTBOXD_TLS_PLAIN_TOO".into(), "1".into()));
         }
         if let Some(port) = self.amqps_port {
             env.push(("OUTBOXD_AMQPS_PORT".into(), port.to_string()));
