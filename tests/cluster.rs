@@ -220,3 +220,85 @@ async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away()
     assert!(v.is_clean(), "{v:?}");
     terminate_all(&mut workers);
 }
+
+/// The first scenario over TLS: every node also listens for AMQPS (one
+/// certificate naming each node's address, from a private CA), the workers
+/// list the nodes as `amqps://` URLs; the node worker 1 is on is killed
+/// with SIGKILL mid-drain and it moves to a live node over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_amqps_workers_move_to_a_live_node_when_theirs_is_killed() {
+    let lab = Lab::database_only(5);
+    let pki = common::tls::Pki::new();
+    let cluster = RabbitCluster::start_tls(&lab, &[3, 4, 5], &pki);
+    let urls = |order: [usize; 3]| order.map(|i| cluster.tls_url(i)).join(",");
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(urls([0, 1, 2])),
+        extra_toml: format!("[amqp.tls]\nca_file = \"{}\"\n", pki.ca.display()),
+        ..lab.tuning(Tuning::hosts())
+    })
+    .await;
+    let config2 = env.config_variant("worker2", |t| t.replace(&urls([0, 1, 2]), &urls([1, 0, 2])));
+    let queue = unique("q");
+    // The checker reads plain AMQP from node 2, which no fault touches.
+    let mut reader = Reader {
+        queue: QueueReader::open_quorum(&cluster.url(2), &queue)
+            .await
+            .unwrap(),
+        node: 2,
+        moves: 0,
+    };
+    let mut workers = vec![
+        env.spawn_worker_on(Some(&lab.netns(1)), &env.config_path, &[]),
+        env.spawn_worker_on(Some(&lab.netns(2)), &config2, &[]),
+    ];
+    wait_converged(&env, 2, Duration::from_secs(30)).await;
+    let total = 6_000;
+    let producing = tokio::spawn(produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        total,
+        300,
+        Duration::from_secs(30),
+    ));
+    env.wait_count("published_at IS NOT NULL", 500, Duration::from_secs(30))
+        .await;
+    let log = workers[0].log_text();
+    assert!(log.contains("url=amqps://"), "connected over TLS: {log}");
+    let node = cluster.node_in_log(&log).expect("worker 1 is connected");
+    let (before, published) = (
+        connects(&workers[0]),
+        env.count("published_at IS NOT NULL").await,
+    );
+    cluster.kill9(node);
+    let (moved, resumed) = wait_failover(
+        &env,
+        &mut reader,
+        &cluster,
+        &workers[0],
+        node,
+        before,
+        published,
+    )
+    .await;
+    let last = workers[0]
+        .log_text()
+        .lines()
+        .rev()
+        .find(|l| l.contains("connected to RabbitMQ"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(last.contains("amqps://"), "still TLS after the failover: {last}");
+    producing.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reader.queue.checker.unique() < total && Instant::now() < deadline {
+        reader.pump(&cluster, Duration::from_millis(500)).await;
+    }
+    reader.pump(&cluster, Duration::from_millis(500)).await;
+    let v = reader.queue.checker.verdict(env.all_ids().await);
+    println!(
+        "cluster over amqps: kill -9 of node {node}: worker 1 on another node after {moved:.2?}, the fleet published 300 more after {resumed:.2?}; {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{v:?}");
+    terminate_all(&mut workers);
+}

@@ -260,13 +260,29 @@ pub struct RabbitCluster {
     hosts: Vec<usize>,
     dirs: Vec<std::path::PathBuf>,
     cookie: String,
+    /// With TLS: the folder of the nodes' certificate files (one
+    /// certificate naming every node's address), listened on at
+    /// [`CLUSTER_TLS_PORT`] beside the plain port.
+    tls: Option<std::path::PathBuf>,
 }
 
 /// The AMQP port of every node (each has its own address).
 const CLUSTER_PORT: u16 = 5672;
+/// The AMQPS port of every node of a TLS cluster.
+const CLUSTER_TLS_PORT: u16 = 5671;
 
 impl RabbitCluster {
     pub fn start(lab: &Lab, hosts: &[usize]) -> Self {
+        Self::start_with(lab, hosts, None)
+    }
+
+    /// A cluster whose nodes also listen for AMQPS, with a certificate from
+    /// `pki` for every node's address.
+    pub fn start_tls(lab: &Lab, hosts: &[usize], pki: &super::tls::Pki) -> Self {
+        Self::start_with(lab, hosts, Some(pki))
+    }
+
+    fn start_with(lab: &Lab, hosts: &[usize], pki: Option<&super::tls::Pki>) -> Self {
         let state = std::path::PathBuf::from(
             std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()),
         );
@@ -278,7 +294,16 @@ impl RabbitCluster {
                 .map(|h| state.join(format!("cluster-{}-h{h}", lab.id)))
                 .collect(),
             cookie: super::unique("cookie").to_uppercase(),
+            tls: None,
         };
+        let mut cluster = cluster;
+        if let Some(pki) = pki {
+            let files = pki.dir.join(super::unique("cluster"));
+            let ips: Vec<String> = (0..hosts.len()).map(|i| cluster.ip(i)).collect();
+            let names: Vec<&str> = ips.iter().map(String::as_str).collect();
+            pki.server_files(&files, super::tls::ServerCert::For(&names));
+            cluster.tls = Some(files);
+        }
         // The nodes boot side by side (each takes seconds).
         std::thread::scope(|s| {
             for i in 0..hosts.len() {
@@ -312,6 +337,11 @@ impl RabbitCluster {
         format!("amqp://guest:guest@{}:{CLUSTER_PORT}/%2f", self.ip(i))
     }
 
+    /// Node `i`'s AMQPS URL (a cluster started with [`RabbitCluster::start_tls`]).
+    pub fn tls_url(&self, i: usize) -> String {
+        format!("amqps://guest:guest@{}:{CLUSTER_TLS_PORT}/%2f", self.ip(i))
+    }
+
     fn node_name(&self, i: usize) -> String {
         format!("outboxd-{CLUSTER_PORT}@{}", self.ip(i))
     }
@@ -337,6 +367,12 @@ impl RabbitCluster {
                 "OUTBOXD_RABBIT_CONF",
                 "cluster_partition_handling = pause_minority",
             )
+            .envs(self.tls.iter().flat_map(|files| {
+                [
+                    ("OUTBOXD_TLS_DIR".to_string(), files.display().to_string()),
+                    ("OUTBOXD_AMQPS_PORT".to_string(), CLUSTER_TLS_PORT.to_string()),
+                ]
+            }))
             .stdout(std::process::Stdio::null())
             .status()
             .map(|s| s.success())
