@@ -149,6 +149,47 @@ fn environment_urls_are_validated_and_redacted() {
 }
 
 #[test]
+fn secrets_come_from_files_and_an_unreadable_one_is_named() {
+    let dir = temp_dir();
+    let secret = dir.join("amqp_url");
+    std::fs::write(&secret, "amqps://relay:hunter2@mq.example/%2f\n").unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, "a-dashboard-token-from-a-file\n").unwrap();
+    let out = run(
+        &["config"],
+        &[
+            ("AMQP_URL_FILE", secret.to_str().unwrap()),
+            ("OUTBOXD_DASHBOARD__TOKEN_FILE", token.to_str().unwrap()),
+        ],
+        &dir,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("url = \"amqps://relay:***@mq.example/%2f\""),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("hunter2") && !stdout.contains("a-dashboard-token-from-a-file"),
+        "{stdout}"
+    );
+    let out = run(
+        &["config"],
+        &[("DATABASE_URL_FILE", "/nonexistent/database-url")],
+        &dir,
+    );
+    assert_one_line_error(
+        &out,
+        "DATABASE_URL_FILE: cannot read /nonexistent/database-url",
+    );
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
 fn an_unreachable_database_is_one_line_without_the_password() {
     let dir = temp_dir();
     let out = run(

@@ -287,7 +287,10 @@ async fn over_amqps_workers_move_to_a_live_node_when_theirs_is_killed() {
         .find(|l| l.contains("connected to RabbitMQ"))
         .unwrap_or_default()
         .to_string();
-    assert!(last.contains("amqps://"), "still TLS after the failover: {last}");
+    assert!(
+        last.contains("amqps://"),
+        "still TLS after the failover: {last}"
+    );
     producing.await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while reader.queue.checker.unique() < total && Instant::now() < deadline {

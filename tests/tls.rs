@@ -422,13 +422,13 @@ async fn mutual_tls_with_external_login_survives_rotated_certificates() {
     produce_evenly(
         env.db.clone(),
         queue.clone(),
-        1_000,
+        2_500,
         50,
-        Duration::from_secs(2),
+        Duration::from_secs(3),
     )
     .await;
     let got = reader
-        .read_until(Duration::from_secs(60), |c| c.unique() >= 1_000)
+        .read_until(Duration::from_secs(60), |c| c.unique() >= 2_500)
         .await
         .unwrap();
     assert!(got, "{}", worker.log_text());
@@ -462,12 +462,12 @@ async fn mutual_tls_with_external_login_survives_rotated_certificates() {
     produce_evenly(
         env.db.clone(),
         queue.clone(),
-        1_000,
+        2_500,
         50,
-        Duration::from_secs(2),
+        Duration::from_secs(3),
     )
     .await;
-    let (all, v) = read_and_judge(&mut reader, &env, 2_000, Duration::from_secs(60)).await;
+    let (all, v) = read_and_judge(&mut reader, &env, 5_000, Duration::from_secs(60)).await;
     println!("mutual TLS with rotation: {}", v.summary());
     assert!(
         all && v.is_clean(),

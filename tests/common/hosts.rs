@@ -370,7 +370,10 @@ impl RabbitCluster {
             .envs(self.tls.iter().flat_map(|files| {
                 [
                     ("OUTBOXD_TLS_DIR".to_string(), files.display().to_string()),
-                    ("OUTBOXD_AMQPS_PORT".to_string(), CLUSTER_TLS_PORT.to_string()),
+                    (
+                        "OUTBOXD_AMQPS_PORT".to_string(),
+                        CLUSTER_TLS_PORT.to_string(),
+                    ),
                 ]
             }))
             .stdout(std::process::Stdio::null())
