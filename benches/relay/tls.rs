@@ -4,9 +4,11 @@
 //! certificates from a private CA made here (`tests/common/tls.rs`).
 //!
 //! Throughput: one worker drains the same seeded backlog into a filling
-//! queue, plaintext and TLS alternating, `max(repeat, 3)` times each; the
-//! figure is the ratio of the medians (target ≥ 0.9). Latency: a trickle of
-//! 50 msg/s into an idle worker, plaintext then TLS (p50 / p99).
+//! queue, plaintext, TLS on both links, and TLS on each link alone, in
+//! turn, `max(repeat, 3)` times each; the figure is the ratio of the
+//! medians (target ≥ 0.9 for both links), with the CPU per message of the
+//! worker, PostgreSQL and RabbitMQ. Latency: a trickle of 50 msg/s into an
+//! idle worker, plaintext then TLS (p50 / p99).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -15,7 +17,10 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::tls_pki::{Pki, TlsServer};
-use super::{Bench, PAYLOAD, any_pending, ms, pct, terminate, trickle};
+use super::{
+    Bench, PAYLOAD, any_pending, cpu_ticks, ms, pct, postgres_cpu_ticks, terminate, trickle,
+    us_per_message,
+};
 
 /// A private server started through `scripts/services.sh`, stopped on drop.
 struct Private {
@@ -50,6 +55,23 @@ impl Private {
 impl Drop for Private {
     fn drop(&mut self) {
         self.run(&self.stop);
+        if let Some(dir) = self.dir() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Private {
+    /// The server's state folder: `OUTBOXD_STATE_DIR` or the rabbit DIR.
+    fn dir(&self) -> Option<PathBuf> {
+        match self.args.first().map(String::as_str) {
+            Some("rabbit") => self.args.get(2).map(PathBuf::from),
+            _ => self
+                .env
+                .iter()
+                .find(|(k, _)| k == "OUTBOXD_STATE_DIR")
+                .map(|(_, v)| PathBuf::from(v)),
+        }
     }
 }
 
@@ -71,15 +93,18 @@ impl Bench {
         let pki = Pki::in_dir(&self.dir);
         let mut server = TlsServer::new(&pki, false);
         server.plain_too = true;
+        // Under the services' state folder, which the service user may write.
+        let state =
+            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()));
         let pg_port = free_port(33000);
-        let pg_dir = self.dir.join("tls-pg");
+        let pg_dir = state.join(format!("bench-tls-pg-{pg_port}"));
         let mut pg_env = server.env();
         pg_env.push(("OUTBOXD_STATE_DIR".into(), pg_dir.display().to_string()));
         pg_env.push(("OUTBOXD_PG_PORT".into(), pg_port.to_string()));
         let _pg = Private::start(&["pg", "start"], &["pg", "stop", "immediate"], pg_env);
         let (amqp_port, amqps_port) = (free_port(35000), free_port(37000));
         server.amqps_port = Some(amqps_port);
-        let rabbit_dir = self.dir.join("tls-rabbit");
+        let rabbit_dir = state.join(format!("bench-tls-rabbit-{amqp_port}"));
         let (dir, port) = (rabbit_dir.display().to_string(), amqp_port.to_string());
         let _rabbit = Private::start(
             &["rabbit", "start", &dir, &port],
@@ -103,23 +128,43 @@ impl Bench {
                 .append_pair("sslrootcert", &pki.ca.display().to_string());
             u.to_string()
         };
-        let tls_config = self.dir.join("tls.toml");
-        std::fs::write(
-            &tls_config,
-            format!(
-                "[database]\nurl = \"{tls_db}\"\n[amqp]\nurl = \"amqps://guest:guest@127.0.0.1:{amqps_port}/%2f\"\n[amqp.tls]\nca_file = \"{}\"\n",
-                pki.ca.display()
-            ),
-        )
-        .unwrap();
-        let variants: [(&str, &PathBuf); 2] = [("plaintext", &plain_config), ("TLS", &tls_config)];
+        // Plaintext, TLS on both links (the target), and each link alone
+        // (where the cost goes).
+        let tls_amqp = format!(
+            "amqps://guest:guest@127.0.0.1:{amqps_port}/%2f\"\n[amqp.tls]\nca_file = \"{}",
+            pki.ca.display()
+        );
+        let mut variants: Vec<(&str, PathBuf)> = vec![("plaintext", plain_config.clone())];
+        for (name, db, amqp) in [
+            ("TLS", &tls_db, &tls_amqp),
+            ("TLS to the database only", &tls_db, &plain_amqp),
+            ("TLS to the broker only", &db_url, &tls_amqp),
+        ] {
+            let path = self.dir.join(format!("{}.toml", name.replace(' ', "-")));
+            std::fs::write(
+                &path,
+                format!("[database]\nurl = \"{db}\"\n[amqp]\nurl = \"{amqp}\"\n"),
+            )
+            .unwrap();
+            variants.push((name, path));
+        }
+        let broker_ticks = || {
+            std::fs::read_to_string(rabbit_dir.join("rabbit.pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .and_then(cpu_ticks)
+                .unwrap_or(0)
+        };
 
         let queue = "bench-tls";
-        let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+        // Worker, PostgreSQL and RabbitMQ CPU per message, summed over rounds.
+        let mut cpu = vec![[0u64; 3]; variants.len()];
         for round in 0..rounds {
             for (i, (name, config)) in variants.iter().enumerate() {
                 self.seed(&store, n, queue, false).await;
                 self.declare_purged(queue).await;
+                let (pg0, mq0) = (postgres_cpu_ticks(), broker_ticks());
                 let start = Instant::now();
                 let mut worker = self.spawn(config, &["--silent"]);
                 while any_pending(&store).await {
@@ -130,27 +175,51 @@ impl Bench {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 let rate = n as f64 / start.elapsed().as_secs_f64();
+                let ticks = [
+                    cpu_ticks(worker.id()).unwrap_or(0),
+                    postgres_cpu_ticks() - pg0,
+                    broker_ticks() - mq0,
+                ];
                 terminate(&mut worker);
                 println!("  round {round}: {name} {rate:.0} msg/s");
                 rates[i].push(rate);
+                for (sum, t) in cpu[i].iter_mut().zip(ticks) {
+                    *sum += t;
+                }
             }
         }
-        let median = |v: &mut Vec<f64>| {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (plain_rate, tls_rate) = (median(&mut rates[0].clone()), median(&mut rates[1].clone()));
-        let ratio = tls_rate / plain_rate;
-        self.row(
-            "1 worker, plaintext on both links (median)",
-            format!("{plain_rate:.0} msg/s"),
-            "baseline".into(),
-        );
-        self.row(
-            "1 worker, TLS on both links (median)",
-            format!("{tls_rate:.0} msg/s"),
-            format!("{ratio:.2} x plaintext, target >= 0.9"),
-        );
+        let plain_rate = median(&rates[0]);
+        let ratio = median(&rates[1]) / plain_rate;
+        let mut throughput = serde_json::Map::new();
+        for (i, (name, _)) in variants.iter().enumerate() {
+            let rate = median(&rates[i]);
+            let [w, p, b] = cpu[i].map(|t| us_per_message(t, n * rounds as usize));
+            let target = match i {
+                0 => "baseline".to_string(),
+                1 => format!("{ratio:.2} x plaintext, target >= 0.9"),
+                _ => format!("{:.2} x plaintext", rate / plain_rate),
+            };
+            self.row(
+                &format!("1 worker, {name} (median of {rounds})"),
+                format!("{rate:.0} msg/s"),
+                target,
+            );
+            self.row(
+                &format!("  CPU per message, {name}: worker / PostgreSQL / RabbitMQ"),
+                format!("{w:.0} / {p:.0} / {b:.0} us"),
+                String::new(),
+            );
+            throughput.insert(
+                name.to_string(),
+                json!({ "msgs_per_sec": rates[i], "median": rate, "cpu_us_per_message": { "worker": w, "postgres": p, "rabbitmq": b } }),
+            );
+        }
+        let variants = &variants[..2];
 
         let mut latency = serde_json::Map::new();
         let over = Duration::from_secs(if self.quick { 3 } else { 10 });
@@ -164,7 +233,7 @@ impl Bench {
             self.row(
                 &format!("commit-to-queue latency at 50 msg/s, {name} (p50 / p99)"),
                 format!("{:.1} / {:.1} ms", ms(p50), ms(p99)),
-                if name == "TLS" {
+                if *name == "TLS" {
                     "vs plaintext"
                 } else {
                     "baseline"
@@ -181,8 +250,8 @@ impl Bench {
             "tls".into(),
             json!({
                 "messages": n, "payload_bytes": PAYLOAD, "rounds": rounds,
-                "plaintext_msgs_per_sec": rates[0], "tls_msgs_per_sec": rates[1],
-                "ratio_of_medians": ratio, "latency_50_per_sec": latency,
+                "throughput": throughput, "ratio_of_medians": ratio,
+                "latency_50_per_sec": latency,
             }),
         );
         self.amqp_url = shared_amqp;
