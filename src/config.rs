@@ -644,6 +644,12 @@ impl Config {
             }
             _ => {}
         }
+        for (key, path) in [
+            ("dashboard.tls_cert_file", d.tls_cert_file.trim()),
+            ("dashboard.tls_key_file", d.tls_key_file.trim()),
+        ] {
+            readable(key, path)?;
+        }
 
         validate_identifier("tables.outbox", &self.tables.outbox, MAX_OUTBOX_TABLE_LEN)?;
         validate_identifier("tables.partitions", &self.tables.partitions, 63)?;
@@ -741,16 +747,21 @@ fn validate_amqp_tls(tls: &AmqpTlsConfig) -> Result<(), ConfigError> {
         ("amqp.tls.key_file", &files.key_file),
     ];
     for (key, path) in named {
-        if let Some(path) = path
-            && let Err(e) = std::fs::File::open(path)
-        {
-            return Err(invalid(
-                key,
-                format!("({}): cannot read: {e}", path.display()),
-            ));
+        if let Some(path) = path {
+            readable(key, &path.display().to_string())?;
         }
     }
     Ok(())
+}
+
+/// A file named by `key` (empty: none) can be opened now.
+fn readable(key: &'static str, path: &str) -> Result<(), ConfigError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| invalid(key, format!("({path}): cannot read: {e}")))
 }
 
 /// Plain, unquoted, lower-case SQL identifiers only: they are spliced into

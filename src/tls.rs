@@ -198,6 +198,7 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
 /// Why a connection to `url` failed, as one line naming the server (by the
 /// URL's host) and what to change, when the failure is about TLS; `None`
 /// otherwise. Callers put it after the (redacted) URL.
+///
 /// `files` are the link's CA, certificate and key files
 /// ([`TlsFiles::from_url`] for a database).
 pub fn explain(
@@ -385,7 +386,12 @@ pub fn find_rustls<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls
     None
 }
 
+/// The error and its causes, each once; a database's own error as its
+/// message alone (without sqlx's prefix and the server's source line).
 fn chain_text(error: &(dyn StdError + 'static)) -> String {
+    if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+        return db.message().to_string();
+    }
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(e) = next {

@@ -198,7 +198,7 @@ impl Bench {
         let mut throughput = serde_json::Map::new();
         for (i, (name, _)) in variants.iter().enumerate() {
             let rate = median(&rates[i]);
-            let [w, p, b] = cpu[i].map(|t| us_per_message(t, n * rounds as usize));
+            let [w, p, b] = cpu[i].map(|t| us_per_message(t, n * rounds));
             let target = match i {
                 0 => "baseline".to_string(),
                 1 => format!("{ratio:.2} x plaintext, target >= 0.9"),
