@@ -1,8 +1,8 @@
 //! Who may use the dashboard.
 //!
 //! Without `dashboard.token` every request is served (the default bind
-//! address is loopback). With a token, every request except `/healthz`, the stylesheet and
-//! the login page must carry it, as `Authorization: Bearer <token>` (API
+//! address is loopback). With a token, every request except `/healthz`, the
+//! stylesheet and the login page must carry it, as `Authorization: Bearer <token>` (API
 //! clients, Prometheus) or as the session cookie the login form sets
 //! (browsers: HttpOnly, SameSite=Strict). Requests without it get 401; page
 //! requests are sent to the login form instead.
