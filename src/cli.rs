@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::env::{Provenance, Source};
 use crate::config::{Config, ConfigError, Redacted};
 use crate::partitioner::Partitioner;
 use crate::store::{Store, schema};
@@ -123,7 +124,7 @@ pub fn main() -> ExitCode {
     let silent = matches!(&cli.command, Command::Work(w) if w.silent);
     init_tracing(silent);
 
-    let config = match load_config(&cli) {
+    let (config, provenance) = match load_config(&cli) {
         Ok(c) => c,
         Err(e) => {
             crate::complain!("outboxd: config: {e}");
@@ -141,7 +142,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command, config)) {
+    match runtime.block_on(dispatch(cli.command, config, provenance)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             crate::complain!("outboxd: {}", error_line(&e));
@@ -219,20 +220,24 @@ fn init_tracing(silent: bool) {
         .init();
 }
 
-/// Defaults < file < environment < flags, then validation.
-pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
+/// Defaults < file < environment < flags, then validation; and where each
+/// value came from.
+pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
     let default_path = PathBuf::from("config/outboxd.toml");
-    let mut config = match &cli.config {
-        Some(path) => Config::from_file(path)?,
-        None if default_path.is_file() => Config::from_file(&default_path)?,
-        None => Config::default(),
+    let file = match &cli.config {
+        Some(path) => Some(path.as_path()),
+        None if default_path.is_file() => Some(default_path.as_path()),
+        None => None,
     };
-    config.apply_env()?;
+    let (mut config, mut provenance) = Config::load(file)?;
+    let mut flag = |key: &str, flag: &'static str| provenance.set(key, Source::Flag(flag));
     if let Some(url) = &cli.database_url {
         config.database.url = url.clone();
+        flag("database.url", "--database-url");
     }
     if let Some(url) = &cli.amqp_url {
         config.amqp.url = url.clone();
+        flag("amqp.url", "--amqp-url");
     }
     if let Command::Work(WorkArgs {
         batch_size: Some(n),
@@ -240,21 +245,22 @@ pub fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     }) = &cli.command
     {
         config.outbox.batch_size = *n;
+        flag("outbox.batch_size", "--batch-size");
     }
     let listen = match &cli.command {
-        Command::Work(WorkArgs { ui: Some(addr), .. }) | Command::Ui { listen: Some(addr) } => {
-            Some(addr)
-        }
+        Command::Work(WorkArgs { ui: Some(addr), .. }) => Some((addr, "--ui")),
+        Command::Ui { listen: Some(addr) } => Some((addr, "--listen")),
         _ => None,
     };
-    if let Some(addr) = listen {
+    if let Some((addr, name)) = listen {
         config.dashboard.listen = addr.clone();
+        flag("dashboard.listen", name);
     }
     config.validate()?;
-    Ok(config)
+    Ok((config, provenance))
 }
 
-async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
+async fn dispatch(command: Command, config: Config, provenance: Provenance) -> anyhow::Result<()> {
     use anyhow::Context;
     match command {
         Command::Migrate => {
@@ -320,15 +326,49 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Config => {
             let text = toml::to_string(&redacted(&config))
                 .context("cannot print the configuration as TOML")?;
+            let file = match &provenance.file {
+                Some(path) => format!("read {path}"),
+                None => "no file read".to_string(),
+            };
+            let variables = match provenance.variables() {
+                v if v.is_empty() => "none".to_string(),
+                v => v.join(", "),
+            };
             crate::say!(
                 "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
                  # passwords and the dashboard token redacted. Valid as a config file once the\n\
-                 # redacted secrets are filled in.\n\n{}",
-                text.trim_end()
+                 # redacted secrets are filled in. Each value says where it came from.\n\
+                 # Configuration file: {file}. Variables used: {variables}.\n\n{}",
+                with_sources(&text, &provenance).trim_end()
             );
             Ok(())
         }
     }
+}
+
+/// The TOML text of a configuration with each key's source after it
+/// (`batch_size = 500  # environment (OUTBOXD_OUTBOX__BATCH_SIZE)`).
+fn with_sources(text: &str, provenance: &Provenance) -> String {
+    let mut section = String::new();
+    let mut out = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if let Some(name) = trimmed.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            out.push_str(line);
+        } else if let Some((key, _)) = trimmed.split_once(" = ") {
+            let dotted = if section.is_empty() {
+                key.to_string()
+            } else {
+                format!("{section}.{key}")
+            };
+            out.push_str(&format!("{line}  # {}", provenance.source(&dotted)));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// `c` with every secret replaced by `***`.

@@ -190,6 +190,76 @@ fn secrets_come_from_files_and_an_unreadable_one_is_named() {
 }
 
 #[test]
+fn every_key_comes_from_the_environment_and_config_says_from_where() {
+    let dir = temp_dir();
+    let file = dir.join("outboxd.toml");
+    std::fs::write(&file, "[outbox]\nclaim_ttl = \"20s\"\nbatch_size = 200\n").unwrap();
+    let out = run(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--amqp-url",
+            "amqp://x:secret@mq/%2f",
+            "config",
+        ],
+        &[
+            ("OUTBOXD_OUTBOX__BATCH_SIZE", "500"),
+            ("OUTBOXD_DATABASE__POOLER", "transaction"),
+            ("OUTBOXD_AMQP__URL", "amqp://overridden-by-the-flag/%2f"),
+        ],
+        &dir,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "batch_size = 500  # environment (OUTBOXD_OUTBOX__BATCH_SIZE)",
+        "pooler = \"transaction\"  # environment (OUTBOXD_DATABASE__POOLER)",
+        "claim_ttl = \"20s\"  # file",
+        "url = \"amqp://x:***@mq/%2f\"  # flag (--amqp-url)",
+        "partition_count = 16  # default",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "missing {line:?} in:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains(&format!("Configuration file: read {}", file.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Variables used: OUTBOXD_DATABASE__POOLER, OUTBOXD_OUTBOX__BATCH_SIZE"),
+        "{stdout}"
+    );
+
+    // A typo is refused in one line, with the key it probably meant; the
+    // project's other variables are no keys and pass.
+    let out = run(
+        &["config"],
+        &[
+            ("OUTBOXD_OUTBOX__BACTH_SIZE", "5"),
+            ("OUTBOXD_STATE_DIR", "/x"),
+            ("OUTBOXD_PG_PORT", "1"),
+        ],
+        &dir,
+    );
+    assert_one_line_error(
+        &out,
+        "OUTBOXD_OUTBOX__BACTH_SIZE names no configuration key (did you mean OUTBOXD_OUTBOX__BATCH_SIZE?)",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["config"], &[("OUTBOXD_OUTBOX__BATCH_SIZE", "many")], &dir);
+    assert_one_line_error(
+        &out,
+        "OUTBOXD_OUTBOX__BATCH_SIZE: 'many' is not a whole number",
+    );
+}
+
+#[test]
 fn an_unreachable_database_is_one_line_without_the_password() {
     let dir = temp_dir();
     let out = run(

@@ -651,6 +651,50 @@ async fn once_json_prints_one_valid_json_report_and_exits_zero(db: Db) {
     assert_eq!(env.count("published_at IS NULL").await, 0);
 }
 
+/// No configuration file at all: every setting from `OUTBOXD_` variables
+/// (and the URLs as `_FILE` secrets), in a directory without
+/// `config/outboxd.toml`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_configured_only_by_the_environment_relays() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    declare(&amqp_url(), &queue).await;
+    for i in 0..300 {
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))
+            .await;
+    }
+    let secret = env.dir.join("database_url");
+    std::fs::write(&secret, format!("{}\n", env.db_url)).unwrap();
+    let bare = env.dir.join("no-config-here");
+    std::fs::create_dir_all(&bare).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["work", "--no-leasing", "--once", "--json"])
+        .current_dir(&bare)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env_remove("OUTBOXD_CONFIG")
+        .env("OUTBOXD_LOG", WORKER_LOG)
+        .env("OUTBOXD_DATABASE__URL_FILE", &secret)
+        .env("OUTBOXD_AMQP__URL", amqp_url())
+        .env("OUTBOXD_OUTBOX__BATCH_SIZE", "50")
+        .env("OUTBOXD_DATABASE__MAX_CONNECTIONS", "4")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let published: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["published"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(published, 300, "{stderr}");
+    assert_eq!(env.count("published_at IS NULL").await, 0);
+}
+
 async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db) {
     let env = TestEnv::on(db).await;
     let queue = unique("q");

@@ -1,13 +1,17 @@
 //! Configuration: the typed form of `config/outboxd.toml`.
 //!
 //! Precedence, lowest first: the defaults below (`DEFAULT_*`), the TOML file,
-//! the environment (`DATABASE_URL`, `AMQP_URL`), command-line flags. Nothing
-//! is used before [`Config::validate`] has accepted it, and every refusal is
-//! one line naming the key, e.g. `worker.lease_renew (15s) must be shorter
-//! than worker.lease_ttl (15s)`.
+//! the environment ([`env`]: `OUTBOXD_<SECTION>__<KEY>` for every key, then
+//! `DATABASE_URL` / `AMQP_URL`), command-line flags. Nothing is used before
+//! [`Config::validate`] has accepted it, and every refusal is one line
+//! naming the key or the variable, e.g. `worker.lease_renew (15s) must be
+//! shorter than worker.lease_ttl (15s)`. [`env::Provenance`] says where
+//! each value came from.
 //!
 //! Durations are written as strings with a unit: `"250ms"`, `"15s"`, `"2m"`,
 //! `"1h"`, `"7d"`.
+
+pub mod env;
 
 use std::fmt;
 use std::path::Path;
@@ -436,27 +440,70 @@ impl Config {
         })
     }
 
-    /// Applies the secrets the environment gives: `DATABASE_URL`,
-    /// `AMQP_URL` and `OUTBOXD_DASHBOARD__TOKEN`, each also as `<NAME>_FILE`
-    /// (a file holding the value, the container convention; a trailing
-    /// newline is ignored). A file that cannot be read, or a variable
-    /// given both ways, is one line naming it.
-    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
-        self.apply_env_from(|k| std::env::var(k).ok())
+    /// Defaults < the file (when given) < the environment; flags are the
+    /// caller's to apply, and [`Config::validate`] after them.
+    pub fn load(file: Option<&Path>) -> Result<(Self, env::Provenance), ConfigError> {
+        // Variables that are not text cannot be configuration; skip them.
+        let vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        Self::load_from(file, &vars)
     }
 
-    fn apply_env_from(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        let targets: [(&'static str, &mut String); 3] = [
-            ("DATABASE_URL", &mut self.database.url),
-            ("AMQP_URL", &mut self.amqp.url),
-            ("OUTBOXD_DASHBOARD__TOKEN", &mut self.dashboard.token),
+    fn load_from(
+        file: Option<&Path>,
+        vars: &[(String, String)],
+    ) -> Result<(Self, env::Provenance), ConfigError> {
+        let mut provenance = env::Provenance::default();
+        let config = match file {
+            Some(path) => {
+                let config = Self::from_file(path)?;
+                provenance.file = Some(path.display().to_string());
+                if let Ok(text) = std::fs::read_to_string(path) {
+                    env::record_file(&text, &mut provenance);
+                }
+                config
+            }
+            None => Self::default(),
+        };
+        let config = config.with_env(vars, &mut provenance)?;
+        Ok((config, provenance))
+    }
+
+    /// This configuration with the environment's values over it: every
+    /// `OUTBOXD_<SECTION>__<KEY>` ([`env`]), then `DATABASE_URL` and
+    /// `AMQP_URL`, each also as `<NAME>_FILE`.
+    pub fn with_env(
+        &self,
+        vars: &[(String, String)],
+        provenance: &mut env::Provenance,
+    ) -> Result<Self, ConfigError> {
+        let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let mut config = env::apply(self, vars, &get, provenance)?;
+        let aliases: [(&str, &str, &mut String); 2] = [
+            ("DATABASE_URL", "database.url", &mut config.database.url),
+            ("AMQP_URL", "amqp.url", &mut config.amqp.url),
         ];
-        for (name, target) in targets {
-            if let Some(value) = secret_from_env(name, &get)? {
+        for (var, key, target) in aliases {
+            if let Some(value) = env::value_or_file(var, &get)? {
                 *target = value;
+                let name = if get(var).is_some_and(|v| !v.is_empty()) {
+                    var.to_string()
+                } else {
+                    format!("{var}_FILE")
+                };
+                provenance.set(key, env::Source::Env(name));
             }
         }
-        Ok(())
+        Ok(config)
+    }
+
+    /// A configuration from a TOML table (the environment layer's merge);
+    /// the error is one line.
+    fn deserialize_table(table: toml::Table) -> Result<Self, String> {
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| e.message().trim().replace('\n', " "))
     }
 
     /// Checks every value; the first problem found is returned.
@@ -662,33 +709,6 @@ impl Config {
             ));
         }
         Ok(())
-    }
-}
-
-/// `NAME`, or the content of the file `NAME_FILE` names; unset or empty:
-/// `None`.
-fn secret_from_env(
-    name: &'static str,
-    get: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<String>, ConfigError> {
-    let file_var = format!("{name}_FILE");
-    let direct = get(name).filter(|v| !v.is_empty());
-    let file = get(&file_var).filter(|v| !v.is_empty());
-    match (direct, file) {
-        (Some(_), Some(_)) => Err(ConfigError::Env(format!(
-            "both {name} and {file_var} are set: set one of them"
-        ))),
-        (Some(value), None) => Ok(Some(value)),
-        (None, Some(path)) => {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| ConfigError::Env(format!("{file_var}: cannot read {path}: {e}")))?;
-            let value = text.trim_end_matches(['\n', '\r']).to_string();
-            if value.is_empty() {
-                return Err(ConfigError::Env(format!("{file_var}: {path} is empty")));
-            }
-            Ok(Some(value))
-        }
-        (None, None) => Ok(None),
     }
 }
 
@@ -958,11 +978,19 @@ mod tests {
         );
     }
 
+    /// `with_env` over `config` with `vars`.
+    fn with_vars(config: &Config, vars: &[(&str, String)]) -> Result<Config, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        config.with_env(&vars, &mut env::Provenance::default())
+    }
+
     #[test]
     fn env_overrides_file() {
-        let mut c = Config::from_toml("[database]\nurl = \"postgres://file/x\"").unwrap();
-        c.apply_env_from(|k| (k == "DATABASE_URL").then(|| "postgres://env/y".to_string()))
-            .unwrap();
+        let c = Config::from_toml("[database]\nurl = \"postgres://file/x\"").unwrap();
+        let c = with_vars(&c, &[("DATABASE_URL", "postgres://env/y".into())]).unwrap();
         assert_eq!(c.database.url, "postgres://env/y");
         assert_eq!(c.amqp.url, DEFAULT_AMQP_URL);
     }
@@ -975,35 +1003,40 @@ mod tests {
         std::fs::write(&url_file, "amqps://u:pw@broker:5671/%2f\n").unwrap();
         let token_file = dir.join("token");
         std::fs::write(&token_file, "0123456789abcdef0123\r\n").unwrap();
-        let vars = [
-            ("AMQP_URL_FILE", url_file.display().to_string()),
-            (
-                "OUTBOXD_DASHBOARD__TOKEN_FILE",
-                token_file.display().to_string(),
-            ),
-        ];
-        let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
-        let mut c = Config::default();
-        c.apply_env_from(get).unwrap();
+        let c = with_vars(
+            &Config::default(),
+            &[
+                ("AMQP_URL_FILE", url_file.display().to_string()),
+                (
+                    "OUTBOXD_DASHBOARD__TOKEN_FILE",
+                    token_file.display().to_string(),
+                ),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.amqp.url, "amqps://u:pw@broker:5671/%2f");
         assert_eq!(c.dashboard.token, "0123456789abcdef0123");
         c.validate().unwrap();
 
-        let missing =
-            |k: &str| (k == "DATABASE_URL_FILE").then(|| "/nonexistent/db-url".to_string());
-        let e = Config::default()
-            .apply_env_from(missing)
-            .unwrap_err()
-            .to_string();
+        let e = with_vars(
+            &Config::default(),
+            &[("DATABASE_URL_FILE", "/nonexistent/db-url".into())],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("DATABASE_URL_FILE: cannot read /nonexistent/db-url"),
             "{e}"
         );
-        let both = |k: &str| k.starts_with("DATABASE_URL").then(|| "x".to_string());
-        let e = Config::default()
-            .apply_env_from(both)
-            .unwrap_err()
-            .to_string();
+        let e = with_vars(
+            &Config::default(),
+            &[
+                ("DATABASE_URL", "x".into()),
+                ("DATABASE_URL_FILE", "x".into()),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "both DATABASE_URL and DATABASE_URL_FILE are set: set one of them"
