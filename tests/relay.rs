@@ -695,6 +695,61 @@ async fn a_worker_configured_only_by_the_environment_relays() {
     assert_eq!(env.count("published_at IS NULL").await, 0);
 }
 
+/// `log.format = "json"`: every line of a
+/// fleet's run — start-up, leases, a row's failure warnings, the hand-over
+/// at SIGTERM — is one JSON object with timestamp, level, target and
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_with_the_named_fields() {
+    let env = TestEnv::with(Tuning {
+        max_attempts: 2,
+        ..Tuning::fleet()
+    })
+    .await;
+    let queue = unique("q");
+    declare(&amqp_url(), &queue).await;
+    env.db
+        .enqueue(Message::new("k-missing", unique("missing"), "rk", "x"))
+        .await;
+    for i in 0..200 {
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))
+            .await;
+    }
+    let json = env.config_variant("json", |t| format!("{t}[log]\nformat = \"json\"\n"));
+    let mut workers: Vec<WorkerProcess> = (0..2)
+        .map(|_| env.spawn_worker_on(None, &json, &[]))
+        .collect();
+    env.wait_count("failed_at IS NOT NULL", 1, Duration::from_secs(30))
+        .await;
+    env.wait_count("published_at IS NOT NULL", 200, Duration::from_secs(30))
+        .await;
+    terminate_all(&mut workers);
+    let mut levels = std::collections::BTreeSet::new();
+    let mut lines = 0;
+    for w in &workers {
+        for line in w.log_text().lines() {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            for field in ["timestamp", "level", "target", "message"] {
+                assert!(v.get(field).is_some(), "no {field}: {line}");
+            }
+            levels.insert(v["level"].as_str().unwrap().to_string());
+            lines += 1;
+        }
+    }
+    println!("{lines} JSON lines, levels {levels:?}");
+    assert!(
+        levels.contains("INFO") && levels.contains("WARN"),
+        "{levels:?}"
+    );
+    let all: String = workers.iter().map(|w| w.log_text()).collect();
+    assert!(
+        all.contains("\"bucket\":\"p"),
+        "structured fields are fields: {all}"
+    );
+}
+
 async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db) {
     let env = TestEnv::on(db).await;
     let queue = unique("q");

@@ -94,6 +94,25 @@ pub struct Config {
     pub worker: WorkerConfig,
     pub tables: TablesConfig,
     pub dashboard: DashboardConfig,
+    pub log: LogConfig,
+}
+
+/// `[log]`: how the process logs (to stderr). Which lines is `OUTBOXD_LOG`
+/// (an `EnvFilter`), not configuration.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` (lines for people) or `json` (one object per line).
+    pub format: LogFormat,
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// `[dashboard]`: the web monitor (`outboxd ui`, `outboxd work --ui`).
