@@ -17,17 +17,17 @@ use crate::partitioner::Partitioner;
 use crate::store::{Store, schema};
 use crate::{demo, worker};
 
-/// outboxd: relays a PostgreSQL transactional outbox to RabbitMQ, in order.
+/// outboxd: relays a transactional outbox (PostgreSQL, MySQL/MariaDB) to RabbitMQ, in order.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about, long_about = None)]
 pub struct Cli {
     /// Configuration file [default: config/outboxd.toml if it exists, else built-in defaults]
     #[arg(long, global = true, env = "OUTBOXD_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// PostgreSQL URL (overrides DATABASE_URL and the file)
+    /// Database URL: postgres://, mysql:// or mariadb:// (overrides DATABASE_URL and the file)
     #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
-    /// RabbitMQ URL (overrides AMQP_URL and the file)
+    /// RabbitMQ URL: amqp:// or amqps://, several separated by commas (overrides AMQP_URL and the file)
     #[arg(long, global = true, value_name = "URL")]
     pub amqp_url: Option<String>,
     #[command(subcommand)]
@@ -114,10 +114,10 @@ pub fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::from(2);
             }
-            let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            crate::complain!("outboxd: {first} (see outboxd --help)");
+            crate::complain!(
+                "outboxd: {} (see outboxd --help)",
+                usage_line(&e.render().to_string())
+            );
             return ExitCode::from(2);
         }
     };
@@ -152,6 +152,26 @@ pub fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// clap's error as one line: what is wrong, the arguments it names (a
+/// missing one is on a line of its own) and its tip ("a similar subcommand
+/// exists"), without the usage block.
+fn usage_line(rendered: &str) -> String {
+    let said: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let line = said.join(" ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    if line.is_empty() {
+        "invalid arguments".into()
+    } else {
+        line.replace(": tip:", "; tip:")
+            .replace(" tip: ", "; tip: ")
     }
 }
 

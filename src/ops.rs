@@ -33,6 +33,7 @@ pub enum FailedCommand {
         json: bool,
     },
     /// Requeue parked messages: they become the head of their bucket again
+    #[command(group = clap::ArgGroup::new("which").required(true).multiple(true).args(["ids", "bucket", "all"]))]
     Requeue {
         /// Message ids
         ids: Vec<i64>,

@@ -260,6 +260,44 @@ fn every_key_comes_from_the_environment_and_config_says_from_where() {
 }
 
 #[test]
+fn usage_errors_name_what_is_missing_suggest_and_exit_2() {
+    let dir = temp_dir();
+    let out = run(&["wrok"], &[], &dir);
+    assert_one_line_error(
+        &out,
+        "unrecognized subcommand 'wrok'; tip: a similar subcommand exists: 'work'",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["purge"], &[], &dir);
+    assert_one_line_error(
+        &out,
+        "required arguments were not provided: --older-than <DURATION>",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["failed", "requeue"], &[], &dir);
+    assert_one_line_error(&out, "<IDS|--bucket <BUCKET>|--all>");
+    assert_eq!(out.status.code(), Some(2));
+    // A URL that does not parse shows everything but its password.
+    let out = run(
+        &[
+            "--database-url",
+            "postgres://u:hunter2@db.example:99999/app",
+            "config",
+        ],
+        &[],
+        &dir,
+    );
+    assert_one_line_error(&out, "postgres://u:***@db.example:99999/app");
+    assert_eq!(out.status.code(), Some(2));
+    // The help names every backend.
+    let help = String::from_utf8(run(&["--help"], &[], &dir).stdout).unwrap();
+    assert!(
+        help.contains("MySQL/MariaDB") && help.contains("mysql://") && help.contains("amqps://"),
+        "{help}"
+    );
+}
+
+#[test]
 fn an_unreachable_database_is_one_line_without_the_password() {
     let dir = temp_dir();
     let out = run(

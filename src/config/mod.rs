@@ -851,10 +851,30 @@ fn redact_one(raw: &str) -> String {
         Err(_) if !raw.contains(['@', ':']) && !raw.contains(char::is_whitespace) => {
             raw.to_string()
         }
+        // A URL that does not parse (a bad port, say) is shown with only its
+        // password masked, so the user can see what is wrong with the rest.
         Err(_) => match raw.find("://") {
-            Some(i) => format!("{}://***", &raw[..i]),
+            Some(i) => format!("{}://{}", &raw[..i], mask_password(&raw[i + 3..])),
             None => "***".into(),
         },
+    }
+}
+
+/// `user:password@host…` (the part of a URL after `scheme://`) with the
+/// password replaced by `***`; what cannot hold a password is kept.
+fn mask_password(rest: &str) -> String {
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rfind('@') {
+        Some(at) => {
+            let (userinfo, host) = authority.split_at(at);
+            match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***{host}{tail}"),
+                None => rest.to_string(),
+            }
+        }
+        None if authority.contains(char::is_whitespace) => "***".into(),
+        None => rest.to_string(),
     }
 }
 
@@ -1119,6 +1139,11 @@ mod tests {
         );
         assert_eq!(redact_url("amqp://guest@h/%2f"), "amqp://guest@h/%2f");
         assert!(!redact_url("postgres://u:sec ret@h:bad port").contains("sec"));
+        // Unparsable, yet everything but the password is shown.
+        assert_eq!(
+            redact_url("postgres://u:hunter2@db.example:99999/app"),
+            "postgres://u:***@db.example:99999/app"
+        );
         let e = problem("[database]\nurl = \"postgres://u:hunter2@h:notaport/db\"");
         assert!(!e.contains("hunter2"), "{e}");
         // A value that cannot hold a password is shown as it is.
