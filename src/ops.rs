@@ -293,40 +293,44 @@ fn print_status(s: &Summary) {
         t.max_lag_seconds,
         s.throughput.published_last_hour
     );
-    say!(
-        "\n{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
-        "WORKER",
-        "HOST",
-        "PID",
-        "MODE",
-        "STATE",
-        "HB TTL",
-        "BUCKETS",
-        "RATE/S",
-        "PUBLISHED"
-    );
-    for w in &s.workers {
+    if s.workers.is_empty() {
+        say!("\nno workers: none has registered (start one with `outboxd work`)");
+    } else {
         say!(
-            "{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
-            short(Some(w.worker_id)),
-            w.hostname,
-            w.pid,
-            w.mode,
-            match (w.can_publish, &w.broker_error, &w.broker_blocked) {
-                (true, _, Some(_)) => "blocked",
-                (true, _, None) => "ok",
-                (false, None, _) => "starting",
-                (false, Some(_), _) => "no-broker",
-            },
-            if w.live {
-                format!("{:.1}s", w.heartbeat_ttl_seconds)
-            } else {
-                "gone".into()
-            },
-            w.buckets,
-            w.published_rate,
-            w.published_total
+            "\n{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
+            "WORKER",
+            "HOST",
+            "PID",
+            "MODE",
+            "STATE",
+            "HB TTL",
+            "BUCKETS",
+            "RATE/S",
+            "PUBLISHED"
         );
+        for w in &s.workers {
+            say!(
+                "{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
+                short(Some(w.worker_id)),
+                w.hostname,
+                w.pid,
+                w.mode,
+                match (w.can_publish, &w.broker_error, &w.broker_blocked) {
+                    (true, _, Some(_)) => "blocked",
+                    (true, _, None) => "ok",
+                    (false, None, _) => "starting",
+                    (false, Some(_), _) => "no-broker",
+                },
+                if w.live {
+                    format!("{:.1}s", w.heartbeat_ttl_seconds)
+                } else {
+                    "gone".into()
+                },
+                w.buckets,
+                w.published_rate,
+                w.published_total
+            );
+        }
     }
     for w in s.workers.iter().filter(|w| w.live) {
         match (w.can_publish, &w.broker_error, &w.broker_blocked) {

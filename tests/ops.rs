@@ -80,6 +80,12 @@ async fn status_prints_the_summary_as_text_and_json(db: Db) {
     );
     let line = text.lines().find(|l| l.starts_with(&blocked)).unwrap();
     assert!(line.ends_with("BLOCKED: boom"), "{line}");
+    // No worker has registered: one line says so, not an empty table.
+    assert!(
+        text.contains("\nno workers: none has registered (start one with `outboxd work`)\n"),
+        "{text}"
+    );
+    assert!(!text.contains("WORKER "), "{text}");
 }
 
 async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket(db: Db) {
