@@ -150,7 +150,24 @@ pub fn main() -> ExitCode {
                 // Log collectors read stderr as JSON lines: the last one too.
                 LogFormat::Json => tracing::error!("outboxd: {}", error_line(&e)),
             }
-            ExitCode::FAILURE
+            // The exit code contract: 1 a runtime failure, 2 a usage or
+            // configuration problem (one found only against the database
+            // included).
+            use crate::store::StoreError;
+            let config_problem = e.chain().any(|c| {
+                let store = c.downcast_ref::<StoreError>().or_else(|| match c
+                    .downcast_ref::<crate::worker::WorkError>(
+                ) {
+                    Some(crate::worker::WorkError::Store(s)) => Some(s),
+                    _ => None,
+                });
+                matches!(store, Some(StoreError::Config(_)))
+            });
+            if config_problem {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -428,8 +428,10 @@ async fn work_refuses_a_partition_count_that_differs_from_the_database(db: Db) {
         &out,
         "outbox.partition_count is 32 but the database has 16 buckets",
     );
+    assert_eq!(out.status.code(), Some(2), "a configuration problem");
     let out = with_32(&["migrate"]);
     assert_one_line_error(&out, "has 16 buckets");
+    assert_eq!(out.status.code(), Some(2), "a configuration problem");
 }
 
 async fn no_leasing_refuses_to_start_while_another_worker_is_live(db: Db) {

@@ -204,6 +204,10 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Schema(String),
+    /// The configuration disagrees with the database (e.g. its bucket
+    /// count): a configuration problem, exit code 2.
+    #[error("{0}")]
+    Config(String),
     #[error("database error while {doing}: {}", Cause(source))]
     Query {
         doing: &'static str,
@@ -223,7 +227,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Connect { .. } | StoreError::ConnectTimeout { .. } => true,
-            StoreError::Schema(_) => false,
+            StoreError::Schema(_) | StoreError::Config(_) => false,
             StoreError::Query { source, .. } => is_transient(source),
             StoreError::Timeout { .. } => true,
         }
