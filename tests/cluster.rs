@@ -88,35 +88,47 @@ async fn wait_failover(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away() {
-    let lab = Lab::database_only(5);
-    let cluster = RabbitCluster::start(&lab, &[3, 4, 5]);
-    let urls = |order: [usize; 3]| order.map(|i| cluster.url(i)).join(",");
+/// A database, a quorum queue the checker reads from node 2, and two
+/// converged workers on lab hosts 1 and 2 listing the nodes by `urls`
+/// (worker 2 in another order), with `extra_toml` in their configuration.
+/// Node 2 is last in both lists: no fault ever touches it (a consumer whose
+/// node dies gets its unacknowledged messages again, later — duplicates
+/// and reordering on the consumer's side, not the relay's).
+async fn two_workers(
+    lab: &Lab,
+    cluster: &RabbitCluster,
+    urls: impl Fn([usize; 3]) -> String,
+    extra_toml: &str,
+) -> (TestEnv, String, Reader, Vec<WorkerProcess>) {
     let env = TestEnv::with(Tuning {
         amqp_url: Some(urls([0, 1, 2])),
+        extra_toml: extra_toml.to_string(),
         ..lab.tuning(Tuning::hosts())
     })
     .await;
-    // The second worker lists the nodes in another order.
-    // Worker 2 lists the nodes in another order. Node 2, where the checker
-    // reads, is last in both lists: no fault ever touches it (a consumer
-    // whose node dies gets its unacknowledged messages again, later —
-    // duplicates and reordering on the consumer's side, not the relay's).
     let config2 = env.config_variant("worker2", |t| t.replace(&urls([0, 1, 2]), &urls([1, 0, 2])));
     let queue = unique("q");
-    let mut reader = Reader {
+    let reader = Reader {
         queue: QueueReader::open_quorum(&cluster.url(2), &queue)
             .await
             .unwrap(),
         node: 2,
         moves: 0,
     };
-    let mut workers = vec![
+    let workers = vec![
         env.spawn_worker_on(Some(&lab.netns(1)), &env.config_path, &[]),
         env.spawn_worker_on(Some(&lab.netns(2)), &config2, &[]),
     ];
     wait_converged(&env, 2, Duration::from_secs(30)).await;
+    (env, queue, reader, workers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away() {
+    let lab = Lab::database_only(5);
+    let cluster = RabbitCluster::start(&lab, &[3, 4, 5]);
+    let urls = |order: [usize; 3]| order.map(|i| cluster.url(i)).join(",");
+    let (env, queue, mut reader, mut workers) = two_workers(&lab, &cluster, urls, "").await;
     // Production outlasts the three faults.
     let total = 16_000;
     let producing = tokio::spawn(produce_evenly(
@@ -231,27 +243,8 @@ async fn over_amqps_workers_move_to_a_live_node_when_theirs_is_killed() {
     let pki = common::tls::Pki::new();
     let cluster = RabbitCluster::start_tls(&lab, &[3, 4, 5], &pki);
     let urls = |order: [usize; 3]| order.map(|i| cluster.tls_url(i)).join(",");
-    let env = TestEnv::with(Tuning {
-        amqp_url: Some(urls([0, 1, 2])),
-        extra_toml: format!("[amqp.tls]\nca_file = \"{}\"\n", pki.ca.display()),
-        ..lab.tuning(Tuning::hosts())
-    })
-    .await;
-    let config2 = env.config_variant("worker2", |t| t.replace(&urls([0, 1, 2]), &urls([1, 0, 2])));
-    let queue = unique("q");
-    // The checker reads plain AMQP from node 2, which no fault touches.
-    let mut reader = Reader {
-        queue: QueueReader::open_quorum(&cluster.url(2), &queue)
-            .await
-            .unwrap(),
-        node: 2,
-        moves: 0,
-    };
-    let mut workers = vec![
-        env.spawn_worker_on(Some(&lab.netns(1)), &env.config_path, &[]),
-        env.spawn_worker_on(Some(&lab.netns(2)), &config2, &[]),
-    ];
-    wait_converged(&env, 2, Duration::from_secs(30)).await;
+    let tls = format!("[amqp.tls]\nca_file = \"{}\"\n", pki.ca.display());
+    let (env, queue, mut reader, mut workers) = two_workers(&lab, &cluster, urls, &tls).await;
     let total = 6_000;
     let producing = tokio::spawn(produce_evenly(
         env.db.clone(),

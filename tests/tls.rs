@@ -199,11 +199,13 @@ async fn pgbouncer_terminating_tls_relays_5000_messages() {
 async fn db_refusal(config: &Config, url: &str) -> String {
     let mut c = config.clone();
     c.database.url = url.to_string();
-    let e = Store::connect(&c, "tls test")
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("the connection must fail"))
-        .to_string();
+    let e = Store::connect(&c, "tls test").await.err();
+    one_line(e.map(|e| e.to_string()))
+}
+
+/// The error a connection that must fail failed with: one line, printed.
+fn one_line(error: Option<String>) -> String {
+    let e = error.unwrap_or_else(|| panic!("the connection must fail"));
     assert!(!e.contains('\n'), "one line: {e}");
     println!("{e}");
     e
@@ -322,15 +324,7 @@ async fn broker_refusal(url: &str, tls_toml: &str) -> String {
     let config = Config::from_toml(&format!("[amqp]\nurl = \"{url}\"\n{tls_toml}")).unwrap();
     config.validate().unwrap();
     let broker = outboxd::amqp::Broker::new(&config.amqp, "tls test".into());
-    let e = broker
-        .connect_once()
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("the connection must fail"))
-        .to_string();
-    assert!(!e.contains('\n'), "one line: {e}");
-    println!("{e}");
-    e
+    one_line(broker.connect_once().await.err().map(|e| e.to_string()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
