@@ -502,7 +502,8 @@ async fn a_running_worker_stops_when_the_database_is_repartitioned_under_it(db: 
         .exec("UPDATE outbox_settings SET partition_count = 8")
         .await;
     let status = worker.wait(Duration::from_secs(45));
-    assert_eq!(status.code(), Some(1), "{}", worker.log_text());
+    // Its configuration now disagrees with the database: exit code 2.
+    assert_eq!(status.code(), Some(2), "{}", worker.log_text());
     let log = worker.log_text();
     assert!(
         log.contains("outbox.partition_count is 16 but the database has 8 buckets"),
