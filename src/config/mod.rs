@@ -426,11 +426,12 @@ impl Config {
     /// Reads a TOML file (all keys optional). Unknown keys are refused, so a
     /// typo never silently falls back to a default.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+        Self::from_file_text(path, &read_file(path)?)
+    }
+
+    /// [`Config::from_toml`] of a file's text, errors naming the file.
+    fn from_file_text(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        Self::from_toml(text).map_err(|message| ConfigError::Parse {
             path: path.display().to_string(),
             message,
         })
@@ -476,11 +477,10 @@ impl Config {
         let mut provenance = env::Provenance::default();
         let config = match file {
             Some(path) => {
-                let config = Self::from_file(path)?;
+                let text = read_file(path)?;
+                let config = Self::from_file_text(path, &text)?;
                 provenance.file = Some(path.display().to_string());
-                if let Ok(text) = std::fs::read_to_string(path) {
-                    env::record_file(&text, &mut provenance);
-                }
+                env::record_file(&text, &mut provenance);
                 config
             }
             None => Self::default(),
@@ -791,6 +791,13 @@ fn validate_amqp_tls(tls: &AmqpTlsConfig) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// A file named by `key` (empty: none) can be opened now.
