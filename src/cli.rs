@@ -43,8 +43,8 @@ pub enum Command {
     /// Serve the web dashboard (reads the database: shows the whole fleet)
     Ui {
         /// Address to listen on [default: dashboard.listen, 127.0.0.1:8080]
-        #[arg(long, value_name = "ADDR")]
-        listen: Option<String>,
+        #[arg(long, value_name = "ADDR", value_parser = crate::config::parse_addr)]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Workers, leases, per-bucket pending and lag, blocked heads (the dashboard in a terminal)
     Status(crate::ops::StatusArgs),
@@ -96,8 +96,8 @@ pub struct WorkArgs {
     #[arg(long, value_name = "N")]
     pub batch_size: Option<u32>,
     /// Also serve the dashboard on ADDR (e.g. 127.0.0.1:8080)
-    #[arg(long, value_name = "ADDR")]
-    pub ui: Option<String>,
+    #[arg(long, value_name = "ADDR", value_parser = crate::config::parse_addr)]
+    pub ui: Option<std::net::SocketAddr>,
 }
 
 /// Parses the command line, runs the command, returns the exit code.
@@ -339,7 +339,7 @@ pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
         _ => None,
     };
     if let Some((addr, name)) = listen {
-        config.dashboard.listen = addr.clone();
+        config.dashboard.listen = *addr;
         flag("dashboard.listen", name);
     }
     config.validate()?;
@@ -386,8 +386,7 @@ async fn dispatch(command: Command, config: Config, provenance: Provenance) -> a
         Command::Ui { .. } => {
             let store = Store::connect(&config, "outboxd ui").await?;
             schema::check(&store, Partitioner::new(config.outbox.partition_count)).await?;
-            let addr = config.dashboard.listen.parse().expect("validated");
-            let listener = crate::dashboard::bind(addr).await?;
+            let listener = crate::dashboard::bind(config.dashboard.listen).await?;
             let state = crate::dashboard::DashboardState::new(&config, store, None);
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())

@@ -131,6 +131,11 @@ pub struct BatchOutcome {
 /// Whether the broker could be reached, as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reach {
+    /// Not reached since the process started: no attempt has succeeded
+    /// yet (`error` is the last attempt's, if one failed).
+    Never {
+        error: Option<String>,
+    },
     Reachable,
     /// Every attempt since `since` failed (or the connection was lost then).
     Unreachable {
@@ -140,9 +145,11 @@ pub enum Reach {
 }
 
 impl Reach {
-    /// How long the broker has been unreachable (zero while reachable).
+    /// How long the broker has been unreachable (zero while reachable;
+    /// for ever when it was never reached).
     pub fn unreachable_for(&self) -> Duration {
         match self {
+            Reach::Never { .. } => Duration::MAX,
             Reach::Reachable => Duration::ZERO,
             Reach::Unreachable { since, .. } => since.elapsed(),
         }
@@ -179,6 +186,7 @@ fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
                 error: error.to_string(),
             }
         }
+        Reach::Never { error: last } => *last = Some(error.to_string()),
         Reach::Unreachable { error: last, .. } => *last = error.to_string(),
     });
 }
@@ -218,7 +226,7 @@ impl Broker {
             generations: Default::default(),
             gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
-            reach_tx: watch::channel(Reach::Reachable).0,
+            reach_tx: watch::channel(Reach::Never { error: None }).0,
         }
     }
 
@@ -227,11 +235,20 @@ impl Broker {
         self.reach_tx.borrow().clone()
     }
 
+    /// [`Broker::reach`] as it changes.
+    pub fn watch_reach(&self) -> watch::Receiver<Reach> {
+        self.reach_tx.subscribe()
+    }
+
     fn mark_reachable(&self) {
         self.reach_tx.send_if_modified(|r| {
             let was = std::mem::replace(r, Reach::Reachable);
-            if let Reach::Unreachable { since, .. } = was {
-                tracing::info!(after = ?since.elapsed(), "RabbitMQ reachable again");
+            match &was {
+                Reach::Unreachable { since, .. } => {
+                    tracing::info!(after = ?since.elapsed(), "RabbitMQ reachable again")
+                }
+                Reach::Never { error: Some(_) } => tracing::info!("RabbitMQ reachable"),
+                _ => {}
             }
             was != Reach::Reachable
         });

@@ -14,6 +14,7 @@
 pub mod env;
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -120,7 +121,8 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, default)]
 pub struct DashboardConfig {
     /// Address to bind; loopback unless deliberately opened.
-    pub listen: String,
+    #[serde(deserialize_with = "de_addr", serialize_with = "ser_addr")]
+    pub listen: SocketAddr,
     /// URL path prefix of the pages and the API.
     pub path: String,
     /// When set, every request but /healthz needs it (Bearer header or the
@@ -142,7 +144,7 @@ pub struct DashboardConfig {
 impl Default for DashboardConfig {
     fn default() -> Self {
         Self {
-            listen: DEFAULT_DASHBOARD_LISTEN.into(),
+            listen: DEFAULT_DASHBOARD_LISTEN.parse().expect("a valid default"),
             path: DEFAULT_DASHBOARD_PATH.into(),
             token: String::new(),
             allowed_hosts: Vec::new(),
@@ -328,6 +330,10 @@ pub struct WorkerConfig {
     /// relay's work is hand-offs between tasks, and a second thread mostly
     /// adds cross-core wake-ups (measured in BENCHMARKS.md).
     pub threads: usize,
+    /// Where this worker serves its probes (`/livez`, `/readyz`) and its
+    /// own `/metrics`, without a token; empty: not served.
+    #[serde(deserialize_with = "de_opt_addr", serialize_with = "ser_opt_addr")]
+    pub health_listen: Option<SocketAddr>,
 }
 
 /// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
@@ -408,6 +414,7 @@ impl Default for WorkerConfig {
             broker_grace: DEFAULT_BROKER_GRACE,
             assignment: Assignment::Modulo,
             threads: DEFAULT_THREADS,
+            health_listen: None,
         }
     }
 }
@@ -648,12 +655,6 @@ impl Config {
         }
 
         let d = &self.dashboard;
-        if d.listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(invalid(
-                "dashboard.listen",
-                format!("('{}') must be an address like 127.0.0.1:8080", d.listen),
-            ));
-        }
         let path_ok = d.path.starts_with('/')
             && d.path.len() > 1
             && !d.path.ends_with('/')
@@ -943,6 +944,34 @@ fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// Parses a listen address (`host:port`, an IP address).
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("'{s}' must be an address like 127.0.0.1:8080"))
+}
+
+fn ser_addr<S: Serializer>(a: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&a.to_string())
+}
+
+fn de_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    parse_addr(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+/// An optional address is written as the empty string when unset.
+fn ser_opt_addr<S: Serializer>(a: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&a.map(|a| a.to_string()).unwrap_or_default())
+}
+
+fn de_opt_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    match s.trim() {
+        "" => Ok(None),
+        s => parse_addr(s).map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 #[cfg(test)]

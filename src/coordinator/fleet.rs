@@ -110,6 +110,8 @@ pub struct Fleet {
     held: BTreeMap<String, Held>,
     /// Whether this worker takes part in the targets (it can publish).
     can_publish: bool,
+    /// `can_publish`, for the worker's readiness probe.
+    publishing: watch::Sender<bool>,
     /// `can_publish` as last written to the worker row (`None`: to write).
     recorded_can_publish: Option<bool>,
 }
@@ -131,14 +133,22 @@ impl Fleet {
             owned: watch::channel(Vec::new()).0,
             held: BTreeMap::new(),
             can_publish: true,
+            publishing: watch::channel(false).0,
             // The row says false until the first cycle records true.
             recorded_can_publish: None,
         }
     }
 
-    /// The buckets this worker drains, updated every cycle.
+    /// The buckets this worker drains, sent at the end of every cycle
+    /// (also when unchanged: a receiver sees the loop turn).
     pub fn owned(&self) -> watch::Receiver<Vec<String>> {
         self.owned.subscribe()
+    }
+
+    /// Whether this worker takes part in the fleet's targets (false until
+    /// its first cycle, and while it steps aside for the broker).
+    pub fn publishing(&self) -> watch::Receiver<bool> {
+        self.publishing.subscribe()
     }
 
     /// Coordinates until `cancel` fires, then hands every bucket back.
@@ -279,18 +289,25 @@ impl Fleet {
         let can_publish = reach.unreachable_for() <= self.settings.broker_grace;
         let error = match &reach {
             Reach::Unreachable { error, .. } if !can_publish => Some(error.as_str()),
+            Reach::Never { error } => Some(error.as_deref().unwrap_or("not connected yet")),
             _ => None,
         };
+        self.publishing
+            .send_if_modified(|p| std::mem::replace(p, can_publish) != can_publish);
         if can_publish != self.can_publish {
             self.can_publish = can_publish;
-            match error {
-                Some(error) => tracing::warn!(
+            match (&reach, error) {
+                (Reach::Never { .. }, Some(error)) => tracing::warn!(
+                    %error,
+                    "RabbitMQ not reached yet: taking no bucket until it is"
+                ),
+                (_, Some(error)) => tracing::warn!(
                     unreachable_for = ?reach.unreachable_for(),
                     broker_grace = ?self.settings.broker_grace,
                     %error,
                     "RabbitMQ unreachable for longer than worker.broker_grace: giving every bucket up until it is reachable again"
                 ),
-                None => {
+                (_, None) => {
                     tracing::info!("RabbitMQ reachable: taking part in the fleet's targets again")
                 }
             }

@@ -8,32 +8,75 @@
 
 use std::fmt::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 
 use super::DashboardState;
 use super::api::COUNT_CAP;
-use super::error::ApiError;
+use crate::relay::RelayStats;
 use crate::relay::stats::{Histogram, LATENCY_BUCKETS};
+use crate::store::partitions::BucketView;
+use crate::store::workers::WorkerView;
 
-pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoResponse, ApiError> {
-    let (workers, buckets) =
-        tokio::try_join!(st.store.list_workers(), st.store.overview(COUNT_CAP),)?;
+/// The whole `/metrics`: fleet gauges from the database and, when the
+/// serving process is a worker, its own counters. While the database does
+/// not answer, the fleet gauges are left out (`outboxd_database_up 0`) and
+/// the worker's counters are still served.
+pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Response {
     let mut out = String::with_capacity(8 * 1024);
+    gauge(&mut out, "outboxd_up", "1 while this process answers", 1.0);
+    let fleet = tokio::time::timeout(FLEET_WITHIN, async {
+        tokio::try_join!(st.store.list_workers(), st.store.overview(COUNT_CAP))
+    })
+    .await;
+    let up = match fleet {
+        Ok(Ok((workers, buckets))) => {
+            fleet_gauges(&mut out, &workers, &buckets);
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "metrics: the fleet's figures are not available");
+            false
+        }
+        Err(_) => false,
+    };
     gauge(
         &mut out,
-        "outboxd_up",
-        "1 while this process answers",
-        &[("", 1.0)],
+        "outboxd_database_up",
+        "1 when the database answered this scrape",
+        f64::from(u8::from(up)),
     );
+    if let Some(stats) = &st.process {
+        process(&mut out, stats);
+    }
+    text(out)
+}
+
+/// How long a scrape waits for the fleet's figures.
+const FLEET_WITHIN: Duration = Duration::from_secs(3);
+
+/// The Prometheus text response.
+pub fn text(out: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]) {
     let live = workers.iter().filter(|w| w.live).count();
     gauge(
-        &mut out,
+        out,
         "outboxd_workers_live",
         "live workers in the fleet",
-        &[("", live as f64)],
+        live as f64,
     );
     let held: Vec<(String, f64)> = workers
         .iter()
@@ -50,7 +93,7 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoR
         })
         .collect();
     gauge_labeled(
-        &mut out,
+        out,
         "outboxd_leases_held",
         "buckets leased by each live worker",
         &held,
@@ -60,7 +103,7 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoR
         .map(|b| (format!("bucket=\"{}\"", b.partition_key), b.lag_seconds))
         .collect();
     gauge_labeled(
-        &mut out,
+        out,
         "outboxd_bucket_lag_seconds",
         "age of the oldest pending row per bucket",
         &lag,
@@ -70,7 +113,7 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoR
         .map(|b| (format!("bucket=\"{}\"", b.partition_key), b.pending as f64))
         .collect();
     gauge_labeled(
-        &mut out,
+        out,
         "outboxd_bucket_pending",
         &format!("pending rows per bucket (counted up to {COUNT_CAP})"),
         &pending,
@@ -85,65 +128,59 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Result<impl IntoR
         })
         .collect();
     gauge_labeled(
-        &mut out,
+        out,
         "outboxd_bucket_blocked",
         "1 while the bucket's head keeps failing",
         &blocked,
     );
     let parked: f64 = buckets.iter().map(|b| b.parked as f64).sum();
     gauge(
-        &mut out,
+        out,
         "outboxd_parked",
         "parked (failed) rows in the outbox",
-        &[("", parked)],
+        parked,
     );
+}
 
-    if let Some(stats) = &st.process {
-        let s = stats.snapshot();
-        counter(
-            &mut out,
-            "outboxd_published_total",
-            "rows published and recorded by this worker",
-            s.published,
-        );
-        counter(
-            &mut out,
-            "outboxd_retried_total",
-            "failed publish attempts (each is retried) by this worker",
-            s.failed,
-        );
-        counter(
-            &mut out,
-            "outboxd_parked_total",
-            "rows parked by this worker",
-            s.parked,
-        );
-        counter(
-            &mut out,
-            "outboxd_fenced_writes_total",
-            "writes refused by the lease fence",
-            s.fenced,
-        );
-        histogram(
-            &mut out,
-            "outboxd_claim_seconds",
-            "time of one claim statement",
-            &stats.claim_latency,
-        );
-        histogram(
-            &mut out,
-            "outboxd_publish_seconds",
-            "time from a batch's first send to its last confirm",
-            &stats.publish_latency,
-        );
-    }
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+/// The serving worker's own counters and latency histograms.
+pub fn process(out: &mut String, stats: &RelayStats) {
+    let s = stats.snapshot();
+    counter(
         out,
-    ))
+        "outboxd_published_total",
+        "rows published and recorded by this worker",
+        s.published,
+    );
+    counter(
+        out,
+        "outboxd_retried_total",
+        "failed publish attempts (each is retried) by this worker",
+        s.failed,
+    );
+    counter(
+        out,
+        "outboxd_parked_total",
+        "rows parked by this worker",
+        s.parked,
+    );
+    counter(
+        out,
+        "outboxd_fenced_writes_total",
+        "writes refused by the lease fence",
+        s.fenced,
+    );
+    histogram(
+        out,
+        "outboxd_claim_seconds",
+        "time of one claim statement",
+        &stats.claim_latency,
+    );
+    histogram(
+        out,
+        "outboxd_publish_seconds",
+        "time from a batch's first send to its last confirm",
+        &stats.publish_latency,
+    );
 }
 
 fn escape(s: &str) -> String {
@@ -152,11 +189,9 @@ fn escape(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, values: &[(&str, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-    for (_, v) in values {
-        let _ = writeln!(out, "{name} {v}");
-    }
+/// A gauge without labels.
+pub fn gauge(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
 
 fn gauge_labeled(out: &mut String, name: &str, help: &str, values: &[(String, f64)]) {

@@ -11,8 +11,9 @@
 //!   `<path>/app.js`, `<path>/style.css` its assets;
 //! - `GET|POST <path>/login`, `POST <path>/logout` (only with a token);
 //! - `<path>/api/…` the JSON API ([`api`]);
-//! - `GET /metrics` Prometheus text ([`metrics`]); `GET /healthz` liveness
-//!   (always open).
+//! - `GET /metrics` Prometheus text ([`metrics`]); `GET /healthz` whether
+//!   this process can serve the dashboard: `ok` (200) while the database
+//!   answers, 503 with the reason otherwise (always open).
 //!
 //! Access control is [`auth`]; errors are [`error::ApiError`]; HTTPS on
 //! the dashboard's own listener is [`https`]. Every response carries a
@@ -133,7 +134,7 @@ pub fn router(state: Arc<DashboardState>) -> Router {
                 async move { Redirect::to(&home) }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))
         .route(&format!("{p}/"), get(index))
         .nest(&p, pages)
@@ -173,6 +174,25 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
         set(headers, header::CACHE_CONTROL, "no-store");
     }
     response
+}
+
+/// How long `/healthz` waits for the database.
+const HEALTHZ_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn healthz(State(st): State<Arc<DashboardState>>) -> Response {
+    let reason = match tokio::time::timeout(HEALTHZ_WITHIN, st.store.ping()).await {
+        Ok(Ok(())) => return "ok\n".into_response(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "no answer within {}",
+            crate::config::fmt_duration(HEALTHZ_WITHIN)
+        ),
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("database unreachable: {reason}\n"),
+    )
+        .into_response()
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

@@ -107,6 +107,10 @@ pub trait Backend:
     /// The configured table names the statements were rendered with.
     fn tables(&self) -> &TablesConfig;
 
+    /// One trivial statement: whether the database answers now (for the
+    /// probes and `/healthz`).
+    fn ping(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>>;
+
     /// Closes every connection.
     fn close(&self) -> futures_util::future::BoxFuture<'_, ()>;
 }

@@ -109,6 +109,17 @@ impl Backend for MySqlBackend {
         &self.tables
     }
 
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        use super::Bounded;
+        Box::pin(async move {
+            sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .bounded("checking that the database answers")
+                .await
+                .map(|_| ())
+        })
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }

@@ -80,6 +80,17 @@ impl Backend for PgBackend {
         &self.tables
     }
 
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        use super::Bounded;
+        Box::pin(async move {
+            sqlx::query("SELECT 1")
+                .execute(self.pool.sqlx())
+                .bounded("checking that the database answers")
+                .await
+                .map(|_| ())
+        })
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }

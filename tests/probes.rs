@@ -1,0 +1,365 @@
+//! A worker's own probes (`worker.health_listen`: `/livez`, `/readyz`,
+//! `/metrics`) and the dashboard's `/healthz`, under real faults: a
+//! database link blackholed by the test hosts' nftables, RabbitMQ stopped,
+//! PostgreSQL stopped, a broker that was never up, SIGTERM during a batch.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::hosts::{Fault, Lab, Link};
+use common::*;
+use outboxd::demo::QueueReader;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// [`Tuning::hosts`]' dead-peer bound: readiness must follow a fault
+/// within this + 1 s.
+const DEAD_PEER: Duration = Duration::from_secs(2);
+
+/// One answer of a probe: when it arrived, its status and body.
+#[derive(Debug, Clone)]
+struct Answer {
+    at: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+    status: u16,
+    body: String,
+}
+
+/// `GET url`, or `None` when nothing answered within 5 s.
+async fn try_get(url: &str) -> Option<Answer> {
+    let u = url::Url::parse(url).unwrap();
+    let host = format!("{}:{}", u.host_str().unwrap(), u.port().unwrap());
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(&host).await.ok()?;
+        let req = format!(
+            "GET {} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n",
+            u.path()
+        );
+        stream.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some(Answer {
+            at: Instant::now(),
+            wall: chrono::Utc::now(),
+            status,
+            body: body.to_string(),
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Waits until `url` answers `status`; the answer and how long it took.
+async fn wait_status(url: &str, status: u16, within: Duration) -> (Answer, Duration) {
+    let from = Instant::now();
+    loop {
+        if let Some(a) = try_get(url).await
+            && a.status == status
+        {
+            return (a, from.elapsed());
+        }
+        assert!(
+            from.elapsed() < within,
+            "{url} did not answer {status} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asks `url` every 20 ms in the background, keeping every answer.
+struct Poller {
+    answers: Arc<Mutex<Vec<Answer>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start(url: String) -> Self {
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let kept = answers.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Some(a) = try_get(&url).await {
+                    kept.lock().unwrap().push(a);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Self { answers, task }
+    }
+
+    fn answers(&self) -> Vec<Answer> {
+        self.answers.lock().unwrap().clone()
+    }
+
+    /// The first answer with `status` after `t`, waiting up to `within`;
+    /// with how long after `t` it came.
+    async fn first_after(&self, t: Instant, status: u16, within: Duration) -> (Answer, Duration) {
+        loop {
+            if let Some(a) = self
+                .answers()
+                .into_iter()
+                .find(|a| a.at >= t && a.status == status)
+            {
+                let after = a.at - t;
+                return (a, after);
+            }
+            assert!(t.elapsed() < within, "no {status} within {within:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A copy of the environment's config with `worker.health_listen = addr`.
+fn with_probes(env: &TestEnv, addr: &str) -> std::path::PathBuf {
+    env.config_variant("probes", |toml| {
+        toml.replace(
+            "[worker]\n",
+            &format!("[worker]\nhealth_listen = \"{addr}\"\n"),
+        )
+    })
+}
+
+/// The `http://addr` a worker's probes listen on, from its log.
+fn wait_for_probes_url(p: &WorkerProcess) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = p.log_text();
+        if let Some(line) = text.lines().find(|l| l.contains("probes listening")) {
+            let addr = line.split("local=").nth(1).unwrap().split_whitespace();
+            return format!("http://{}", addr.into_iter().next().unwrap());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probes never listened; log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// On a test host: `/readyz` turns 503 within the dead-peer bound + 1 s
+/// when the database link is blackholed and when RabbitMQ stops, and 200
+/// after each heal; `/livez` stays 200 throughout; `/metrics` serves the
+/// worker's counters while the database is cut off. Then SIGTERM during a
+/// batch that cannot finish: `/readyz` says "shutting down" before the
+/// first lease is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readiness_follows_the_database_and_the_broker_while_liveness_holds() {
+    let lab = Lab::new(1);
+    let env = TestEnv::with(lab.tuning(Tuning::hosts())).await;
+    let base = format!("http://{}:9090", lab.addr(1));
+    let config = with_probes(&env, &format!("{}:9090", lab.addr(1)));
+    let mut worker = env.spawn_worker_on(Some(&lab.netns(1)), &config, &[]);
+    let (ready, live) = (format!("{base}/readyz"), format!("{base}/livez"));
+    wait_status(&ready, 200, Duration::from_secs(30)).await;
+    let id = worker_id_of(&env, &worker).await;
+    let liveness = Poller::start(live);
+    let queue = unique("q");
+    let _reader = QueueReader::open(&lab.broker().url(), &queue)
+        .await
+        .unwrap();
+    let producing = tokio::spawn(produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        3_000,
+        100,
+        Duration::from_secs(60),
+    ));
+    env.wait_count("published_at IS NOT NULL", 50, Duration::from_secs(20))
+        .await;
+
+    lab.fault(1, Link::Database, Fault::Blackhole);
+    let (a, db_after) = wait_status(&ready, 503, Duration::from_secs(20)).await;
+    println!(
+        "database blackholed: /readyz 503 after {db_after:.2?}: {}",
+        a.body
+    );
+    assert!(a.body.contains("database unreachable"), "{}", a.body);
+    let m = try_get(&format!("{base}/metrics")).await.expect("metrics");
+    assert_eq!(m.status, 200);
+    let published = m
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("outboxd_published_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(published.is_some_and(|n| n > 0), "{}", m.body);
+    assert!(m.body.contains("outboxd_ready 0"), "{}", m.body);
+    lab.heal(1);
+    let (_, db_back) = wait_status(&ready, 200, Duration::from_secs(30)).await;
+
+    // Timed from the stop's start: RabbitMQ closes its connections first,
+    // then takes a while to stop.
+    let readiness = Poller::start(ready.clone());
+    let stopping = Instant::now();
+    lab.broker().run("stop");
+    let (a, broker_after) = readiness
+        .first_after(stopping, 503, Duration::from_secs(20))
+        .await;
+    println!(
+        "RabbitMQ stopped: /readyz 503 after {broker_after:.2?}: {}",
+        a.body
+    );
+    assert!(a.body.contains("broker"), "{}", a.body);
+    lab.broker().run("start");
+    let (_, broker_back) = wait_status(&ready, 200, Duration::from_secs(60)).await;
+
+    // SIGTERM while a batch waits for confirms that cannot come.
+    env.wait_count("published_at IS NOT NULL", 400, Duration::from_secs(30))
+        .await;
+    lab.fault(1, Link::Broker, Fault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    worker.signal("TERM");
+    let status = worker.wait(Duration::from_secs(30));
+    let released_at: Option<chrono::DateTime<chrono::Utc>> = env
+        .db
+        .value(&format!(
+            "SELECT min(at) FROM outbox_lease_events WHERE action = 'release' AND reason = 'shutdown' AND worker_id = '{id}'"
+        ))
+        .await;
+    let shutting_down = readiness
+        .answers()
+        .into_iter()
+        .find(|a| a.status == 503 && a.body.contains("shutting down"));
+    let lived = liveness.answers();
+    producing.abort();
+    println!(
+        "readyz 503 after: database {db_after:.2?}, broker {broker_after:.2?} (bound {:?}); \
+         200 again {db_back:.2?} / {broker_back:.2?} after the heals; livez asked {} times, \
+         answers other than 200: {}; SIGTERM: 'shutting down' at {:?}, first release at {released_at:?}",
+        DEAD_PEER + Duration::from_secs(1),
+        lived.len(),
+        lived.iter().filter(|a| a.status != 200).count(),
+        shutting_down.as_ref().map(|a| a.wall),
+    );
+    assert!(db_after <= DEAD_PEER + Duration::from_secs(1));
+    assert!(broker_after <= DEAD_PEER + Duration::from_secs(1));
+    assert!(lived.len() > 100, "livez asked only {} times", lived.len());
+    assert!(
+        lived.iter().all(|a| a.status == 200),
+        "{:?}",
+        lived.iter().find(|a| a.status != 200)
+    );
+    assert!(status.success(), "{}", worker.log_text());
+    let shutting_down = shutting_down.expect("/readyz never said 'shutting down'");
+    let released_at = released_at.expect("the worker released no lease on shutdown");
+    assert!(
+        shutting_down.wall < released_at,
+        "not ready at {} but a lease was released at {released_at}",
+        shutting_down.wall
+    );
+}
+
+/// A worker started while RabbitMQ is down takes no bucket (it would
+/// otherwise hold them until `broker_grace` ran out) and is not ready;
+/// once the broker is up it takes every bucket and is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_never_reached_the_broker_takes_no_bucket_until_it_does() {
+    let broker = PrivateBroker::start();
+    broker.run("stop");
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(broker.url()),
+        ..Tuning::fleet()
+    })
+    .await;
+    let config = with_probes(&env, "127.0.0.1:0");
+    let mut worker = env.spawn_worker_on(None, &config, &[]);
+    let base = wait_for_probes_url(&worker);
+    let id = worker_id_of(&env, &worker).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = held_by(&env, id).await;
+    let a = try_get(&format!("{base}/readyz")).await.expect("readyz");
+    println!(
+        "broker never up: {} buckets held, /readyz {} {}",
+        held.len(),
+        a.status,
+        a.body
+    );
+    assert!(
+        held.is_empty(),
+        "took {held:?}; log:\n{}",
+        worker.log_text()
+    );
+    assert_eq!(a.status, 503);
+    assert!(a.body.contains("broker not reached yet"), "{}", a.body);
+
+    broker.run("start");
+    let from = Instant::now();
+    while held_by(&env, id).await.len() != 16 {
+        assert!(
+            from.elapsed() < Duration::from_secs(60),
+            "never took the buckets; log:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_status(&format!("{base}/readyz"), 200, Duration::from_secs(10)).await;
+    println!("broker up: every bucket taken after {:.2?}", from.elapsed());
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
+/// With PostgreSQL stopped: the dashboard's `/healthz` answers 503 with
+/// the reason (200 again once it is back), its `/metrics` and the probes'
+/// still serve the worker's own counters, and `/readyz` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() {
+    let pg = PrivatePostgres::start();
+    let env = TestEnv::with(Tuning {
+        server_admin_url: Some(pg.admin_url()),
+        ..Tuning::hosts()
+    })
+    .await;
+    let config = with_probes(&env, "127.0.0.1:0");
+    let mut worker = env.spawn_worker_on(None, &config, &["--ui", "127.0.0.1:0"]);
+    let probes = wait_for_probes_url(&worker);
+    let dashboard = wait_for_dashboard_url(&worker);
+    wait_status(&format!("{probes}/readyz"), 200, Duration::from_secs(30)).await;
+    let h = try_get(&format!("{dashboard}/healthz")).await.unwrap();
+    assert_eq!((h.status, h.body.as_str()), (200, "ok\n"));
+
+    pg.run(&["stop", "immediate"]);
+    let (r, after) = wait_status(&format!("{probes}/readyz"), 503, Duration::from_secs(20)).await;
+    let h = try_get(&format!("{dashboard}/healthz")).await.unwrap();
+    let dm = try_get(&format!("{dashboard}/metrics")).await.unwrap();
+    let pm = try_get(&format!("{probes}/metrics")).await.unwrap();
+    println!(
+        "PostgreSQL stopped: /readyz 503 after {after:.2?} ({}); /healthz {} {}",
+        r.body,
+        h.status,
+        h.body.trim()
+    );
+    assert!(after <= DEAD_PEER + Duration::from_secs(1));
+    assert!(r.body.contains("database unreachable"), "{}", r.body);
+    assert_eq!(h.status, 503);
+    assert!(h.body.starts_with("database unreachable: "), "{}", h.body);
+    for m in [&dm, &pm] {
+        assert_eq!(m.status, 200, "{}", m.body);
+        assert!(m.body.contains("outboxd_published_total"), "{}", m.body);
+        assert!(m.body.contains("outboxd_claim_seconds_count"), "{}", m.body);
+    }
+    assert!(dm.body.contains("outboxd_database_up 0"), "{}", dm.body);
+    assert!(!dm.body.contains("outboxd_workers_live"), "{}", dm.body);
+
+    pg.run(&["start"]);
+    wait_status(
+        &format!("{dashboard}/healthz"),
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_status(&format!("{probes}/readyz"), 200, Duration::from_secs(30)).await;
+    let dm = try_get(&format!("{dashboard}/metrics")).await.unwrap();
+    assert!(dm.body.contains("outboxd_database_up 1"), "{}", dm.body);
+    assert!(dm.body.contains("outboxd_workers_live 1"), "{}", dm.body);
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
