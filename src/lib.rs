@@ -57,6 +57,7 @@ pub mod config;
 pub mod coordinator;
 pub mod dashboard;
 pub mod demo;
+pub mod jitter;
 pub mod net;
 pub mod ops;
 pub mod partitioner;

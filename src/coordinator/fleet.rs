@@ -184,7 +184,7 @@ impl Fleet {
                 self.renew_until_drained(&cancel, &mut next_renew).await;
                 break;
             }
-            let pause = if busy { POLL } else { IDLE_POLL };
+            let pause = crate::jitter::jittered(if busy { POLL } else { IDLE_POLL });
             let until = (Instant::now() + pause).min(next_renew);
             tokio::select! {
                 _ = cancel.cancelled() => break,

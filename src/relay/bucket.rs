@@ -2,7 +2,7 @@
 //! with the database and the broker working at the same time.
 //!
 //! ```text
-//!            ┌──────────── wake (NOTIFY / poll) / idle_backoff ─────────┐
+//!            ┌──────────── wake (NOTIFY / poll / safety-net poll) ──────┐
 //!            ▼                                                          │
 //!   [wait while broker blocked] → record previous batch, claim ─ empty ─┘
 //!                                     │ batch N (id order)
@@ -469,11 +469,12 @@ impl BucketDrainer {
         }
     }
 
+    /// Waits for the bucket's wake-up: a notification, a poll, or the
+    /// worker's safety-net poll every `idle_backoff_ms` ([`super::wakeups`]).
     async fn idle_wait(&self) {
         tokio::select! {
             _ = self.cancel.cancelled() => {}
             _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(self.ctx.settings.idle_backoff) => {}
         }
     }
 

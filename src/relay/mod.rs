@@ -3,10 +3,11 @@
 //! One [`bucket::BucketDrainer`] task per drained bucket, each with its own
 //! confirm channel, so buckets progress independently and a failing head
 //! blocks only its own bucket. Idle drainers sleep until a wake-up names
-//! their bucket ([`wakeups`]: a `NOTIFY` from `<outbox>_enqueue()`, or
-//! polling where `LISTEN` cannot work), or `idle_backoff_ms` passes (the
-//! fallback for plain `INSERT`s and for notifications lost while the
-//! listener reconnected).
+//! their bucket ([`wakeups`]: a `NOTIFY` from `<outbox>_enqueue()`,
+//! polling where `LISTEN` cannot work, and beside `LISTEN` one poll of
+//! every bucket per `idle_backoff_ms` — the fallback for plain `INSERT`s,
+//! for notifications lost while the listener reconnected and for heads
+//! whose retry time has come).
 //!
 //! The relay decides nothing about *which* buckets to drain: in
 //! `--no-leasing` mode that is all of them; in fleet mode the coordinator
@@ -34,7 +35,6 @@ pub use wakeups::Wakeups;
 pub struct RelaySettings {
     pub batch_size: u32,
     pub claim_ttl: Duration,
-    pub idle_backoff: Duration,
     pub retry_backoff_initial: Duration,
     pub retry_backoff: Duration,
     pub max_attempts: u32,
@@ -46,7 +46,6 @@ impl RelaySettings {
         Self {
             batch_size: c.outbox.batch_size,
             claim_ttl: c.outbox.claim_ttl,
-            idle_backoff: Duration::from_millis(c.outbox.idle_backoff_ms),
             retry_backoff_initial: c.outbox.retry_backoff_initial,
             retry_backoff: c.outbox.retry_backoff,
             max_attempts: c.outbox.max_attempts,

@@ -29,7 +29,14 @@
 //! every `database.poll_interval` while polls find new rows and for a
 //! second after the last that did, then doubling the delay after each poll
 //! that finds none, up to `outbox.idle_backoff_ms`.
-//! `outbox.idle_backoff_ms` stays the drainers' last resort either way.
+//!
+//! While `LISTEN` works, the poller still looks every
+//! `outbox.idle_backoff_ms`, in the same one query for every bucket
+//! drained here: the safety net for a row no notification announced (a
+//! producer without the trigger, a notification lost with a connection)
+//! and for a head whose retry time has come. An idle drainer waits for its
+//! signal only, so an idle worker runs one such query per
+//! `idle_backoff_ms`, not one claim per bucket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -154,14 +161,14 @@ impl Wakeups {
                 finding_rows(db),
                 fmt_duration(idle_backoff)
             );
-            let polling = Polling::new(db, Some(idle_backoff));
+            let polling = Polling::new(db, Some(idle_backoff), idle_backoff);
             return vec![tokio::spawn(self.clone().poll(
                 store.clone(),
                 polling,
                 cancel.clone(),
             ))];
         }
-        let polling = Polling::new(db, None);
+        let polling = Polling::new(db, None, idle_backoff);
         let mut tasks = vec![tokio::spawn(self.clone().poll(
             store.clone(),
             polling,
@@ -213,9 +220,14 @@ impl Wakeups {
                 next_poll = Instant::now() + delay;
             }
             if self.listening.load(Ordering::Relaxed) {
-                // Rows added while LISTEN works are announced.
+                // Rows added while LISTEN works are announced; the safety
+                // net looks every `polling.while_listening`.
                 if let Some(p) = &mut probe {
                     p.forget();
+                }
+                if polling_now {
+                    next_poll = Instant::now() + crate::jitter::jittered(polling.while_listening);
+                    self.wake_ready(&store, &self.drained_here()).await;
                 }
                 continue;
             }
@@ -238,14 +250,7 @@ impl Wakeups {
                 found = !added.is_empty();
             }
             if polling_now {
-                match store.ready_buckets(&labels).await {
-                    Ok(ready) => {
-                        tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
-                        ready.iter().for_each(|l| self.wake(l));
-                        found |= !ready.is_empty();
-                    }
-                    Err(e) => tracing::debug!(error = %e, "polling for new rows failed"),
-                }
+                found |= self.wake_ready(&store, &labels).await;
             } else if !found {
                 continue;
             }
@@ -268,6 +273,25 @@ impl Wakeups {
             } else {
                 next_poll.min(Instant::now() + delay)
             };
+        }
+    }
+
+    /// Wakes the buckets of `labels` whose head is ready (one query); true
+    /// when there was one.
+    async fn wake_ready(&self, store: &Store, labels: &[String]) -> bool {
+        if labels.is_empty() {
+            return false;
+        }
+        match store.ready_buckets(labels).await {
+            Ok(ready) => {
+                tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
+                ready.iter().for_each(|l| self.wake(l));
+                !ready.is_empty()
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "polling for new rows failed");
+                false
+            }
         }
     }
 
@@ -383,14 +407,17 @@ struct Polling {
     back_off_to: Option<Duration>,
     /// Between probes for added rows (`None`: no probe).
     probe: Option<Duration>,
+    /// Between polls while `LISTEN` works (`outbox.idle_backoff_ms`).
+    while_listening: Duration,
 }
 
 impl Polling {
-    fn new(db: &DatabaseConfig, back_off_to: Option<Duration>) -> Self {
+    fn new(db: &DatabaseConfig, back_off_to: Option<Duration>, while_listening: Duration) -> Self {
         Self {
             every: db.poll_interval,
             back_off_to: back_off_to.map(|max| max.max(db.poll_interval)),
             probe: (!db.probe_interval.is_zero()).then_some(db.probe_interval),
+            while_listening,
         }
     }
 }

@@ -45,6 +45,7 @@ pub mod repartition;
 pub mod schema;
 pub mod stats;
 pub mod switchover;
+pub(crate) mod trim;
 pub mod workers;
 
 use std::sync::Arc;

@@ -14,6 +14,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 
 use crate::config::DatabaseConfig;
 use crate::store::switchover::opened_before_stale;
+use crate::store::trim::{self, Opened};
 use crate::store::{BackendKind, StoreError, shown};
 
 /// Opens a pool for a worker or a command on `db.url`.
@@ -46,12 +47,15 @@ pub async fn connect(
         })?
         .map_err(connect_err)?;
     let _ = first.close().await;
-    Ok(MySqlPoolOptions::new()
+    let opened = Opened::default();
+    let opening = opened.clone();
+    let pool = MySqlPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(0)
         .acquire_timeout(db.connect_timeout)
         .acquire_slow_threshold(db.connect_timeout)
         .after_connect(move |conn, _meta| {
+            opening.now();
             let session = session.clone();
             Box::pin(async move {
                 crate::net::harden_connections_to(port, dead_after);
@@ -62,7 +66,9 @@ pub async fn connect(
             })
         })
         .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    trim::spawn(pool.clone(), opened);
+    Ok(pool)
 }
 
 /// What every connection sets for its session.

@@ -38,6 +38,7 @@ use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
 
 use crate::config::{DatabaseConfig, Pooler};
 use crate::store::switchover::opened_before_stale;
+use crate::store::trim::{self, Opened};
 use crate::store::{BackendKind, StoreError, shown};
 
 /// A pool of database connections that knows what sits in front of the
@@ -147,6 +148,8 @@ pub async fn connect_to(
         })?
         .map_err(connect_err)?;
     let _ = first.close().await;
+    let opened = Opened::default();
+    let opening = opened.clone();
     let inner = PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
@@ -155,6 +158,7 @@ pub async fn connect_to(
         // than connections); only failing to get one is worth a line.
         .acquire_slow_threshold(db.connect_timeout)
         .after_connect(move |_conn, _meta| {
+            opening.now();
             Box::pin(async move {
                 crate::net::harden_connections_to(port, dead_after);
                 Ok(())
@@ -162,6 +166,7 @@ pub async fn connect_to(
         })
         .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
         .connect_lazy_with(options);
+    trim::spawn(inner.clone(), opened);
     Ok(DbPool { inner, pooler })
 }
 

@@ -1,0 +1,100 @@
+//! Gives back the connections a burst opened.
+//!
+//! sqlx hands out idle connections first in, first out, so a pool that
+//! grew to `max_connections` once (a worker's start-up, when every bucket
+//! claims at the same moment) keeps every connection warm for ever, even
+//! when one would do: an idle worker held all ten, and a few dozen idle
+//! workers exhausted a database. This task closes one idle connection per
+//! second while the pool is larger than its recent demand — the most
+//! connections in use at once in the last [`QUIET`] (sampled every 100 ms),
+//! and at least two more than were always in use — and no connection had
+//! to be opened in the last [`AFTER_OPENING`]. Under load the pool is as
+//! large as the load needs; idle, it shrinks back to two connections, plus
+//! PostgreSQL's `LISTEN` connection (which sqlx counts in the pool as one
+//! always in use).
+//!
+//! Why two and not one: sqlx pings a released connection before it is idle
+//! again (a round trip), so a task that runs two statements back to back —
+//! the coordinator's membership read, then its renew — finds the first
+//! connection still on its way back and opens another. With one kept, the
+//! pool reopened a connection every few seconds.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long demand must stay below the pool's size before it shrinks.
+pub const QUIET: Duration = Duration::from_secs(30);
+/// How long after the pool last had to open a connection it may shrink:
+/// a spell of load grows it, the end of the spell shrinks it, but no more
+/// often than this (a stray overlap of two statements on an idle worker
+/// opens a connection that lives this long).
+const AFTER_OPENING: Duration = Duration::from_secs(5);
+/// How often the connections in use are counted.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// How often one idle connection may be closed.
+const CLOSE_EVERY: Duration = Duration::from_secs(1);
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+/// When the pool last opened a connection (its `after_connect` hook calls
+/// [`Opened::now`]). Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Opened(Arc<AtomicU64>);
+
+impl Default for Opened {
+    fn default() -> Self {
+        let opened = Self(Arc::default());
+        opened.now();
+        opened
+    }
+}
+
+impl Opened {
+    pub(crate) fn now(&self) {
+        let ms = origin().elapsed().as_millis() as u64;
+        self.0.store(ms, Ordering::Relaxed);
+    }
+
+    fn ago(&self) -> Duration {
+        let at = Duration::from_millis(self.0.load(Ordering::Relaxed));
+        origin().elapsed().saturating_sub(at)
+    }
+}
+
+/// Trims `pool` down to its demand (see the module docs) until it closes.
+pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Opened) {
+    tokio::spawn(async move {
+        // (connections, since when): the most and the fewest in use.
+        let mut peak = (0u32, Instant::now());
+        let mut floor = (u32::MAX, Instant::now());
+        let mut next_close = Instant::now() + CLOSE_EVERY;
+        while !pool.is_closed() {
+            tokio::time::sleep(SAMPLE_EVERY).await;
+            let in_use = pool.size().saturating_sub(pool.num_idle() as u32);
+            if in_use >= peak.0 || peak.1.elapsed() > QUIET {
+                peak = (in_use, Instant::now());
+            }
+            if in_use <= floor.0 || floor.1.elapsed() > QUIET {
+                floor = (in_use, Instant::now());
+            }
+            if Instant::now() < next_close {
+                continue;
+            }
+            next_close = Instant::now() + CLOSE_EVERY;
+            let wanted = peak.0.max(floor.0 + 2);
+            if pool.size() > wanted
+                && opened.ago() > AFTER_OPENING
+                && let Some(idle) = pool.try_acquire()
+            {
+                let _ = idle.close().await;
+            }
+        }
+    });
+}
