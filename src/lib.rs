@@ -58,6 +58,7 @@ pub mod coordinator;
 pub mod dashboard;
 pub mod demo;
 pub mod jitter;
+pub mod lease;
 pub mod net;
 pub mod ops;
 pub mod partitioner;

@@ -46,7 +46,7 @@ use async_rs::traits::{Executor, Reactor, RuntimeKit};
 use async_rs::util::{DummyIO, Task};
 use futures_io::{AsyncRead, AsyncWrite};
 
-use crate::coordinator::lease::Trust;
+use crate::lease::Trust;
 
 /// The leases under which frames may be in the client's buffers.
 #[derive(Debug, Default)]

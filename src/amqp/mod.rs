@@ -116,7 +116,7 @@ pub struct PublishLimits {
     /// Stamped into [`HEADER_LEASE_EPOCH`] when set.
     pub lease_epoch: Option<i64>,
     /// The lease's trust: holds the connection's send gate for the batch.
-    pub trust: Option<Arc<crate::coordinator::lease::Trust>>,
+    pub trust: Option<Arc<crate::lease::Trust>>,
 }
 
 /// What happened to a batch.

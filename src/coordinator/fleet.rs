@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::assignment::{Assignment, targets};
-use super::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::amqp::Reach;
+use crate::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::partitioner::Partitioner;
 use crate::relay::{Drain, Relay};
 use crate::store::outbox::Fence;

@@ -1,6 +1,7 @@
 //! Fleet coordination: membership and heartbeats (this file), target
-//! computation ([`assignment`]), the lease and its fencing argument
-//! ([`lease`]), and the per-worker coordination loop ([`fleet`]).
+//! computation ([`assignment`]) and the per-worker coordination loop
+//! ([`fleet`]). The lease and its fencing argument are [`crate::lease`],
+//! where the relay and the broker's send gate import them too.
 //!
 //! A worker registers a row in the workers table and keeps
 //! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
@@ -12,7 +13,6 @@
 
 pub mod assignment;
 pub mod fleet;
-pub mod lease;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
 use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
-use crate::coordinator::lease::LeaseGrant;
+use crate::lease::LeaseGrant;
 use crate::store::StoreError;
 use crate::store::outbox::{
     Claim, ClaimToken, ClaimedMessage, Failure, FailurePolicy, FailureRecord, Fence, Holder,
@@ -57,7 +57,7 @@ use crate::store::outbox::{
 ///
 /// In fleet mode it holds a [`LeaseGrant`]: it claims only while the lease is
 /// trusted, stops sending at the trust deadline, and every write carries the
-/// lease fence (see `coordinator::lease` for the argument).
+/// lease fence (see `crate::lease` for the argument).
 pub(crate) struct BucketDrainer {
     pub partition_key: String,
     pub lease: Option<LeaseGrant>,

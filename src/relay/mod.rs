@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::amqp::Broker;
 use crate::config::Config;
-use crate::coordinator::lease::LeaseGrant;
+use crate::lease::LeaseGrant;
 use crate::store::Store;
 pub use stats::RelayStats;
 pub use wakeups::Wakeups;

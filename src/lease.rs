@@ -1,4 +1,6 @@
-//! A bucket lease as one worker sees it, and why it is safe.
+//! A bucket lease as one worker sees it, and why it is safe. Its own
+//! module, below the coordinator that takes and renews leases, the relay
+//! that drains under them and the broker's send gate that checks them.
 //!
 //! ```text
 //!                 acquire (free or expired; epoch + 1)
