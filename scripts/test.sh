@@ -17,6 +17,8 @@ command -v node >/dev/null 2>&1 || need+=(nodejs npm)
 # The multi-host tests (tests/hosts.rs, tests/cluster.rs): scripts/hosts.sh.
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The package test (tests/package.rs): dpkg -i needs the package's dependency.
+command -v adduser >/dev/null 2>&1 || need+=(adduser)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: apt-get install ${need[*]}" >&2

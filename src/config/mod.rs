@@ -286,7 +286,8 @@ pub struct OutboxConfig {
     /// after its last claim (renewed by every claim that finds rows).
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub claim_ttl: Duration,
-    /// Polling interval of an idle bucket when no NOTIFY wakes it earlier.
+    /// How often a worker looks, in one query for all its buckets, for rows
+    /// no wake-up announced (and heads whose retry time has come).
     pub idle_backoff_ms: u64,
     /// First retry delay of a failing row; doubles per attempt.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]

@@ -1,0 +1,196 @@
+//! How outboxd is installed: the Debian package built by
+//! `scripts/package.sh`, installed with `dpkg -i` on this machine, run from
+//! `/usr/bin/outboxd` as the package's own user against the test services,
+//! its systemd unit checked by `systemd-analyze verify`, then purged; and
+//! the Kubernetes manifests of `deploy/kubernetes`, validated offline
+//! against the API schemas (`scripts/k8s-validate.sh`).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use outboxd::demo::QueueReader;
+use outboxd::producer::Message;
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Purges the package when dropped, also when the test failed.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "outboxd"]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debian_package_installs_runs_as_its_own_user_and_purges() {
+    let env = TestEnv::new().await;
+    let out_dir = env.dir.join("deb");
+    let built = run(Command::new("bash")
+        .arg(repo_dir().join("scripts/package.sh"))
+        .args(["--binary", env!("CARGO_BIN_EXE_outboxd"), "--out"])
+        .arg(&out_dir));
+    let deb = String::from_utf8(built.stdout).unwrap().trim().to_string();
+    assert!(deb.ends_with(".deb") && Path::new(&deb).exists(), "{deb}");
+
+    let _ = Command::new("dpkg").args(["--purge", "outboxd"]).output();
+    let _installed = Installed;
+    run(Command::new("dpkg").args(["-i", &deb]));
+    for path in [
+        "/usr/bin/outboxd",
+        "/etc/outboxd/outboxd.toml",
+        "/etc/default/outboxd",
+        "/lib/systemd/system/outboxd.service",
+    ] {
+        assert!(Path::new(path).exists(), "{path} not installed");
+    }
+    let conffiles = run(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "outboxd"]));
+    let conffiles = String::from_utf8_lossy(&conffiles.stdout);
+    assert!(
+        conffiles.contains("/etc/outboxd/outboxd.toml")
+            && conffiles.contains("/etc/default/outboxd"),
+        "{conffiles}"
+    );
+    run(Command::new("getent").args(["passwd", "outboxd"]));
+    let analyze = Command::new("systemd-analyze").arg("--version").output();
+    let verified = match analyze {
+        Ok(o) if o.status.success() => {
+            run(Command::new("systemd-analyze")
+                .args(["verify", "/lib/systemd/system/outboxd.service"]));
+            "systemd-analyze verify: clean"
+        }
+        _ => "systemd-analyze not available",
+    };
+
+    // The installed binary, as the package's user, with its configuration
+    // file and the URLs from the environment: drains what is there.
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    for i in 0..20 {
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 5), "", queue.clone(), "x"))
+            .await;
+    }
+    let as_user = |args: &[&str], extra: &[(&str, &str)]| {
+        let mut cmd = Command::new("runuser");
+        cmd.args([
+            "-u",
+            "outboxd",
+            "--",
+            "/usr/bin/outboxd",
+            "--config",
+            "/etc/outboxd/outboxd.toml",
+        ])
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("DATABASE_URL", &env.worker_db_url)
+        .env("AMQP_URL", amqp_url())
+        .envs(extra.iter().copied())
+        .current_dir("/");
+        cmd.output().unwrap()
+    };
+    let drained = as_user(&["work", "--no-leasing", "--once", "--json"], &[]);
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    let (all, v) = read_and_judge(&mut reader, &env, 20, Duration::from_secs(20)).await;
+    // A bad configuration exits 2, which the unit does not restart on.
+    let bad = as_user(&["work"], &[("OUTBOXD_OUTBOX__BATCH_SIZE", "0")]);
+    let unit = std::fs::read_to_string("/lib/systemd/system/outboxd.service").unwrap();
+
+    run(Command::new("dpkg").args(["--purge", "outboxd"]));
+    let user_gone = !Command::new("getent")
+        .args(["passwd", "outboxd"])
+        .status()
+        .unwrap()
+        .success();
+    println!(
+        "package {deb}: installed, {verified}; /usr/bin/outboxd as user outboxd drained 20 rows ({}); \
+         bad configuration exit {:?}; purged (binary gone: {}, user gone: {user_gone})",
+        v.summary(),
+        bad.status.code(),
+        !Path::new("/usr/bin/outboxd").exists()
+    );
+    assert!(all && v.is_clean(), "{v:?}");
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    assert!(unit.contains("RestartPreventExitStatus=2"));
+    assert!(!Path::new("/usr/bin/outboxd").exists());
+    assert!(!Path::new("/etc/outboxd/outboxd.toml").exists());
+    assert!(user_gone);
+}
+
+/// The manifests pass the schema validator, and a broken copy does not
+/// (so the validator really looks); the probes they use are the worker's.
+#[test]
+fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
+    let validate = |files: &[&Path]| {
+        Command::new("bash")
+            .arg(repo_dir().join("scripts/k8s-validate.sh"))
+            .args(files)
+            .current_dir(repo_dir())
+            .output()
+            .unwrap()
+    };
+    let dir = repo_dir().join("deploy/kubernetes");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let good = validate(&refs);
+    let report =
+        String::from_utf8_lossy(&good.stderr).into_owned() + &String::from_utf8_lossy(&good.stdout);
+    println!("{report}");
+    assert!(good.status.success(), "{report}");
+    for kind in [
+        "deployment/outboxd",
+        "poddisruptionbudget/outboxd",
+        "configmap/outboxd",
+        "secret/outboxd",
+    ] {
+        assert!(
+            report.contains(&format!("passed for resource {kind}")),
+            "{report}"
+        );
+    }
+
+    let deployment = std::fs::read_to_string(dir.join("deployment.yaml")).unwrap();
+    let broken = std::env::temp_dir().join(unique("broken-deployment") + ".yaml");
+    std::fs::write(
+        &broken,
+        deployment.replace("replicas: 3", "replicas: three"),
+    )
+    .unwrap();
+    let bad = validate(&[&broken]);
+    let _ = std::fs::remove_file(&broken);
+    assert!(!bad.status.success(), "a broken manifest passed");
+
+    for probe in ["path: /livez", "path: /readyz"] {
+        assert!(deployment.contains(probe), "{probe}");
+    }
+    let config = std::fs::read_to_string(dir.join("configmap.yaml")).unwrap();
+    assert!(config.contains("health_listen = \"0.0.0.0:9090\""));
+    assert!(deployment.contains("containerPort: 9090"));
+}
