@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::coordinator::assignment::Assignment;
 use crate::partitioner::{MAX_PARTITIONS, MIN_PARTITIONS};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://outboxd@127.0.0.1:5432/outboxd";
@@ -196,6 +195,16 @@ pub struct DatabaseConfig {
     /// do, the probe backs off to `poll_interval`. `0ms` turns it off.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub probe_interval: Duration,
+}
+
+/// `worker.assignment`: how buckets are spread over workers (the rules
+/// are `coordinator::assignment`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Assignment {
+    #[default]
+    Modulo,
+    Sticky,
 }
 
 /// `database.pooler`: what the workers' connections go through.

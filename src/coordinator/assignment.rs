@@ -11,19 +11,13 @@
 //!   A join or leave moves only the buckets won or lost by that worker, about
 //!   `1/n` of them, at the price of a less even spread.
 
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::partitioner::Bucket;
 
-/// How buckets are spread over workers (`worker.assignment`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Assignment {
-    #[default]
-    Modulo,
-    Sticky,
-}
+/// `worker.assignment`, a configuration value (defined with the rest of
+/// the configuration, which the coordinator reads).
+pub use crate::config::Assignment;
 
 /// The buckets `me` targets among `workers` (sorted ascending). Empty when
 /// `me` is not among them.

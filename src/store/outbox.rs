@@ -215,8 +215,8 @@ pub struct BucketHead {
 #[async_trait]
 pub trait OutboxStore {
     /// Enqueues one message in a transaction of its own; returns its id.
-    /// (Producers enqueue inside their own transactions with
-    /// [`crate::producer::Producer`].)
+    /// (Producers enqueue inside their own transactions with the Rust
+    /// `Producer` of `src/producer.rs`, which sits above the store.)
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError>;
 
     /// Claims the ready prefix of a bucket's first `limit` pending rows not
