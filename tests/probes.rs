@@ -358,7 +358,16 @@ async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() 
     )
     .await;
     wait_status(&format!("{probes}/readyz"), 200, Duration::from_secs(30)).await;
-    let dm = try_get(&format!("{dashboard}/metrics")).await.unwrap();
+    // The worker's next heartbeat (its row expired while the database was
+    // down) makes it live again.
+    let from = Instant::now();
+    let dm = loop {
+        let dm = try_get(&format!("{dashboard}/metrics")).await.unwrap();
+        if dm.body.contains("outboxd_workers_live 1") || from.elapsed() > Duration::from_secs(20) {
+            break dm;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(dm.body.contains("outboxd_database_up 1"), "{}", dm.body);
     assert!(dm.body.contains("outboxd_workers_live 1"), "{}", dm.body);
     assert!(worker.terminate(Duration::from_secs(15)).success());

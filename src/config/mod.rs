@@ -544,6 +544,15 @@ impl Config {
 
     /// Checks every value; the first problem found is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_connections()?;
+        self.validate_outbox()?;
+        self.validate_worker()?;
+        self.validate_dashboard()?;
+        self.validate_tables()
+    }
+
+    /// `[database]` and `[amqp]`: URLs, TLS files, pool size, timeouts.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
         validate_url(
             "database.url",
             &self.database.url,
@@ -595,7 +604,11 @@ impl Config {
             "amqp.reconnect_backoff_max",
             self.amqp.reconnect_backoff_max,
         )?;
+        Ok(())
+    }
 
+    /// `[outbox]`.
+    fn validate_outbox(&self) -> Result<(), ConfigError> {
         let o = &self.outbox;
         if !(MIN_PARTITIONS..=MAX_PARTITIONS).contains(&o.partition_count) {
             return Err(invalid(
@@ -640,7 +653,11 @@ impl Config {
         if o.max_payload_bytes == 0 {
             return Err(invalid("outbox.max_payload_bytes", "must be at least 1"));
         }
+        Ok(())
+    }
 
+    /// `[worker]`.
+    fn validate_worker(&self) -> Result<(), ConfigError> {
         let w = &self.worker;
         positive("worker.lease_ttl", w.lease_ttl)?;
         positive("worker.lease_renew", w.lease_renew)?;
@@ -663,7 +680,11 @@ impl Config {
                 format!("({}) must be at most 256 (0 = one per core)", w.threads),
             ));
         }
+        Ok(())
+    }
 
+    /// `[dashboard]`.
+    fn validate_dashboard(&self) -> Result<(), ConfigError> {
         let d = &self.dashboard;
         let path_ok = d.path.starts_with('/')
             && d.path.len() > 1
@@ -727,7 +748,11 @@ impl Config {
         ] {
             readable(key, path)?;
         }
+        Ok(())
+    }
 
+    /// `[tables]`: three different valid identifiers.
+    fn validate_tables(&self) -> Result<(), ConfigError> {
         validate_identifier("tables.outbox", &self.tables.outbox, MAX_OUTBOX_TABLE_LEN)?;
         validate_identifier("tables.partitions", &self.tables.partitions, 63)?;
         validate_identifier("tables.workers", &self.tables.workers, 63)?;
