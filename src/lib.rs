@@ -64,6 +64,7 @@ pub mod ops;
 pub mod partitioner;
 pub mod producer;
 pub mod relay;
+pub mod stamp;
 pub mod store;
 pub mod tls;
 pub mod worker;

@@ -19,12 +19,11 @@
 //! connection still on its way back and opens another. With one kept, the
 //! pool reopened a connection every few seconds.
 
-use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::stamp::Stamp;
 
 /// How long demand must stay below the pool's size before it shrinks.
 pub const QUIET: Duration = Duration::from_secs(30);
@@ -38,38 +37,10 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// How often one idle connection may be closed.
 const CLOSE_EVERY: Duration = Duration::from_secs(1);
 
-fn origin() -> Instant {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    *ORIGIN.get_or_init(Instant::now)
-}
-
-/// When the pool last opened a connection (its `after_connect` hook calls
-/// [`Opened::now`]). Cheap to clone.
-#[derive(Debug, Clone)]
-pub(crate) struct Opened(Arc<AtomicU64>);
-
-impl Default for Opened {
-    fn default() -> Self {
-        let opened = Self(Arc::default());
-        opened.now();
-        opened
-    }
-}
-
-impl Opened {
-    pub(crate) fn now(&self) {
-        let ms = origin().elapsed().as_millis() as u64;
-        self.0.store(ms, Ordering::Relaxed);
-    }
-
-    fn ago(&self) -> Duration {
-        let at = Duration::from_millis(self.0.load(Ordering::Relaxed));
-        origin().elapsed().saturating_sub(at)
-    }
-}
-
 /// Trims `pool` down to its demand (see the module docs) until it closes.
-pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Opened) {
+/// `opened` is when the pool last opened a connection (its `after_connect`
+/// hook marks it).
+pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
     tokio::spawn(async move {
         // (connections, since when): the most and the fewest in use.
         let mut peak = (0u32, Instant::now());

@@ -15,7 +15,6 @@
 //!   fleet's targets. Otherwise 503 with the first reason, e.g.
 //!   `{"ready":false,"reason":"broker unreachable for 12s: …"}`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::Reach;
 use crate::config::{Config, fmt_duration};
 use crate::relay::RelayStats;
+use crate::stamp::Stamp;
 use crate::store::Store;
 
 /// How often the database is pinged.
@@ -48,28 +48,23 @@ pub(super) fn stall_after(config: &Config) -> Duration {
 #[derive(Clone)]
 pub(super) struct Beat {
     name: &'static str,
-    origin: Instant,
-    /// Milliseconds after `origin`.
-    last: Arc<AtomicU64>,
+    last: Stamp,
 }
 
 impl Beat {
     pub(super) fn new(name: &'static str) -> Self {
         Self {
             name,
-            origin: Instant::now(),
-            last: Arc::default(),
+            last: Stamp::default(),
         }
     }
 
     pub(super) fn beat(&self) {
-        let ms = self.origin.elapsed().as_millis() as u64;
-        self.last.store(ms, Ordering::Relaxed);
+        self.last.mark();
     }
 
     fn silent_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
-        self.origin.elapsed().saturating_sub(last)
+        self.last.ago()
     }
 }
 

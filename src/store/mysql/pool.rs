@@ -13,8 +13,9 @@ use sqlx::Connection;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 
 use crate::config::DatabaseConfig;
+use crate::stamp::Stamp;
 use crate::store::switchover::opened_before_stale;
-use crate::store::trim::{self, Opened};
+use crate::store::trim;
 use crate::store::{BackendKind, StoreError, shown};
 
 /// Opens a pool for a worker or a command on `db.url`.
@@ -47,7 +48,7 @@ pub async fn connect(
         })?
         .map_err(connect_err)?;
     let _ = first.close().await;
-    let opened = Opened::default();
+    let opened = Stamp::default();
     let opening = opened.clone();
     let pool = MySqlPoolOptions::new()
         .max_connections(db.max_connections)
@@ -55,7 +56,7 @@ pub async fn connect(
         .acquire_timeout(db.connect_timeout)
         .acquire_slow_threshold(db.connect_timeout)
         .after_connect(move |conn, _meta| {
-            opening.now();
+            opening.mark();
             let session = session.clone();
             Box::pin(async move {
                 crate::net::harden_connections_to(port, dead_after);

@@ -37,8 +37,9 @@ use sqlx::postgres::{
 use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
 
 use crate::config::{DatabaseConfig, Pooler};
+use crate::stamp::Stamp;
 use crate::store::switchover::opened_before_stale;
-use crate::store::trim::{self, Opened};
+use crate::store::trim;
 use crate::store::{BackendKind, StoreError, shown};
 
 /// A pool of database connections that knows what sits in front of the
@@ -148,7 +149,7 @@ pub async fn connect_to(
         })?
         .map_err(connect_err)?;
     let _ = first.close().await;
-    let opened = Opened::default();
+    let opened = Stamp::default();
     let opening = opened.clone();
     let inner = PgPoolOptions::new()
         .max_connections(max_connections)
@@ -158,7 +159,7 @@ pub async fn connect_to(
         // than connections); only failing to get one is worth a line.
         .acquire_slow_threshold(db.connect_timeout)
         .after_connect(move |_conn, _meta| {
-            opening.now();
+            opening.mark();
             Box::pin(async move {
                 crate::net::harden_connections_to(port, dead_after);
                 Ok(())
