@@ -128,6 +128,17 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The standard OTEL_* variables, read only by the command that exports.
+    let traces = match &cli.command {
+        Command::Work(_) => match crate::otel::ExportConfig::from_env() {
+            Ok(traces) => traces,
+            Err(e) => {
+                crate::complain!("outboxd: traces: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let silent = matches!(&cli.command, Command::Work(w) if w.silent);
     init_tracing(silent, config.log.format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
@@ -142,7 +153,7 @@ pub fn main() -> ExitCode {
         }
     };
     let format = config.log.format;
-    match runtime.block_on(dispatch(cli.command, config, provenance)) {
+    match runtime.block_on(dispatch(cli.command, config, provenance, traces)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             match format {
@@ -346,7 +357,12 @@ pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
     Ok((config, provenance))
 }
 
-async fn dispatch(command: Command, config: Config, provenance: Provenance) -> anyhow::Result<()> {
+async fn dispatch(
+    command: Command,
+    config: Config,
+    provenance: Provenance,
+    traces: Option<crate::otel::ExportConfig>,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     match command {
         Command::Migrate => {
@@ -378,6 +394,7 @@ async fn dispatch(command: Command, config: Config, provenance: Provenance) -> a
                 interval: Duration::from_millis(args.interval_ms),
                 window: Duration::from_secs(args.window),
                 ui: args.ui.is_some(),
+                traces,
             };
             let cancel = shutdown_on_signals();
             worker::run(&config, &opts, cancel).await?;

@@ -187,6 +187,9 @@ pub struct Delivered {
     pub partition_key: String,
     /// The lease epoch it was published under (fleet mode).
     pub lease_epoch: Option<i64>,
+    /// Its `traceparent` and `tracestate` headers, when it has them.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl QueueReader {
@@ -298,20 +301,22 @@ impl QueueReader {
         };
         self.checker.observe(&key, id);
         if let Some(log) = self.log.as_mut() {
-            let partition_key = match headers.inner().get(HEADER_PARTITION_KEY) {
-                Some(AMQPValue::LongString(s)) => {
-                    String::from_utf8_lossy(s.as_bytes()).into_owned()
-                }
-                _ => String::new(),
-            };
             let lease_epoch = match headers.inner().get(HEADER_LEASE_EPOCH) {
                 Some(AMQPValue::LongLongInt(e)) => Some(*e),
                 _ => None,
             };
+            let text = |name: &str| match headers.inner().get(name) {
+                Some(AMQPValue::LongString(s)) => {
+                    Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                }
+                _ => None,
+            };
             log.push(Delivered {
                 id,
-                partition_key,
+                partition_key: text(HEADER_PARTITION_KEY).unwrap_or_default(),
                 lease_epoch,
+                traceparent: text("traceparent"),
+                tracestate: text("tracestate"),
             });
         }
         delivery.ack(BasicAckOptions::default()).await?;

@@ -16,6 +16,7 @@
 //! - [`store`]: all SQL, behind one backend-neutral interface (a trait per
 //!   table); `store::postgres` and `store::mysql` implement it.
 //! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
+//! - [`lease`]: a granted lease, its fence and how long it is trusted.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
 //! - [`amqp`]: the broker connection, confirm channels, batch publishing,
 //!   and the send gate that keeps a stalled worker's frames off the wire.
@@ -23,11 +24,15 @@
 //!   database and broker connections.
 //! - [`tls`]: TLS on the database and broker links (rustls): client
 //!   configuration from PEM files, and failed handshakes explained in one line.
+//! - [`otel`]: W3C trace context from producer to consumer, and the
+//!   relay's spans exported over OTLP/HTTP (`OTEL_*` variables).
 //! - [`worker`]: one `outboxd work` process: start-up checks, ticks, shutdown.
 //! - [`dashboard`]: the axum web monitor, JSON API, `/metrics`, `/healthz`.
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
+//! - [`jitter`], [`stamp`]: small shared helpers (spread pauses; a
+//!   lock-free "when did this last happen").
 //! - [`ops`]: operator commands (`status`, `failed`, `purge`, `repartition`)
 //!   and the workers' maintenance task (retention, stray labels).
 
@@ -61,6 +66,7 @@ pub mod jitter;
 pub mod lease;
 pub mod net;
 pub mod ops;
+pub mod otel;
 pub mod partitioner;
 pub mod producer;
 pub mod relay;

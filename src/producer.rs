@@ -18,24 +18,63 @@
 //! The same call works on MySQL/MariaDB with a `sqlx::MySqlPool` or one of
 //! its transactions.
 //!
+//! # Trace context
+//!
+//! A message carries its producer's span when it has a `traceparent` header
+//! (W3C trace context; `tracestate` beside it when the trace has one): set
+//! it per message with [`Message::trace_context`], or once per producer
+//! with [`Producer::with_trace_source`], a function returning the current
+//! span's context — with the `opentelemetry` crate, for example:
+//!
+//! ```ignore
+//! use opentelemetry::trace::TraceContextExt;
+//! let producer = Producer::default().with_trace_source(|| {
+//!     let context = opentelemetry::Context::current();
+//!     let span = context.span().span_context().clone();
+//!     span.is_valid().then(|| {
+//!         TraceContext::new(span.trace_id().to_bytes(), span.span_id().to_bytes(), span.is_sampled())
+//!             .with_state(span.trace_state().header())
+//!     })
+//! });
+//! ```
+//!
+//! A message that already has a `traceparent` keeps it. outboxd depends on
+//! no tracing library for this: the source is the application's.
+//!
 //! The message key is the first argument of [`Message::new`]: a message
 //! cannot be built without one. The bucket is computed by the database
 //! (PostgreSQL's `<outbox>_enqueue()`, MySQL's insert trigger), the same
 //! code that labels the rows of producers in other languages, so every
 //! producer agrees on it.
 
+use std::sync::Arc;
+
 use futures_util::future::BoxFuture;
 
 use crate::config::TablesConfig;
+pub use crate::otel::TraceContext;
 pub use crate::store::outbox::Message;
 use crate::store::{Sql, StoreError};
 
 /// Enqueues messages into one deployment's outbox table, on PostgreSQL or
 /// MySQL/MariaDB: whichever database the executor it is given talks to.
-#[derive(Debug)]
 pub struct Producer {
     postgres: Sql,
     mysql: Sql,
+    trace_source: Option<TraceSource>,
+}
+
+/// Where a producer finds the current span's context.
+type TraceSource = Arc<dyn Fn() -> Option<TraceContext> + Send + Sync>;
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("postgres", &self.postgres)
+            .field("mysql", &self.mysql)
+            .field("trace_source", &self.trace_source.is_some())
+            .finish()
+    }
 }
 
 impl Default for Producer {
@@ -51,16 +90,35 @@ impl Producer {
         Self {
             postgres: crate::store::postgres::outbox::enqueue_statement(tables),
             mysql: crate::store::mysql::outbox::enqueue_statement(tables),
+            trace_source: None,
         }
+    }
+
+    /// Asks `source` for the current span's context at every enqueue and
+    /// writes it into the message's headers (`traceparent`, `tracestate`),
+    /// inside the caller's transaction; a message that has a `traceparent`
+    /// already, or a call where `source` returns `None`, is left as it is.
+    pub fn with_trace_source(
+        mut self,
+        source: impl Fn() -> Option<TraceContext> + Send + Sync + 'static,
+    ) -> Self {
+        self.trace_source = Some(Arc::new(source));
+        self
     }
 
     /// Enqueues `message` on `exec` — pass `&mut *tx` to make it part of the
     /// caller's transaction. Returns the message's outbox id.
-    pub async fn enqueue<'e, E>(&self, exec: E, message: Message) -> Result<i64, StoreError>
+    pub async fn enqueue<'e, E>(&self, exec: E, mut message: Message) -> Result<i64, StoreError>
     where
         E: sqlx::Executor<'e>,
         E::Database: ProducerDatabase,
     {
+        if let Some(source) = &self.trace_source
+            && !message.has_trace_context()
+            && let Some(context) = source()
+        {
+            message = message.trace_context(&context);
+        }
         <E::Database as ProducerDatabase>::enqueue(self, exec, &message).await
     }
 }

@@ -80,6 +80,33 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// Reads the files now (a rotated file is used from the next
+    /// connection) and builds a client configuration: the CA file's roots
+    /// (else the system's), the client certificate when both it and its key
+    /// are set. Errors are one line naming the setting (`keys`: the names of
+    /// the CA, certificate and key settings) and the file.
+    pub fn client_config(&self, keys: [&str; 3]) -> Result<Arc<ClientConfig>, String> {
+        let [ca_key, cert_key, key_key] = keys;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots(self.ca_file.as_deref(), ca_key)?);
+        let config = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(certificates(cert, cert_key)?, private_key(key, key_key)?)
+                .map_err(|e| {
+                    format!(
+                        "{cert_key} {} and {key_key} {} do not go together: {e}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?,
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(Arc::new(config))
+    }
+
     /// The files named in a database URL's query (`sslrootcert`/`ssl-ca`, …).
     pub fn from_url(link: Link, url: &str) -> Self {
         let [ca, cert, key] = link.keys();
@@ -111,27 +138,7 @@ impl AmqpTls {
     /// connection) and builds the client configuration. The error is one
     /// line naming the file.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots(self.files.ca_file.as_deref(), "amqp.tls.ca_file")?);
-        let config = match (&self.files.cert_file, &self.files.key_file) {
-            (Some(cert), Some(key)) => builder
-                .with_client_auth_cert(
-                    certificates(cert, "amqp.tls.cert_file")?,
-                    private_key(key, "amqp.tls.key_file")?,
-                )
-                .map_err(|e| {
-                    format!(
-                        "amqp.tls.cert_file {} and amqp.tls.key_file {} do not go together: {e}",
-                        cert.display(),
-                        key.display()
-                    )
-                })?,
-            _ => builder.with_no_client_auth(),
-        };
-        Ok(Arc::new(config))
+        self.files.client_config(Link::Amqp.keys())
     }
 
     /// Whether a client certificate is configured.

@@ -20,6 +20,7 @@ use crate::relay::RelayStats;
 use crate::relay::stats::{Histogram, LATENCY_BUCKETS};
 use crate::store::partitions::BucketView;
 use crate::store::workers::WorkerView;
+use std::sync::atomic::Ordering;
 
 /// The whole `/metrics`: fleet gauges from the database and, when the
 /// serving process is a worker, its own counters. While the database does
@@ -168,6 +169,25 @@ pub fn process(out: &mut String, stats: &RelayStats) {
         "outboxd_fenced_writes_total",
         "writes refused by the lease fence",
         s.fenced,
+    );
+    let traces = &stats.traces;
+    counter(
+        out,
+        "outboxd_trace_spans_exported_total",
+        "spans accepted by the OTLP collector (0 while export is off)",
+        traces.exported.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "outboxd_trace_spans_dropped_total",
+        "spans dropped: the export queue was full or the export failed",
+        traces.dropped.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "outboxd_trace_exports_failed_total",
+        "span export requests that failed",
+        traces.failed_exports.load(Ordering::Relaxed),
     );
     histogram(
         out,

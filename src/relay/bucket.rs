@@ -43,6 +43,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::spans::{self, BatchTimes};
 use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
 use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
@@ -252,6 +253,7 @@ impl BucketDrainer {
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
         };
         let mut channel = channel;
+        let wall_start = std::time::SystemTime::now();
         let publish = async {
             let started = std::time::Instant::now();
             let outcome = channel.publish_batch(&rows, limits).await;
@@ -293,6 +295,16 @@ impl BucketDrainer {
             next.ok().filter(|_| recorded)
         };
         let (outcome, next) = tokio::join!(publish, database);
+        if self.ctx.tracer.enabled() {
+            let times = BatchTimes {
+                started: wall_start,
+                ended: std::time::SystemTime::now(),
+                lease_epoch: self.fence.map(|f| f.epoch),
+            };
+            let failure = outcome.failure.as_ref();
+            let spans = spans::of_batch(&rows, outcome.confirmed, failure, &times);
+            self.ctx.tracer.record(spans);
+        }
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
         match outcome.failure {
             None => {

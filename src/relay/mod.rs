@@ -14,6 +14,7 @@
 //! starts and stops drainers as leases come and go.
 
 pub mod bucket;
+mod spans;
 pub mod stats;
 pub mod wakeups;
 
@@ -26,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::amqp::Broker;
 use crate::config::Config;
 use crate::lease::LeaseGrant;
+use crate::otel::Tracer;
 use crate::store::Store;
 pub use stats::RelayStats;
 pub use wakeups::Wakeups;
@@ -60,6 +62,8 @@ pub struct RelayContext {
     pub broker: Arc<Broker>,
     pub settings: RelaySettings,
     pub stats: Arc<RelayStats>,
+    /// Where published messages' spans go (disabled: no `OTEL_*` endpoint).
+    pub tracer: Tracer,
 }
 
 /// How long a drainer runs.

@@ -1,10 +1,13 @@
 //! Counters and latency histograms of one worker process, read by the tick
 //! reporter, the heartbeat and `/metrics`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::otel::export::TraceCounts;
 
 /// Upper bounds (seconds) of the latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -58,6 +61,8 @@ pub struct RelayStats {
     pub claim_latency: Histogram,
     /// Time from the first send of a batch to its last confirm.
     pub publish_latency: Histogram,
+    /// The span exporter's counters (zero while export is off).
+    pub traces: Arc<TraceCounts>,
     published: AtomicU64,
     failed: AtomicU64,
     parked: AtomicU64,

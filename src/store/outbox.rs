@@ -63,6 +63,22 @@ impl Message {
         self
     }
 
+    /// Carries a trace context: its `traceparent` and `tracestate` become
+    /// the message's headers of those names (W3C trace context), which the
+    /// relay copies to the AMQP message and continues in its own span.
+    pub fn trace_context(self, context: &crate::otel::TraceContext) -> Self {
+        let message = self.header("traceparent", context.parent.to_string());
+        match &context.state {
+            Some(state) => message.header("tracestate", state.clone()),
+            None => message,
+        }
+    }
+
+    /// Whether a `traceparent` header is set.
+    pub fn has_trace_context(&self) -> bool {
+        self.headers.get("traceparent").is_some()
+    }
+
     /// Sets the AMQP content type.
     pub fn content_type(mut self, content_type: impl Into<String>) -> Self {
         self.content_type = Some(content_type.into());

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::coordinator::JoinError;
 use crate::coordinator::fleet::{self, Fleet, FleetSettings};
+use crate::otel::{ExportConfig, Tracer};
 use crate::relay::stats::StatsSnapshot;
 use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
 use crate::store::workers::WorkerMode;
@@ -59,6 +60,8 @@ pub struct WorkOptions {
     pub window: Duration,
     /// Also serve the dashboard (on `dashboard.listen`).
     pub ui: bool,
+    /// Export spans (an `OTEL_*` endpoint is set).
+    pub traces: Option<ExportConfig>,
 }
 
 /// Why a worker stopped with an error.
@@ -85,16 +88,27 @@ pub async fn run(
     let labels = started.partitioner.labels();
     let stats = Arc::new(RelayStats::default());
     let wakeups = Wakeups::new(&labels);
+    let mut tasks = Supervisor::new();
+    let tracer = match &opts.traces {
+        Some(export) => {
+            let worker_id = started.membership.worker_id.to_string();
+            let counts = stats.traces.clone();
+            let (tracer, exporter) = crate::otel::export::start(export, worker_id, counts);
+            tasks.spawn("span export", exporter.run(tasks.token()));
+            tracer
+        }
+        None => Tracer::default(),
+    };
     let relay = Arc::new(Relay::new(
         Arc::new(RelayContext {
             store: started.store.clone(),
             broker: started.broker.clone(),
             settings: RelaySettings::from_config(config),
             stats: stats.clone(),
+            tracer,
         }),
         wakeups.clone(),
     ));
-    let mut tasks = Supervisor::new();
     start_background(
         &mut tasks,
         config,

@@ -291,7 +291,11 @@ impl TestDb {
     }
 
     pub async fn try_enqueue(&self, m: Message) -> Result<i64, StoreError> {
-        let producer = Producer::default();
+        self.enqueue_by(&Producer::default(), m).await
+    }
+
+    /// Enqueues one message through `producer` (autocommit).
+    pub async fn enqueue_by(&self, producer: &Producer, m: Message) -> Result<i64, StoreError> {
         match self {
             TestDb::Pg(p) => producer.enqueue(p, m).await,
             TestDb::My(p) => producer.enqueue(p, m).await,

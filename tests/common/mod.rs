@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod hosts;
+pub mod otlp;
 pub mod pooler;
 pub mod readme;
 
@@ -347,6 +348,17 @@ impl TestEnv {
         config: &Path,
         args: &[&str],
     ) -> WorkerProcess {
+        self.spawn_worker_with(netns, config, args, &[])
+    }
+
+    /// [`TestEnv::spawn_worker_on`] with extra environment variables.
+    pub fn spawn_worker_with(
+        &self,
+        netns: Option<&str>,
+        config: &Path,
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> WorkerProcess {
         let log = self.dir.join(format!("{}.log", unique("worker")));
         let mut cmd = match netns {
             Some(ns) => {
@@ -363,6 +375,7 @@ impl TestEnv {
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
             .env("OUTBOXD_LOG", WORKER_LOG)
+            .envs(vars.iter().copied())
             .current_dir(&self.dir);
         cmd.stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
