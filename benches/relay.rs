@@ -42,8 +42,9 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls` runs one
-//! section (tls: `relay/tls.rs`, TLS on both links against plaintext).
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces`
+//! runs one section (tls: `relay/tls.rs`, TLS on both links against
+//! plaintext; traces: `relay/traces.rs`, span export on against off).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,9 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 
+#[path = "../tests/common/otlp.rs"]
+#[allow(dead_code)]
+mod otlp;
 #[path = "../tests/common/readme.rs"]
 mod readme;
 #[path = "relay/tls.rs"]
@@ -76,6 +80,8 @@ mod tls;
 #[path = "../tests/common/tls.rs"]
 #[allow(dead_code)]
 mod tls_pki;
+#[path = "relay/traces.rs"]
+mod traces;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
@@ -177,6 +183,9 @@ async fn main() {
     }
     if run("tls") {
         b.tls().await;
+    }
+    if run("traces") {
+        b.traces().await;
     }
 
     println!(
@@ -413,6 +422,11 @@ impl Bench {
     }
 
     fn spawn(&self, config: &Path, args: &[&str]) -> Child {
+        self.spawn_with(config, args, &[])
+    }
+
+    /// [`Bench::spawn`] with extra environment variables.
+    fn spawn_with(&self, config: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
         Command::new(BIN)
             .arg("--config")
             .arg(config)
@@ -421,6 +435,7 @@ impl Bench {
             .env_remove("DATABASE_URL")
             .env_remove("AMQP_URL")
             .env("OUTBOXD_LOG", "warn")
+            .envs(vars.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -114,23 +114,33 @@ async fn every_message_continues_its_producers_trace(db: Db) {
     while receiver.spans().len() < sampled + 1 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut exported = 0;
-    for addr in &probes {
-        let metrics = http("GET", &format!("http://{addr}/metrics"), &[], None).await;
-        exported += metrics
-            .body
-            .lines()
-            .find_map(|l| l.strip_prefix("outboxd_trace_spans_exported_total "))
-            .unwrap_or_else(|| panic!("no span counter: {}", metrics.body))
-            .parse::<usize>()
-            .unwrap();
+    // The receiver keeps a request before it answers, the worker counts
+    // it after the answer, and a retry's span may still come: poll until
+    // the counts meet (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let received = receiver.spans().len();
+        let mut exported = 0;
+        for addr in &probes {
+            let metrics = http("GET", &format!("http://{addr}/metrics"), &[], None).await;
+            exported += metrics
+                .body
+                .lines()
+                .find_map(|l| l.strip_prefix("outboxd_trace_spans_exported_total "))
+                .unwrap_or_else(|| panic!("no span counter: {}", metrics.body))
+                .parse::<usize>()
+                .unwrap();
+        }
+        if exported == received {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workers' /metrics count {exported} spans, the receiver has {received}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     terminate_all(&mut workers);
-    assert_eq!(
-        exported,
-        receiver.spans().len(),
-        "the workers' /metrics count the spans"
-    );
     assert_eq!(
         verdict.lost,
         [unroutable],

@@ -35,7 +35,7 @@ pub struct PublishSpan {
     pub start_unix_nanos: u64,
     pub end_unix_nanos: u64,
     pub outbox_id: i64,
-    pub message_id: String,
+    pub message_id: uuid::Uuid,
     pub bucket: String,
     pub lease_epoch: Option<i64>,
     pub exchange: String,

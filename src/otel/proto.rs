@@ -12,58 +12,63 @@ const SPAN_KIND_PRODUCER: u64 = 4;
 const STATUS_CODE_ERROR: u64 = 2;
 
 /// `ExportTraceServiceRequest` with one `ResourceSpans` holding one
-/// `ScopeSpans` (scope `outboxd`) with every span of `spans`.
+/// `ScopeSpans` (scope `outboxd`) with every span of `spans`. Each span is
+/// encoded once into a reused scratch buffer (its length must precede it);
+/// attributes are written in place, their lengths computed.
 pub fn export_request(resource: &Resource, spans: &[(&PublishSpan, [u8; 8])]) -> Vec<u8> {
     let mut scope = Vec::new();
     string(&mut scope, 1, "outboxd");
     string(&mut scope, 2, env!("CARGO_PKG_VERSION"));
 
-    let mut scope_spans = Vec::new();
+    let mut scope_spans = Vec::with_capacity(spans.len() * 400 + 64);
     message(&mut scope_spans, 1, &scope);
+    let mut scratch = Vec::with_capacity(512);
     for (span, id) in spans {
-        message(&mut scope_spans, 2, &encode_span(span, id));
+        scratch.clear();
+        encode_span(&mut scratch, span, id);
+        message(&mut scope_spans, 2, &scratch);
     }
 
     let mut res = Vec::new();
     for (k, v) in &resource.attributes {
-        message(&mut res, 1, &key_value(k, Value::Str(v)));
+        key_value(&mut res, 1, k, Value::Str(v));
     }
-    let mut resource_spans = Vec::new();
+    let mut resource_spans = Vec::with_capacity(scope_spans.len() + res.len() + 16);
     message(&mut resource_spans, 1, &res);
     message(&mut resource_spans, 2, &scope_spans);
 
-    let mut request = Vec::new();
+    let mut request = Vec::with_capacity(resource_spans.len() + 8);
     message(&mut request, 1, &resource_spans);
     request
 }
 
-fn encode_span(span: &PublishSpan, span_id: &[u8; 8]) -> Vec<u8> {
+fn encode_span(out: &mut Vec<u8>, span: &PublishSpan, span_id: &[u8; 8]) {
     let TraceParent {
         trace_id,
         span_id: parent,
         flags,
     } = span.parent;
-    let mut out = Vec::with_capacity(256);
-    bytes(&mut out, 1, &trace_id);
-    bytes(&mut out, 2, span_id);
+    bytes(out, 1, &trace_id);
+    bytes(out, 2, span_id);
     if let Some(state) = &span.trace_state {
-        string(&mut out, 3, state);
+        string(out, 3, state);
     }
-    bytes(&mut out, 4, &parent);
-    let name = if span.exchange.is_empty() {
-        "publish amq.default".to_string()
-    } else {
-        format!("publish {}", span.exchange)
-    };
-    string(&mut out, 5, &name);
-    varint_field(&mut out, 6, SPAN_KIND_PRODUCER);
-    fixed64(&mut out, 7, span.start_unix_nanos);
-    fixed64(&mut out, 8, span.end_unix_nanos);
+    bytes(out, 4, &parent);
     let destination = if span.exchange.is_empty() {
         "amq.default"
     } else {
         &span.exchange
     };
+    // "publish <destination>", without a temporary string.
+    tag(out, 5, 2);
+    varint(out, (8 + destination.len()) as u64);
+    out.extend_from_slice(b"publish ");
+    out.extend_from_slice(destination.as_bytes());
+    varint_field(out, 6, SPAN_KIND_PRODUCER);
+    fixed64(out, 7, span.start_unix_nanos);
+    fixed64(out, 8, span.end_unix_nanos);
+    let mut message_id = uuid::Uuid::encode_buffer();
+    let message_id = span.message_id.hyphenated().encode_lower(&mut message_id);
     let attributes = [
         ("messaging.system", Value::Str("rabbitmq")),
         ("messaging.operation.type", Value::Str("send")),
@@ -73,30 +78,26 @@ fn encode_span(span: &PublishSpan, span_id: &[u8; 8]) -> Vec<u8> {
             "messaging.rabbitmq.destination.routing_key",
             Value::Str(&span.routing_key),
         ),
-        ("messaging.message.id", Value::Str(&span.message_id)),
+        ("messaging.message.id", Value::Str(message_id)),
         ("messaging.message.body.size", Value::Int(span.body_size)),
         ("outboxd.outbox_id", Value::Int(span.outbox_id)),
         ("outboxd.bucket", Value::Str(&span.bucket)),
     ];
     for (k, v) in attributes {
-        message(&mut out, 9, &key_value(k, v));
+        key_value(out, 9, k, v);
     }
     if let Some(epoch) = span.lease_epoch {
-        message(
-            &mut out,
-            9,
-            &key_value("outboxd.lease_epoch", Value::Int(epoch)),
-        );
+        key_value(out, 9, "outboxd.lease_epoch", Value::Int(epoch));
     }
     if let Some(error) = &span.error {
-        let mut status = Vec::new();
-        string(&mut status, 2, error);
-        varint_field(&mut status, 3, STATUS_CODE_ERROR);
-        message(&mut out, 15, &status);
+        let status_len = string_len(error) + 2;
+        tag(out, 15, 2);
+        varint(out, status_len as u64);
+        string(out, 2, error);
+        varint_field(out, 3, STATUS_CODE_ERROR);
     }
     // W3C trace flags in the low byte (`SpanFlags`).
-    fixed32(&mut out, 16, u32::from(flags));
-    out
+    fixed32(out, 16, u32::from(flags));
 }
 
 enum Value<'a> {
@@ -104,16 +105,42 @@ enum Value<'a> {
     Int(i64),
 }
 
-fn key_value(key: &str, value: Value<'_>) -> Vec<u8> {
-    let mut any = Vec::new();
+/// A `KeyValue` as field `field`, its `AnyValue` written in place.
+fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>) {
+    let any_len = match &value {
+        Value::Str(s) => string_len(s),
+        Value::Int(0) => 0,
+        Value::Int(i) => 1 + varint_len(*i as u64),
+    };
+    let kv_len = string_len(key) + len_delimited(any_len);
+    tag(out, field, 2);
+    varint(out, kv_len as u64);
+    string(out, 1, key);
+    tag(out, 2, 2);
+    varint(out, any_len as u64);
     match value {
-        Value::Str(s) => string(&mut any, 1, s),
-        Value::Int(i) => varint_field(&mut any, 3, i as u64),
+        Value::Str(s) => string(out, 1, s),
+        Value::Int(i) => varint_field(out, 3, i as u64),
     }
-    let mut kv = Vec::with_capacity(key.len() + any.len() + 4);
-    string(&mut kv, 1, key);
-    message(&mut kv, 2, &any);
-    kv
+}
+
+/// The encoded size of a length-delimited field of `len` bytes (one-byte
+/// tag: every field number here is below 16).
+fn len_delimited(len: usize) -> usize {
+    1 + varint_len(len as u64) + len
+}
+
+/// The encoded size of [`string`]'s field (nothing when empty).
+fn string_len(s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        len_delimited(s.len())
+    }
+}
+
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn tag(out: &mut Vec<u8>, field: u32, wire_type: u8) {
@@ -181,5 +208,29 @@ mod tests {
         // A negative int64 is ten bytes, as protobuf writes it.
         varint(&mut out, -1i64 as u64);
         assert_eq!(out.len(), 10);
+        for v in [0, 1, 127, 128, 16_383, 16_384, u64::MAX] {
+            out.clear();
+            varint(&mut out, v);
+            assert_eq!(varint_len(v), out.len(), "{v}");
+        }
+    }
+
+    #[test]
+    fn key_values_written_in_place_match_nested_encoding() {
+        for (key, value, any) in [
+            ("k", Value::Str("v"), b"\x0a\x01v".to_vec()),
+            ("", Value::Str(""), Vec::new()),
+            ("n", Value::Int(300), b"\x18\xac\x02".to_vec()),
+            ("z", Value::Int(0), Vec::new()),
+        ] {
+            let mut nested = Vec::new();
+            string(&mut nested, 1, key);
+            message(&mut nested, 2, &any);
+            let mut want = Vec::new();
+            message(&mut want, 9, &nested);
+            let mut got = Vec::new();
+            key_value(&mut got, 9, key, value);
+            assert_eq!(got, want, "{key}");
+        }
     }
 }

@@ -49,7 +49,7 @@ fn span(row: &ClaimedMessage, error: Option<String>, times: &BatchTimes) -> Opti
         start_unix_nanos: unix_nanos(times.started),
         end_unix_nanos: unix_nanos(times.ended),
         outbox_id: row.id,
-        message_id: row.message_id.to_string(),
+        message_id: row.message_id,
         bucket: row.partition_key.clone(),
         lease_epoch: times.lease_epoch,
         exchange: row.exchange.clone(),
