@@ -705,9 +705,9 @@ async fn a_worker_configured_only_by_the_environment_relays() {
 }
 
 /// `log.format = "json"`: every line of a
-/// fleet's run — start-up, leases, a row's failure warnings, the hand-over
-/// at SIGTERM — is one JSON object with timestamp, level, target and
-/// message.
+/// fleet's run — start-up, leases, a row's failure warnings and parking, a
+/// worker killed and its buckets taken over by a new one, the hand-over at
+/// SIGTERM — is one JSON object with timestamp, level, target and message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_are_one_object_per_line_with_the_named_fields() {
     let env = TestEnv::with(Tuning {
@@ -733,7 +733,22 @@ async fn json_logs_are_one_object_per_line_with_the_named_fields() {
         .await;
     env.wait_count("published_at IS NOT NULL", 200, Duration::from_secs(30))
         .await;
+    // The rest of a fleet's life: a worker killed, its buckets taken over
+    // by a new one, more messages, then a graceful stop of every worker.
+    workers[0].signal("KILL");
+    let killed = workers[0].wait(Duration::from_secs(10));
+    assert!(!killed.success());
+    let killed = workers.remove(0);
+    workers.push(env.spawn_worker_on(None, &json, &[]));
+    for i in 0..100 {
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))
+            .await;
+    }
+    env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(60))
+        .await;
     terminate_all(&mut workers);
+    workers.push(killed);
     let mut levels = std::collections::BTreeSet::new();
     let mut lines = 0;
     for w in &workers {
@@ -749,7 +764,9 @@ async fn json_logs_are_one_object_per_line_with_the_named_fields() {
     }
     println!("{lines} JSON lines, levels {levels:?}");
     assert!(
-        levels.contains("INFO") && levels.contains("WARN"),
+        ["INFO", "WARN", "ERROR"]
+            .iter()
+            .all(|l| levels.contains(*l)),
         "{levels:?}"
     );
     let all: String = workers.iter().map(|w| w.log_text()).collect();
