@@ -12,8 +12,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
-use outboxd::producer::Message;
-use outboxd::store::outbox::{Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder};
 use outboxd::store::partitions::LeaseRow;
 use uuid::Uuid;
 
@@ -264,120 +262,6 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing
     }
 }
 
-async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
-    let env = TestEnv::with(Tuning::fleet().on(db)).await;
-    let store = &env.store;
-    let key = keys_in_bucket(env.partitioner(), "p04", 1, "fence")[0].clone();
-    for i in 0..5 {
-        env.db
-            .enqueue(Message::new(key.clone(), "", "q", i.to_string()))
-            .await;
-    }
-    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
-    let bucket = vec!["p04".to_string()];
-    let a = store
-        .acquire(old, &bucket, LEASE_TTL, "test")
-        .await
-        .unwrap();
-    let old_fence = Fence {
-        owner: old,
-        epoch: a[0].lease_epoch,
-    };
-    let old_holder = Holder {
-        partition_key: "p04",
-        token: ClaimToken::new(),
-        fence: Some(old_fence),
-    };
-    let claim = |holder, limit| Claim {
-        holder,
-        limit,
-        claim_ttl: Duration::from_secs(15),
-        in_flight: &[],
-    };
-    let claimed = store.claim(claim(old_holder, 2)).await.unwrap();
-    assert_eq!(claimed.len(), 2);
-
-    // The old owner stalls past its lease; another worker takes over.
-    env.db
-        .exec(&format!(
-            "UPDATE outbox_partitions SET lease_until = {} WHERE partition_key = 'p04'",
-            env.db.now_plus(-1)
-        ))
-        .await;
-    let b = store
-        .acquire(new, &bucket, LEASE_TTL, "test")
-        .await
-        .unwrap();
-    assert_eq!(b[0].lease_epoch, old_fence.epoch + 1);
-    let new_fence = Fence {
-        owner: new,
-        epoch: b[0].lease_epoch,
-    };
-    assert_eq!(
-        store.clear_claims("p04", new_fence).await.unwrap(),
-        1,
-        "the old owner's claim on the bucket is dropped"
-    );
-
-    // Every write of the old owner now matches 0 rows.
-    let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
-    assert_eq!(store.record_published(old_holder, &ids).await.unwrap(), 0);
-    let failure = Failure {
-        id: ids[0],
-        error: "x",
-        policy: FailurePolicy {
-            max_attempts: 0,
-            may_park: false,
-            backoff_initial_ms: 1000.0,
-            backoff_max_ms: 1000.0,
-        },
-    };
-    let recorded = store
-        .record_failure(old_holder, &ids[1..], Some(failure))
-        .await
-        .unwrap();
-    assert_eq!((recorded.published, recorded.parked), (0, None));
-    let fresh_old = Holder {
-        token: ClaimToken::new(),
-        ..old_holder
-    };
-    assert!(store.claim(claim(fresh_old, 10)).await.unwrap().is_empty());
-    assert!(
-        store
-            .renew(old, &[("p04".into(), old_fence.epoch)], LEASE_TTL)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert!(
-        store
-            .release_leases(old, &[("p04".into(), old_fence.epoch)], "x")
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    // The new owner claims the whole bucket from its head, in order.
-    let new_holder = Holder {
-        partition_key: "p04",
-        token: ClaimToken::new(),
-        fence: Some(new_fence),
-    };
-    let fresh = store.claim(claim(new_holder, 10)).await.unwrap();
-    assert_eq!(fresh.len(), 5);
-    assert_eq!(fresh[0].id, ids[0]);
-    assert_eq!(env.count("published_at IS NOT NULL").await, 0);
-    assert_eq!(env.count("attempts > 0").await, 0);
-    // Both changes of owner are on record.
-    let events = store.events_since(0, 10).await.unwrap();
-    assert_eq!(events.len(), 2);
-    assert_eq!(events[1].old_owner, Some(old));
-    assert!(
-        events[1].reason.contains("expired lease of"),
-        "{}",
-        events[1].reason
-    );
-}
-
 async fn a_graceful_stop_hands_its_buckets_to_the_survivors_within_two_seconds(db: Db) {
     let env = TestEnv::on(db).await; // default lease timings: the handoff must not wait for expiry
     let mut workers: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
@@ -492,96 +376,6 @@ async fn sticky_assignment_moves_few_buckets_when_a_worker_joins(db: Db) {
     terminate_all(&mut workers);
 }
 
-/// Lease takes and renewals racing on every bucket: six "workers" (each its
-/// own pool) acquire, renew and release all 16 buckets in a loop with
-/// 150 ms leases, so leases expire and change hands all the time. No
-/// (bucket, epoch) is ever acquired by two owners — neither in what
-/// `acquire` returned nor in the lease events — and each bucket's epochs
-/// only go up.
-async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(db: Db) {
-    let env = TestEnv::on(db).await;
-    let labels = env.partitioner().labels();
-    let mut direct = env.config.clone();
-    direct.database.url = env.db_url.clone();
-    direct.database.pooler = Default::default();
-    let ttl = Duration::from_millis(150);
-    let until = Instant::now() + Duration::from_secs(6);
-    let mut tasks = Vec::new();
-    for w in 0..6u64 {
-        let store = outboxd::store::Store::connect(&direct, "outboxd test")
-            .await
-            .unwrap();
-        let labels = labels.clone();
-        tasks.push(tokio::spawn(async move {
-            let me = Uuid::new_v4();
-            let mut taken: Vec<(String, i64)> = Vec::new();
-            let mut held: Vec<(String, i64)> = Vec::new();
-            let mut renewed = 0usize;
-            let mut round = 0u64;
-            while Instant::now() < until {
-                round += 1;
-                for a in store.acquire(me, &labels, ttl, "race").await.unwrap() {
-                    taken.push((a.partition_key.clone(), a.lease_epoch));
-                    held.push((a.partition_key, a.lease_epoch));
-                }
-                let kept = store.renew(me, &held, ttl).await.unwrap();
-                renewed += kept.len();
-                held.retain(|(b, _)| kept.contains(b));
-                // Now and then let some go on purpose, or stall past the TTL.
-                if (round + w).is_multiple_of(7) {
-                    let half: Vec<_> = held.iter().take(held.len() / 2).cloned().collect();
-                    store.release_leases(me, &half, "race").await.unwrap();
-                    held.retain(|h| !half.contains(h));
-                } else if (round + w).is_multiple_of(11) {
-                    tokio::time::sleep(ttl * 2).await;
-                }
-            }
-            store.release_all_leases(me, "race over").await.unwrap();
-            store.close().await;
-            (me, taken, renewed)
-        }));
-    }
-    let mut owners: BTreeMap<(String, i64), Uuid> = BTreeMap::new();
-    let (mut acquisitions, mut renewals) = (0, 0);
-    for t in tasks {
-        let (me, taken, renewed) = t.await.unwrap();
-        renewals += renewed;
-        for key in taken {
-            acquisitions += 1;
-            if let Some(other) = owners.insert(key.clone(), me) {
-                panic!("{key:?} acquired by {other} and by {me}");
-            }
-        }
-    }
-    let twice: Vec<(String, i64)> = env
-        .db
-        .rows(
-            "SELECT partition_key, new_epoch FROM outbox_lease_events WHERE action = 'acquire'
-             GROUP BY partition_key, new_epoch HAVING count(*) > 1",
-        )
-        .await;
-    let events: Vec<(String, i64)> = env
-        .db
-        .rows(
-            "SELECT partition_key, new_epoch FROM outbox_lease_events
-             WHERE action = 'acquire' ORDER BY id",
-        )
-        .await;
-    let mut last: BTreeMap<String, i64> = BTreeMap::new();
-    for (bucket, epoch) in &events {
-        let before = last.insert(bucket.clone(), *epoch).unwrap_or(0);
-        assert!(*epoch > before, "{bucket}: epoch {epoch} after {before}");
-    }
-    println!(
-        "lease race on {}: {acquisitions} acquisitions, {renewals} renewals by 6 workers; \
-         0 epochs held twice",
-        db.name()
-    );
-    assert!(twice.is_empty(), "epochs acquired twice: {twice:?}");
-    assert_eq!(events.len(), acquisitions);
-    assert!(acquisitions > 100, "too few hand-overs to prove anything");
-}
-
 /// A worker with nothing to drain (more workers than buckets) sits idle: it
 /// heartbeats, and on MariaDB, without notifications, its poller and probe
 /// wait their turns with no bucket to wake — none of them may spin. A
@@ -634,9 +428,7 @@ on_every_db!(
     scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order,
     a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing_is_lost,
     a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing_under_them,
-    writes_under_a_superseded_lease_match_zero_rows,
     a_graceful_stop_hands_its_buckets_to_the_survivors_within_two_seconds,
     no_leasing_and_fleet_workers_refuse_each_other,
     sticky_assignment_moves_few_buckets_when_a_worker_joins,
-    concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners,
 );

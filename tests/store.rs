@@ -1,0 +1,713 @@
+//! The store's conformance suite: what every backend promises at the level
+//! of the `Store` interface — claims, fences, lease races, records,
+//! parking, lease events, membership, repartitioning — written once and run
+//! against each backend (`on_every_db!`). A new backend is done when this
+//! suite passes on it, before any process-level test runs.
+//!
+//! The tests call the store directly (no worker process), on a fresh
+//! database each, with a 16-bucket deployment.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use outboxd::partitioner::Partitioner;
+use outboxd::producer::Message;
+use outboxd::store::outbox::{
+    Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState,
+};
+use outboxd::store::repartition::RepartitionError;
+use outboxd::store::workers::{Joined, Registration, WorkerCounts, WorkerMode};
+use uuid::Uuid;
+
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+fn claim<'a>(holder: Holder<'a>, limit: u32, in_flight: &'a [i64]) -> Claim<'a> {
+    Claim {
+        holder,
+        limit,
+        claim_ttl: Duration::from_secs(15),
+        in_flight,
+    }
+}
+
+fn holder(bucket: &str) -> Holder<'_> {
+    Holder {
+        partition_key: bucket,
+        token: ClaimToken::new(),
+        fence: None,
+    }
+}
+
+fn policy(max_attempts: u32, backoff_ms: f64) -> FailurePolicy {
+    FailurePolicy {
+        max_attempts,
+        may_park: true,
+        backoff_initial_ms: backoff_ms,
+        backoff_max_ms: backoff_ms,
+    }
+}
+
+/// Enqueues `n` messages for one key of `bucket`; returns their ids.
+async fn fill(env: &TestEnv, bucket: &str, n: usize, prefix: &str) -> Vec<i64> {
+    let key = keys_in_bucket(env.partitioner(), bucket, 1, prefix)[0].clone();
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            env.db
+                .enqueue(Message::new(key.clone(), "", "q", i.to_string()))
+                .await,
+        );
+    }
+    ids
+}
+
+fn ids_of(rows: &[outboxd::store::outbox::ClaimedMessage]) -> Vec<i64> {
+    rows.iter().map(|r| r.id).collect()
+}
+
+/// A claim takes the first rows of one bucket in id order; while it is
+/// live no other token claims the bucket (other buckets are free); the
+/// holder reads ahead past the rows it has in flight; a released claim
+/// lets the next token start again from the head.
+async fn claims_take_the_head_in_id_order_one_claim_at_a_time(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p03", 6, "claims").await;
+    let other_bucket = fill(&env, "p05", 2, "other").await;
+
+    let first = holder("p03");
+    let batch = store.claim(claim(first, 4, &[])).await.unwrap();
+    assert_eq!(ids_of(&batch), ids[..4]);
+    assert!(batch.iter().all(|r| r.partition_key == "p03"));
+
+    let second = holder("p03");
+    assert!(
+        store
+            .claim(claim(second, 10, &[]))
+            .await
+            .unwrap()
+            .is_empty(),
+        "another token's live claim blocks the bucket"
+    );
+    let elsewhere = store.claim(claim(holder("p05"), 10, &[])).await.unwrap();
+    assert_eq!(ids_of(&elsewhere), other_bucket, "other buckets are free");
+
+    let ahead = store.claim(claim(first, 10, &ids[..4])).await.unwrap();
+    assert_eq!(
+        ids_of(&ahead),
+        ids[4..],
+        "read ahead skips what is in flight"
+    );
+
+    assert_eq!(store.release_claim("p03", first.token).await.unwrap(), 1);
+    let again = store.claim(claim(second, 2, &[])).await.unwrap();
+    assert_eq!(ids_of(&again), ids[..2], "nothing recorded: from the head");
+}
+
+/// A failed head waits for its backoff, and nothing behind it in its
+/// bucket is claimed meanwhile; other buckets go on. Once its time comes it
+/// is claimed first, with its attempt counted.
+async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p03", 3, "head").await;
+    let other = fill(&env, "p05", 1, "other").await;
+
+    let h = holder("p03");
+    let batch = store.claim(claim(h, 3, &[])).await.unwrap();
+    assert_eq!(ids_of(&batch), ids);
+    let failure = Failure {
+        id: ids[0],
+        error: "boom",
+        policy: policy(5, 60_000.0),
+    };
+    let recorded = store.record_failure(h, &[], Some(failure)).await.unwrap();
+    assert_eq!((recorded.published, recorded.parked), (0, Some(false)));
+    store.release_claim("p03", h.token).await.unwrap();
+
+    assert!(
+        store
+            .claim(claim(holder("p03"), 10, &[]))
+            .await
+            .unwrap()
+            .is_empty(),
+        "rows behind a waiting head are not claimed"
+    );
+    let buckets = vec!["p03".to_string(), "p05".to_string()];
+    assert_eq!(store.ready_buckets(&buckets).await.unwrap(), ["p05"]);
+    let heads = store.bucket_heads(&buckets).await.unwrap();
+    let head = heads.iter().find(|h| h.partition_key == "p03").unwrap();
+    assert_eq!((head.id, head.attempts), (Some(ids[0]), Some(1)));
+    assert_eq!(head.last_error.as_deref(), Some("boom"));
+    let elsewhere = store.claim(claim(holder("p05"), 10, &[])).await.unwrap();
+    assert_eq!(ids_of(&elsewhere), other);
+
+    // Its time comes.
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET available_at = {} WHERE id = {}",
+            env.db.now_plus(-1),
+            ids[0]
+        ))
+        .await;
+    let retried = store.claim(claim(holder("p03"), 10, &[])).await.unwrap();
+    assert_eq!(ids_of(&retried), ids);
+    assert_eq!(retried[0].attempts, 1);
+}
+
+/// Records: published rows are never claimed again; a row failing its last
+/// allowed attempt is parked, listed as failed, can be requeued (and is
+/// claimed again) or dropped, each under the audit actor.
+async fn records_publish_park_requeue_and_drop(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p07", 5, "records").await;
+
+    let h = holder("p07");
+    let batch = store.claim(claim(h, 5, &[])).await.unwrap();
+    assert_eq!(ids_of(&batch), ids);
+    assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 2);
+    let failure = Failure {
+        id: ids[3],
+        error: "unroutable",
+        policy: policy(1, 10.0),
+    };
+    let recorded = store
+        .record_failure(h, &ids[2..3], Some(failure))
+        .await
+        .unwrap();
+    assert_eq!((recorded.published, recorded.parked), (1, Some(true)));
+    store.release_claim("p07", h.token).await.unwrap();
+    assert_eq!(env.count("published_at IS NOT NULL").await, 3);
+
+    let failed = store
+        .list_messages(MessageState::Failed, None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(failed.iter().map(|m| m.id).collect::<Vec<_>>(), [ids[3]]);
+    assert_eq!(failed[0].last_error.as_deref(), Some("unroutable"));
+    assert!(failed[0].failed_at.is_some());
+    let parked = store.parked_in_bucket("p07", 10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+
+    // A parked row is out of the way: the rest of its bucket goes on.
+    let h2 = holder("p07");
+    let next = store.claim(claim(h2, 10, &[])).await.unwrap();
+    assert_eq!(ids_of(&next), [ids[4]]);
+    assert_eq!(store.release_claim("p07", h2.token).await.unwrap(), 1);
+
+    let requeued = store.requeue(&[ids[3]], &[], false, "test").await.unwrap();
+    assert_eq!(requeued, [ids[3]]);
+    assert!(
+        store
+            .list_messages(MessageState::Failed, None, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let pending = store
+        .list_messages(MessageState::Pending, None, None, 10)
+        .await
+        .unwrap();
+    assert!(pending.iter().any(|m| m.id == ids[3]));
+
+    // Park it again and drop it.
+    env.db
+        .exec(&format!(
+            "UPDATE outbox SET failed_at = {}, last_error = 'x' WHERE id = {}",
+            env.db.now(),
+            ids[3]
+        ))
+        .await;
+    let dropped = store
+        .drop_parked(&[ids[3]], "test", "no longer wanted")
+        .await
+        .unwrap();
+    assert_eq!(dropped, [ids[3]]);
+    assert!(store.message_detail(ids[3]).await.unwrap().is_none());
+    let detail = store.message_detail(ids[0]).await.unwrap().unwrap();
+    assert!(detail.summary.published_at.is_some());
+}
+
+/// Leases: acquire takes only free or expired buckets and bumps the
+/// epoch; renew and release match owner and epoch; every change of owner
+/// is a lease event, readable by id and by age.
+async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let both = vec!["p01".to_string(), "p02".to_string()];
+    let mine = store.acquire(me, &both, LEASE_TTL, "test").await.unwrap();
+    let epochs: BTreeMap<String, i64> = mine
+        .iter()
+        .map(|a| (a.partition_key.clone(), a.lease_epoch))
+        .collect();
+    assert_eq!(epochs.len(), 2);
+    assert!(
+        store
+            .acquire(other, &both, LEASE_TTL, "test")
+            .await
+            .unwrap()
+            .is_empty(),
+        "held leases are not taken"
+    );
+    let p01 = ("p01".to_string(), epochs["p01"]);
+    let p02 = ("p02".to_string(), epochs["p02"]);
+    assert_eq!(
+        store.renew(me, &[p01.clone()], LEASE_TTL).await.unwrap(),
+        ["p01"]
+    );
+    assert!(
+        store
+            .renew(me, &[("p01".into(), p01.1 + 1)], LEASE_TTL)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a renewal under another epoch matches nothing"
+    );
+    assert!(
+        store
+            .renew(other, &[p01.clone()], LEASE_TTL)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .release_leases(me, &[p02.clone()], "test")
+            .await
+            .unwrap(),
+        ["p02"]
+    );
+    let taken = store
+        .acquire(other, &both, LEASE_TTL, "test")
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(
+        (taken[0].partition_key.as_str(), taken[0].lease_epoch),
+        ("p02", p02.1 + 1)
+    );
+    let leases = store.leases().await.unwrap();
+    let owner = |b: &str| {
+        leases
+            .iter()
+            .find(|l| l.partition_key == b)
+            .unwrap()
+            .lease_owner
+    };
+    assert_eq!((owner("p01"), owner("p02")), (Some(me), Some(other)));
+    assert_eq!(store.release_all_leases(me, "bye").await.unwrap(), ["p01"]);
+
+    let events = store.events_since(0, 100).await.unwrap();
+    let summary: Vec<(String, String, Uuid, i64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.action.clone(),
+                e.partition_key.clone(),
+                e.worker_id,
+                e.new_epoch,
+            )
+        })
+        .collect();
+    assert_eq!(summary.len(), 5, "{summary:?}");
+    assert_eq!(summary.iter().filter(|e| e.0 == "acquire").count(), 3);
+    assert_eq!(summary.iter().filter(|e| e.0 == "release").count(), 2);
+    assert!(events.windows(2).all(|w| w[0].id < w[1].id));
+    let later = store.events_since(events[2].id, 100).await.unwrap();
+    assert_eq!(later.len(), 2);
+    let recent = store.events_within(60.0, 100).await.unwrap();
+    assert_eq!(recent.len(), 5);
+}
+
+/// Membership: a registered worker is live while it heartbeats, listed with
+/// its broker state; admission sees the live others and may refuse; a
+/// removed or expired row is gone.
+async fn workers_join_heartbeat_and_leave(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let registration = |worker_id| Registration {
+        worker_id,
+        hostname: "host-1",
+        mode: WorkerMode::Leasing,
+        heartbeat_ttl: Duration::from_secs(30),
+        can_publish: true,
+    };
+    let joined = store.register(registration(a), &|_| true).await.unwrap();
+    assert!(matches!(joined, Joined::Registered));
+    let refused = store
+        .register(registration(b), &|live| live.is_empty())
+        .await
+        .unwrap();
+    match refused {
+        Joined::Refused(live) => {
+            assert_eq!(live.len(), 1);
+            assert_eq!(live[0].worker_id, a);
+            assert_eq!(live[0].hostname, "host-1");
+        }
+        Joined::Registered => panic!("admission saw no live worker"),
+    }
+    assert!(matches!(
+        store.register(registration(b), &|_| true).await.unwrap(),
+        Joined::Registered
+    ));
+    let counts = WorkerCounts {
+        published_total: 42,
+        failed_total: 1,
+        published_rate: 2.5,
+    };
+    assert!(
+        store
+            .heartbeat(a, Duration::from_secs(30), counts)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .set_broker_state(a, false, Some("broker away"))
+            .await
+            .unwrap()
+    );
+    store
+        .set_broker_blocked(a, Some("disk alarm"))
+        .await
+        .unwrap();
+    // A worker that cannot publish takes no part in the targets.
+    assert_eq!(store.live_leasing().await.unwrap(), [b]);
+    assert!(store.set_broker_state(a, true, None).await.unwrap());
+    let mut live = store.live_leasing().await.unwrap();
+    live.sort();
+    let mut both = vec![a, b];
+    both.sort();
+    assert_eq!(live, both);
+    let others = store.live_others(a).await.unwrap();
+    assert_eq!(others.iter().map(|w| w.worker_id).collect::<Vec<_>>(), [b]);
+    let view = store.list_workers().await.unwrap();
+    let va = view.iter().find(|w| w.worker_id == a).unwrap();
+    assert_eq!(va.mode, "leasing");
+    assert!(
+        va.heartbeat_ttl_seconds > 20.0,
+        "{}",
+        va.heartbeat_ttl_seconds
+    );
+    assert_eq!(va.broker_blocked.as_deref(), Some("disk alarm"));
+
+    store.remove_worker(a).await.unwrap();
+    assert!(
+        !store
+            .heartbeat(a, Duration::from_secs(30), counts)
+            .await
+            .unwrap()
+    );
+    // b's heartbeat runs out: it is no longer live, and the sweep removes it.
+    assert!(
+        store
+            .heartbeat(b, Duration::from_millis(200), counts)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(store.live_leasing().await.unwrap().is_empty());
+    assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);
+    assert!(store.list_workers().await.unwrap().is_empty());
+}
+
+/// Repartitioning re-labels every unpublished row by its key's bucket under
+/// the new count (ids, and so each key's order, unchanged), refuses while a
+/// worker is live, and a dry run changes nothing; a row with a label that
+/// is not a bucket is parked with an error naming the right one.
+async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let keys: Vec<String> = (0..40).map(|i| format!("rk-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        env.db
+            .enqueue(Message::new(k.clone(), "", "q", i.to_string()))
+            .await;
+    }
+    let before: Vec<(i64, String)> = env
+        .db
+        .rows("SELECT id, message_key FROM outbox ORDER BY id")
+        .await;
+
+    let w = Uuid::new_v4();
+    let registration = Registration {
+        worker_id: w,
+        hostname: "h",
+        mode: WorkerMode::Leasing,
+        heartbeat_ttl: Duration::from_secs(30),
+        can_publish: true,
+    };
+    store.register(registration, &|_| true).await.unwrap();
+    match store.repartition(32, false, "test").await {
+        Err(RepartitionError::WorkersLive(live)) => assert_eq!(live[0].worker_id, w),
+        other => panic!("a repartition with a live worker: {other:?}"),
+    }
+    store.remove_worker(w).await.unwrap();
+
+    let dry = store.repartition(32, true, "test").await.unwrap();
+    assert_eq!((dry.from, dry.to, dry.unpublished), (16, 32, 40));
+    assert!(dry.relabelled > 0);
+    let labels_16 = Partitioner::new(16);
+    let unchanged: Vec<(i64, String)> = env
+        .db
+        .rows("SELECT id, partition_key FROM outbox ORDER BY id")
+        .await;
+    for ((_, key), (_, label)) in before.iter().zip(&unchanged) {
+        assert_eq!(
+            *label,
+            labels_16.label_for(key),
+            "a dry run changes nothing"
+        );
+    }
+
+    let done = store.repartition(32, false, "test").await.unwrap();
+    assert_eq!(done.relabelled, dry.relabelled);
+    let labels_32 = Partitioner::new(32);
+    let after: Vec<(i64, String, String)> = env
+        .db
+        .rows("SELECT id, message_key, partition_key FROM outbox ORDER BY id")
+        .await;
+    assert_eq!(
+        after.iter().map(|r| r.0).collect::<Vec<_>>(),
+        before.iter().map(|r| r.0).collect::<Vec<_>>(),
+        "ids, and so each key's order, are unchanged"
+    );
+    for (_, key, label) in &after {
+        assert_eq!(*label, labels_32.label_for(key), "{key}");
+    }
+    // A bucket row per label of the new count.
+    assert_eq!(store.leases().await.unwrap().len(), 32);
+
+    // A label that is not one of the 32 buckets.
+    env.db
+        .exec("UPDATE outbox SET partition_key = 'p77' WHERE message_key = 'rk-0'")
+        .await;
+    let parked = store.park_unknown_labels().await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].partition_key, "p77");
+    let detail = store.message_detail(parked[0].id).await.unwrap().unwrap();
+    let error = detail.summary.last_error.unwrap();
+    assert!(error.contains("unknown bucket label p77"), "{error}");
+    assert!(error.contains(&labels_32.label_for("rk-0")), "{error}");
+}
+
+async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let key = keys_in_bucket(env.partitioner(), "p04", 1, "fence")[0].clone();
+    for i in 0..5 {
+        env.db
+            .enqueue(Message::new(key.clone(), "", "q", i.to_string()))
+            .await;
+    }
+    let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+    let bucket = vec!["p04".to_string()];
+    let a = store
+        .acquire(old, &bucket, LEASE_TTL, "test")
+        .await
+        .unwrap();
+    let old_fence = Fence {
+        owner: old,
+        epoch: a[0].lease_epoch,
+    };
+    let old_holder = Holder {
+        partition_key: "p04",
+        token: ClaimToken::new(),
+        fence: Some(old_fence),
+    };
+    let claim = |holder, limit| Claim {
+        holder,
+        limit,
+        claim_ttl: Duration::from_secs(15),
+        in_flight: &[],
+    };
+    let claimed = store.claim(claim(old_holder, 2)).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+
+    // The old owner stalls past its lease; another worker takes over.
+    env.db
+        .exec(&format!(
+            "UPDATE outbox_partitions SET lease_until = {} WHERE partition_key = 'p04'",
+            env.db.now_plus(-1)
+        ))
+        .await;
+    let b = store
+        .acquire(new, &bucket, LEASE_TTL, "test")
+        .await
+        .unwrap();
+    assert_eq!(b[0].lease_epoch, old_fence.epoch + 1);
+    let new_fence = Fence {
+        owner: new,
+        epoch: b[0].lease_epoch,
+    };
+    assert_eq!(
+        store.clear_claims("p04", new_fence).await.unwrap(),
+        1,
+        "the old owner's claim on the bucket is dropped"
+    );
+
+    // Every write of the old owner now matches 0 rows.
+    let ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+    assert_eq!(store.record_published(old_holder, &ids).await.unwrap(), 0);
+    let failure = Failure {
+        id: ids[0],
+        error: "x",
+        policy: FailurePolicy {
+            max_attempts: 0,
+            may_park: false,
+            backoff_initial_ms: 1000.0,
+            backoff_max_ms: 1000.0,
+        },
+    };
+    let recorded = store
+        .record_failure(old_holder, &ids[1..], Some(failure))
+        .await
+        .unwrap();
+    assert_eq!((recorded.published, recorded.parked), (0, None));
+    let fresh_old = Holder {
+        token: ClaimToken::new(),
+        ..old_holder
+    };
+    assert!(store.claim(claim(fresh_old, 10)).await.unwrap().is_empty());
+    assert!(
+        store
+            .renew(old, &[("p04".into(), old_fence.epoch)], LEASE_TTL)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .release_leases(old, &[("p04".into(), old_fence.epoch)], "x")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The new owner claims the whole bucket from its head, in order.
+    let new_holder = Holder {
+        partition_key: "p04",
+        token: ClaimToken::new(),
+        fence: Some(new_fence),
+    };
+    let fresh = store.claim(claim(new_holder, 10)).await.unwrap();
+    assert_eq!(fresh.len(), 5);
+    assert_eq!(fresh[0].id, ids[0]);
+    assert_eq!(env.count("published_at IS NOT NULL").await, 0);
+    assert_eq!(env.count("attempts > 0").await, 0);
+    // Both changes of owner are on record.
+    let events = store.events_since(0, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].old_owner, Some(old));
+    assert!(
+        events[1].reason.contains("expired lease of"),
+        "{}",
+        events[1].reason
+    );
+}
+
+/// Lease takes and renewals racing on every bucket: six "workers" (each its
+/// own pool) acquire, renew and release all 16 buckets in a loop with
+/// 150 ms leases, so leases expire and change hands all the time. No
+/// (bucket, epoch) is ever acquired by two owners — neither in what
+/// `acquire` returned nor in the lease events — and each bucket's epochs
+/// only go up.
+async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(db: Db) {
+    let env = TestEnv::on(db).await;
+    let labels = env.partitioner().labels();
+    let mut direct = env.config.clone();
+    direct.database.url = env.db_url.clone();
+    direct.database.pooler = Default::default();
+    let ttl = Duration::from_millis(150);
+    let until = Instant::now() + Duration::from_secs(6);
+    let mut tasks = Vec::new();
+    for w in 0..6u64 {
+        let store = outboxd::store::Store::connect(&direct, "outboxd test")
+            .await
+            .unwrap();
+        let labels = labels.clone();
+        tasks.push(tokio::spawn(async move {
+            let me = Uuid::new_v4();
+            let mut taken: Vec<(String, i64)> = Vec::new();
+            let mut held: Vec<(String, i64)> = Vec::new();
+            let mut renewed = 0usize;
+            let mut round = 0u64;
+            while Instant::now() < until {
+                round += 1;
+                for a in store.acquire(me, &labels, ttl, "race").await.unwrap() {
+                    taken.push((a.partition_key.clone(), a.lease_epoch));
+                    held.push((a.partition_key, a.lease_epoch));
+                }
+                let kept = store.renew(me, &held, ttl).await.unwrap();
+                renewed += kept.len();
+                held.retain(|(b, _)| kept.contains(b));
+                // Now and then let some go on purpose, or stall past the TTL.
+                if (round + w).is_multiple_of(7) {
+                    let half: Vec<_> = held.iter().take(held.len() / 2).cloned().collect();
+                    store.release_leases(me, &half, "race").await.unwrap();
+                    held.retain(|h| !half.contains(h));
+                } else if (round + w).is_multiple_of(11) {
+                    tokio::time::sleep(ttl * 2).await;
+                }
+            }
+            store.release_all_leases(me, "race over").await.unwrap();
+            store.close().await;
+            (me, taken, renewed)
+        }));
+    }
+    let mut owners: BTreeMap<(String, i64), Uuid> = BTreeMap::new();
+    let (mut acquisitions, mut renewals) = (0, 0);
+    for t in tasks {
+        let (me, taken, renewed) = t.await.unwrap();
+        renewals += renewed;
+        for key in taken {
+            acquisitions += 1;
+            if let Some(other) = owners.insert(key.clone(), me) {
+                panic!("{key:?} acquired by {other} and by {me}");
+            }
+        }
+    }
+    let twice: Vec<(String, i64)> = env
+        .db
+        .rows(
+            "SELECT partition_key, new_epoch FROM outbox_lease_events WHERE action = 'acquire'
+             GROUP BY partition_key, new_epoch HAVING count(*) > 1",
+        )
+        .await;
+    let events: Vec<(String, i64)> = env
+        .db
+        .rows(
+            "SELECT partition_key, new_epoch FROM outbox_lease_events
+             WHERE action = 'acquire' ORDER BY id",
+        )
+        .await;
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for (bucket, epoch) in &events {
+        let before = last.insert(bucket.clone(), *epoch).unwrap_or(0);
+        assert!(*epoch > before, "{bucket}: epoch {epoch} after {before}");
+    }
+    println!(
+        "lease race on {}: {acquisitions} acquisitions, {renewals} renewals by 6 workers; \
+         0 epochs held twice",
+        db.name()
+    );
+    assert!(twice.is_empty(), "epochs acquired twice: {twice:?}");
+    assert_eq!(events.len(), acquisitions);
+    assert!(acquisitions > 100, "too few hand-overs to prove anything");
+}
+
+on_every_db!(
+    claims_take_the_head_in_id_order_one_claim_at_a_time,
+    a_failing_head_holds_back_only_its_own_bucket,
+    records_publish_park_requeue_and_drop,
+    leases_change_hands_only_under_their_conditions_and_on_record,
+    workers_join_heartbeat_and_leave,
+    repartitioning_relabels_by_key_and_unknown_labels_are_parked,
+    writes_under_a_superseded_lease_match_zero_rows,
+    concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners,
+);
