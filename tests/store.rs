@@ -257,7 +257,10 @@ async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
     let p01 = ("p01".to_string(), epochs["p01"]);
     let p02 = ("p02".to_string(), epochs["p02"]);
     assert_eq!(
-        store.renew(me, &[p01.clone()], LEASE_TTL).await.unwrap(),
+        store
+            .renew(me, std::slice::from_ref(&p01), LEASE_TTL)
+            .await
+            .unwrap(),
         ["p01"]
     );
     assert!(
@@ -270,14 +273,14 @@ async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
     );
     assert!(
         store
-            .renew(other, &[p01.clone()], LEASE_TTL)
+            .renew(other, std::slice::from_ref(&p01), LEASE_TTL)
             .await
             .unwrap()
             .is_empty()
     );
     assert_eq!(
         store
-            .release_leases(me, &[p02.clone()], "test")
+            .release_leases(me, std::slice::from_ref(&p02), "test")
             .await
             .unwrap(),
         ["p02"]

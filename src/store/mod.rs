@@ -36,6 +36,7 @@
 //! - errors say what was being done and the server's cause once
 //!   ([`StoreError`]), and say whether retrying may help.
 
+pub mod driver;
 pub mod mysql;
 pub mod notify;
 pub mod outbox;
@@ -354,9 +355,10 @@ pub(crate) fn render(tables: &TablesConfig, template: &str) -> String {
         .replace("{workers}", &tables.workers)
 }
 
-/// A rendered SQL statement, cheap to clone into a query.
+/// A rendered SQL statement, cheap to clone into a query (opaque outside
+/// the store).
 #[derive(Debug, Clone)]
-pub(crate) struct Sql(Arc<str>);
+pub struct Sql(Arc<str>);
 
 impl Sql {
     /// Renders a statement template (see [`render`]).

@@ -6,6 +6,10 @@
 //! while `heartbeat_until > now()` (the database's clock, never the worker's).
 //! Registrations are serialised by a transaction-scoped lock, so two workers
 //! cannot both pass the checks that decide whether they may join.
+//!
+//! The flows are written here once, over the driver contract
+//! (`store::driver`): each backend renders [`WorkersSql`] in its own SQL and
+//! gets [`WorkerStore`] from the blanket implementation below.
 
 use std::time::Duration;
 
@@ -14,7 +18,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::StoreError;
+use super::driver::{Arg, Driver, Statements};
+use super::{Sql, StoreError, bounded_op};
 
 /// How a worker drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,4 +163,163 @@ pub trait WorkerStore {
 
     /// Live workers other than `me`.
     async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError>;
+}
+
+/// The `outbox_workers` statements, rendered by each backend. Parameters in
+/// order, as every backend binds them; durations as [`Arg::Duration`].
+#[derive(Debug)]
+pub struct WorkersSql {
+    /// Serialises registrations (and repartitioning) until the transaction
+    /// ends. No parameters.
+    pub lock_registrations: Sql,
+    /// Every worker row, as [`WorkerView`]. No parameters.
+    pub list: Sql,
+    /// worker_id, hostname, pid, version, mode, heartbeat TTL, can_publish.
+    pub register: Sql,
+    /// heartbeat TTL, published_total, failed_total, published_rate,
+    /// worker_id.
+    pub heartbeat: Sql,
+    /// worker_id.
+    pub remove: Sql,
+    /// Live workers other than worker_id, as [`LiveWorker`]: worker_id.
+    pub live_others: Sql,
+    /// Ids of the live fleet workers that can publish. No parameters.
+    pub live_leasing: Sql,
+    /// Rows whose heartbeat ran out more than the grace ago: grace.
+    pub remove_dead: Sql,
+    /// can_publish, broker_error, worker_id.
+    pub set_broker_state: Sql,
+    /// broker_blocked, worker_id.
+    pub set_broker_blocked: Sql,
+}
+
+/// The live workers other than `me`, inside the caller's transaction when
+/// `on` is one (registration, repartitioning).
+pub(crate) async fn live_others(
+    sql: &WorkersSql,
+    on: &mut impl Statements,
+    me: Uuid,
+) -> Result<Vec<LiveWorker>, StoreError> {
+    on.fetch_all(&sql.live_others, &[Arg::Uuid(me)], "listing live workers")
+        .await
+}
+
+#[async_trait]
+impl<D: Driver> WorkerStore for D {
+    async fn register(
+        &self,
+        me: Registration<'_>,
+        admit: Admission<'_>,
+    ) -> Result<Joined, StoreError> {
+        let sql = self.workers_sql();
+        bounded_op("registering the worker", async {
+            let mut tx = self.begin().await?;
+            tx.execute(&sql.lock_registrations, &[], "taking the registration lock")
+                .await?;
+            let others = live_others(sql, &mut tx, me.worker_id).await?;
+            if !admit(&others) {
+                return Ok(Joined::Refused(others));
+            }
+            let args = [
+                Arg::Uuid(me.worker_id),
+                Arg::Text(Some(me.hostname)),
+                Arg::Int(i64::from(std::process::id())),
+                Arg::Text(Some(env!("CARGO_PKG_VERSION"))),
+                Arg::Text(Some(me.mode.as_str())),
+                Arg::Duration(me.heartbeat_ttl),
+                Arg::Bool(me.can_publish),
+            ];
+            tx.execute(&sql.register, &args, "registering the worker")
+                .await?;
+            D::commit(tx).await?;
+            Ok(Joined::Registered)
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        worker_id: Uuid,
+        ttl: Duration,
+        counts: WorkerCounts,
+    ) -> Result<bool, StoreError> {
+        let args = [
+            Arg::Duration(ttl),
+            Arg::Int(counts.published_total as i64),
+            Arg::Int(counts.failed_total as i64),
+            Arg::Float(counts.published_rate),
+            Arg::Uuid(worker_id),
+        ];
+        let changed = self
+            .pool()
+            .execute(&self.workers_sql().heartbeat, &args, "heartbeating")
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerView>, StoreError> {
+        self.pool()
+            .fetch_all(&self.workers_sql().list, &[], "listing workers")
+            .await
+    }
+
+    async fn remove_worker(&self, worker_id: Uuid) -> Result<(), StoreError> {
+        let sql = &self.workers_sql().remove;
+        self.pool()
+            .execute(sql, &[Arg::Uuid(worker_id)], "removing the worker row")
+            .await?;
+        Ok(())
+    }
+
+    async fn set_broker_state(
+        &self,
+        worker_id: Uuid,
+        can_publish: bool,
+        broker_error: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let args = [
+            Arg::Bool(can_publish),
+            Arg::Text(broker_error),
+            Arg::Uuid(worker_id),
+        ];
+        let sql = &self.workers_sql().set_broker_state;
+        let changed = self
+            .pool()
+            .execute(sql, &args, "recording the broker state")
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn set_broker_blocked(
+        &self,
+        worker_id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let args = [Arg::Text(reason), Arg::Uuid(worker_id)];
+        let sql = &self.workers_sql().set_broker_blocked;
+        self.pool()
+            .execute(sql, &args, "recording broker flow control")
+            .await?;
+        Ok(())
+    }
+
+    async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError> {
+        let sql = &self.workers_sql().live_leasing;
+        let rows: Vec<(Uuid,)> = self
+            .pool()
+            .fetch_all(sql, &[], "listing live workers")
+            .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError> {
+        let sql = &self.workers_sql().remove_dead;
+        self.pool()
+            .execute(sql, &[Arg::Duration(grace)], "removing dead worker rows")
+            .await
+    }
+
+    async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError> {
+        live_others(self.workers_sql(), &mut self.pool(), me).await
+    }
 }

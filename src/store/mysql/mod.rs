@@ -41,6 +41,7 @@
 //! Tested on MariaDB 10.11 (Debian 12); the SQL keeps to what MySQL 8 also
 //! accepts, but MySQL itself is not tested here.
 
+mod driver;
 pub mod notify;
 pub mod outbox;
 pub mod partitions;
@@ -65,7 +66,7 @@ pub struct MySqlBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: workers::WorkersSql,
+    workers: crate::store::workers::WorkersSql,
     stats: stats::StatsSql,
 }
 
@@ -83,7 +84,7 @@ impl MySqlBackend {
             tables: tables.clone(),
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
-            workers: workers::WorkersSql::new(tables),
+            workers: workers::statements(tables),
             stats: stats::StatsSql::new(tables),
         })
     }

@@ -14,9 +14,11 @@ use uuid::Uuid;
 
 use super::{MySqlBackend, label_literal, placeholders};
 use crate::partitioner::Partitioner;
+use crate::store::driver::Statements;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore, unknown_label_error,
 };
+use crate::store::workers;
 use crate::store::{QueryContext, StoreError, render};
 
 #[async_trait]
@@ -34,8 +36,9 @@ impl RepartitionStore for MySqlBackend {
             .await
             .doing("starting the repartition transaction")?;
 
-        self.workers.lock_registrations(&mut *tx).await?;
-        let live = self.workers.live_others(&mut *tx, Uuid::nil()).await?;
+        let lock = &self.workers.lock_registrations;
+        Statements::execute(&mut tx, lock, &[], "taking the registration lock").await?;
+        let live = workers::live_others(&self.workers, &mut tx, Uuid::nil()).await?;
         if !live.is_empty() {
             return Err(RepartitionError::WorkersLive(live));
         }

@@ -8,6 +8,7 @@
 //! in the database (`migrations/postgres`), and the lease fence is checked
 //! in the statement that writes.
 
+mod driver;
 pub mod listen;
 pub mod outbox;
 pub mod partitions;
@@ -34,7 +35,7 @@ pub struct PgBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: workers::WorkersSql,
+    workers: crate::store::workers::WorkersSql,
     stats: stats::StatsSql,
 }
 
@@ -53,7 +54,7 @@ impl PgBackend {
             tables: tables.clone(),
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
-            workers: workers::WorkersSql::new(tables),
+            workers: workers::statements(tables),
             stats: stats::StatsSql::new(tables),
         })
     }

@@ -9,9 +9,11 @@ use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::PgBackend;
+use crate::store::driver::Statements;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
+use crate::store::workers;
 use crate::store::{QueryContext, StoreError, render};
 
 #[async_trait]
@@ -29,8 +31,9 @@ impl RepartitionStore for PgBackend {
             .await
             .doing("starting the repartition transaction")?;
 
-        self.workers.lock_registrations(&mut tx).await?;
-        let live = self.workers.live_others(&mut tx, Uuid::nil()).await?;
+        let lock = &self.workers.lock_registrations;
+        Statements::execute(&mut tx, lock, &[], "taking the registration lock").await?;
+        let live = workers::live_others(&self.workers, &mut tx, Uuid::nil()).await?;
         if !live.is_empty() {
             return Err(RepartitionError::WorkersLive(live));
         }

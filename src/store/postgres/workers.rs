@@ -1,238 +1,70 @@
 //! PostgreSQL: the `outbox_workers` table's statements (see
-//! [`crate::store::workers`] for what they promise). Registrations are
-//! serialised by a transaction-scoped advisory lock.
+//! [`crate::store::workers`] for what they promise and the flows that run
+//! them). Registrations are serialised by a transaction-scoped advisory
+//! lock.
 
-use std::time::Duration;
-
-use async_trait::async_trait;
-use sqlx::PgExecutor;
-use uuid::Uuid;
-
-use super::PgBackend;
 use crate::config::TablesConfig;
-use crate::store::workers::{
-    Admission, Joined, LiveWorker, Registration, WorkerCounts, WorkerStore, WorkerView,
-};
-use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
+use crate::store::Sql;
+use crate::store::workers::WorkersSql;
 
 /// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
 pub const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
 
-/// The rendered statements of this module.
-#[derive(Debug)]
-pub struct WorkersSql {
-    list: Sql,
-    register: Sql,
-    heartbeat: Sql,
-    remove: Sql,
-    live_others: Sql,
-    live_leasing: Sql,
-    remove_dead: Sql,
-    set_broker_state: Sql,
-    set_broker_blocked: Sql,
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_millis() as f64
-}
-
-impl WorkersSql {
-    pub fn new(t: &TablesConfig) -> Self {
-        Self {
-            register: Sql::render(
-                t,
-                "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
-                 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7)",
-            ),
-            heartbeat: Sql::render(
-                t,
-                "UPDATE {workers} SET heartbeat_at = now(),
-                     heartbeat_until = now() + make_interval(secs => $2::float8 / 1000),
-                     published_total = $3, failed_total = $4, published_rate = $5
-                 WHERE worker_id = $1",
-            ),
-            list: Sql::render(
-                t,
-                "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
-                        extract(epoch FROM w.heartbeat_until - now())::float8 AS heartbeat_ttl_seconds,
-                        w.heartbeat_until > now() AS live,
-                        (SELECT count(*) FROM {partitions} p
-                         WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
-                        w.published_total, w.failed_total, w.published_rate,
-                        w.can_publish, w.broker_error, w.broker_blocked
-                 FROM {workers} w ORDER BY w.worker_id",
-            ),
-            remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
-            live_leasing: Sql::render(
-                t,
-                "SELECT worker_id FROM {workers}
-                 WHERE heartbeat_until > now() AND mode = 'leasing' AND can_publish
-                 ORDER BY worker_id",
-            ),
-            set_broker_state: Sql::render(
-                t,
-                "UPDATE {workers} SET can_publish = $2, broker_error = $3 WHERE worker_id = $1",
-            ),
-            set_broker_blocked: Sql::render(
-                t,
-                "UPDATE {workers} SET broker_blocked = $2 WHERE worker_id = $1",
-            ),
-            remove_dead: Sql::render(
-                t,
-                "DELETE FROM {workers} WHERE heartbeat_until < now() - make_interval(secs => $1::float8 / 1000)",
-            ),
-            live_others: Sql::render(
-                t,
-                "SELECT worker_id, hostname, pid, mode,
-                        extract(epoch FROM heartbeat_until - now())::float8 AS expires_in
-                 FROM {workers}
-                 WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",
-            ),
-        }
-    }
-
-    /// Serialises registrations until the caller's transaction ends.
-    pub(crate) async fn lock_registrations<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-    ) -> Result<(), StoreError> {
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(REGISTRATION_LOCK)
-            .execute(exec)
-            .bounded("taking the registration lock")
-            .await?;
-        Ok(())
-    }
-
-    /// Live workers other than `me`.
-    pub(crate) async fn live_others<'e, E: PgExecutor<'e>>(
-        &self,
-        exec: E,
-        me: Uuid,
-    ) -> Result<Vec<LiveWorker>, StoreError> {
-        sqlx::query_as(self.live_others.q())
-            .bind(me)
-            .fetch_all(exec)
-            .bounded("listing live workers")
-            .await
-    }
-}
-
-#[async_trait]
-impl WorkerStore for PgBackend {
-    async fn register(
-        &self,
-        me: Registration<'_>,
-        admit: Admission<'_>,
-    ) -> Result<Joined, StoreError> {
-        bounded_op("registering the worker", async {
-            let w = &self.workers;
-            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
-            w.lock_registrations(&mut tx).await?;
-            let others = w.live_others(&mut tx, me.worker_id).await?;
-            if !admit(&others) {
-                return Ok(Joined::Refused(others));
-            }
-            sqlx::query(w.register.q())
-                .bind(me.worker_id)
-                .bind(me.hostname)
-                .bind(std::process::id() as i32)
-                .bind(env!("CARGO_PKG_VERSION"))
-                .bind(me.mode.as_str())
-                .bind(ms(me.heartbeat_ttl))
-                .bind(me.can_publish)
-                .execute(&mut tx)
-                .await
-                .doing("registering the worker")?;
-            tx.commit().await.doing("committing the registration")?;
-            Ok(Joined::Registered)
-        })
-        .await
-    }
-
-    async fn heartbeat(
-        &self,
-        worker_id: Uuid,
-        ttl: Duration,
-        counts: WorkerCounts,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query(self.workers.heartbeat.q())
-            .bind(worker_id)
-            .bind(ms(ttl))
-            .bind(counts.published_total as i64)
-            .bind(counts.failed_total as i64)
-            .bind(counts.published_rate)
-            .execute(&self.pool)
-            .bounded("heartbeating")
-            .await?
-            .rows_affected()
-            == 1)
-    }
-
-    async fn list_workers(&self) -> Result<Vec<WorkerView>, StoreError> {
-        sqlx::query_as(self.workers.list.q())
-            .fetch_all(&self.pool)
-            .bounded("listing workers")
-            .await
-    }
-
-    async fn remove_worker(&self, worker_id: Uuid) -> Result<(), StoreError> {
-        sqlx::query(self.workers.remove.q())
-            .bind(worker_id)
-            .execute(&self.pool)
-            .bounded("removing the worker row")
-            .await?;
-        Ok(())
-    }
-
-    async fn set_broker_state(
-        &self,
-        worker_id: Uuid,
-        can_publish: bool,
-        broker_error: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        Ok(sqlx::query(self.workers.set_broker_state.q())
-            .bind(worker_id)
-            .bind(can_publish)
-            .bind(broker_error)
-            .execute(&self.pool)
-            .bounded("recording the broker state")
-            .await?
-            .rows_affected()
-            == 1)
-    }
-
-    async fn set_broker_blocked(
-        &self,
-        worker_id: Uuid,
-        reason: Option<&str>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(self.workers.set_broker_blocked.q())
-            .bind(worker_id)
-            .bind(reason)
-            .execute(&self.pool)
-            .bounded("recording broker flow control")
-            .await?;
-        Ok(())
-    }
-
-    async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError> {
-        sqlx::query_scalar(self.workers.live_leasing.q())
-            .fetch_all(&self.pool)
-            .bounded("listing live workers")
-            .await
-    }
-
-    async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.workers.remove_dead.q())
-            .bind(ms(grace))
-            .execute(&self.pool)
-            .bounded("removing dead worker rows")
-            .await?
-            .rows_affected())
-    }
-
-    async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError> {
-        self.workers.live_others(&self.pool, me).await
+/// The statements, in PostgreSQL (parameters as [`WorkersSql`] orders them).
+pub fn statements(t: &TablesConfig) -> WorkersSql {
+    WorkersSql {
+        lock_registrations: Sql::render(
+            t,
+            &format!("SELECT pg_advisory_xact_lock({REGISTRATION_LOCK})"),
+        ),
+        register: Sql::render(
+            t,
+            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
+             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7)",
+        ),
+        heartbeat: Sql::render(
+            t,
+            "UPDATE {workers} SET heartbeat_at = now(),
+                 heartbeat_until = now() + make_interval(secs => $1::float8 / 1000),
+                 published_total = $2, failed_total = $3, published_rate = $4
+             WHERE worker_id = $5",
+        ),
+        list: Sql::render(
+            t,
+            "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
+                    extract(epoch FROM w.heartbeat_until - now())::float8 AS heartbeat_ttl_seconds,
+                    w.heartbeat_until > now() AS live,
+                    (SELECT count(*) FROM {partitions} p
+                     WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
+                    w.published_total, w.failed_total, w.published_rate,
+                    w.can_publish, w.broker_error, w.broker_blocked
+             FROM {workers} w ORDER BY w.worker_id",
+        ),
+        remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
+        live_leasing: Sql::render(
+            t,
+            "SELECT worker_id FROM {workers}
+             WHERE heartbeat_until > now() AND mode = 'leasing' AND can_publish
+             ORDER BY worker_id",
+        ),
+        set_broker_state: Sql::render(
+            t,
+            "UPDATE {workers} SET can_publish = $1, broker_error = $2 WHERE worker_id = $3",
+        ),
+        set_broker_blocked: Sql::render(
+            t,
+            "UPDATE {workers} SET broker_blocked = $1 WHERE worker_id = $2",
+        ),
+        remove_dead: Sql::render(
+            t,
+            "DELETE FROM {workers} WHERE heartbeat_until < now() - make_interval(secs => $1::float8 / 1000)",
+        ),
+        live_others: Sql::render(
+            t,
+            "SELECT worker_id, hostname, pid, mode,
+                    extract(epoch FROM heartbeat_until - now())::float8 AS expires_in
+             FROM {workers}
+             WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",
+        ),
     }
 }

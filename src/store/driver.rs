@@ -1,0 +1,160 @@
+//! The driver contract: what a backend gives the flows written once in the
+//! neutral modules, and nothing more.
+//!
+//! A backend renders each table's statements in its own SQL — one struct
+//! of [`Sql`] per table, the same fields on every backend, **the same
+//! parameters in the same order** (each field's doc names them) — and runs
+//! a statement with neutral arguments ([`Arg`]) on its pool or in one of
+//! its transactions ([`Statements`]). The flows (which statement, in what
+//! order, inside which transaction, what the rows mean) live once, in the
+//! neutral module of their table; what differs between databases stays
+//! behind the driver:
+//!
+//! - the **dialect**: the SQL text of each statement;
+//! - the **time unit** of a duration argument ([`Arg::Duration`]: each
+//!   backend binds it as its SQL expects, PostgreSQL milliseconds,
+//!   MySQL/MariaDB microseconds);
+//! - the **locking statement** a flow starts its transaction with (e.g.
+//!   serialising registrations: an advisory lock or a locked row);
+//! - **error classification** (`StoreError::is_transient`), per backend.
+//!
+//! To add a backend: implement [`Binding`] for its sqlx database (how each
+//! [`Arg`] is bound), [`Runs`] for its pool and its transaction, and
+//! [`Driver`]; render each table's statement struct; make every
+//! [`Record`] decode from its rows; and run the store conformance suite
+//! (`tests/store.rs`) on it.
+//!
+//! Tables on the contract so far: `outbox_workers` ([`super::workers`]).
+//! The others still implement their table trait per backend.
+
+use std::time::Duration;
+
+use sqlx::error::BoxDynError;
+use sqlx::mysql::MySqlRow;
+use sqlx::postgres::PgRow;
+use sqlx::{Database, Executor};
+use uuid::Uuid;
+
+use super::{Bounded, Sql, StoreError, query_error};
+
+/// A statement's argument, bound by each backend as its SQL expects.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Uuid(Uuid),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Text(Option<&'a str>),
+    /// A duration, in the backend's unit (see the module docs).
+    Duration(Duration),
+}
+
+/// A row type every backend decodes (a `sqlx::FromRow` for each).
+pub trait Record:
+    for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, MySqlRow> + Send + Unpin + 'static
+{
+}
+
+impl<T> Record for T where
+    T: for<'r> sqlx::FromRow<'r, PgRow>
+        + for<'r> sqlx::FromRow<'r, MySqlRow>
+        + Send
+        + Unpin
+        + 'static
+{
+}
+
+/// Runs statements: on the pool (each statement on its own) or inside a
+/// transaction. Every statement is bounded by `database.query_timeout` and
+/// its error says what was being done.
+pub trait Statements: Send {
+    /// Runs `sql`; the number of rows it changed.
+    fn execute(
+        &mut self,
+        sql: &Sql,
+        args: &[Arg<'_>],
+        doing: &'static str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Runs `sql`; every row it returned.
+    fn fetch_all<T: Record>(
+        &mut self,
+        sql: &Sql,
+        args: &[Arg<'_>],
+        doing: &'static str,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
+}
+
+/// How a database takes the neutral arguments.
+pub trait Binding: Database {
+    type Args: sqlx::IntoArguments<Self> + Send;
+
+    /// `args`, in order, as this database's arguments.
+    fn arguments(args: &[Arg<'_>]) -> Result<Self::Args, BoxDynError>;
+
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// A row as `T` (every [`Record`] decodes from every backend's rows).
+    fn decode<T: Record>(row: &Self::Row) -> Result<T, sqlx::Error>;
+}
+
+/// Something statements run on: a pool or a transaction of `Db`.
+pub trait Runs: Send {
+    type Db: Binding;
+
+    fn on(&mut self) -> impl Executor<'_, Database = Self::Db>;
+}
+
+fn bind<DB: Binding>(args: &[Arg<'_>], doing: &'static str) -> Result<DB::Args, StoreError> {
+    DB::arguments(args).map_err(|e| query_error(doing, sqlx::Error::Encode(e)))
+}
+
+impl<R: Runs> Statements for R {
+    async fn execute(
+        &mut self,
+        sql: &Sql,
+        args: &[Arg<'_>],
+        doing: &'static str,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query_with(sql.q(), bind::<R::Db>(args, doing)?)
+            .execute(self.on())
+            .bounded(doing)
+            .await?;
+        Ok(R::Db::rows_affected(&done))
+    }
+
+    async fn fetch_all<T: Record>(
+        &mut self,
+        sql: &Sql,
+        args: &[Arg<'_>],
+        doing: &'static str,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = sqlx::query_with(sql.q(), bind::<R::Db>(args, doing)?)
+            .fetch_all(self.on())
+            .bounded(doing)
+            .await?;
+        rows.iter()
+            .map(R::Db::decode)
+            .collect::<Result<_, _>>()
+            .map_err(|e| query_error(doing, e))
+    }
+}
+
+/// A backend, as the neutral flows use it.
+pub trait Driver: Send + Sync + 'static {
+    /// The pool, as a runner of single statements.
+    type Pool<'a>: Statements
+    where
+        Self: 'a;
+    /// A transaction.
+    type Tx: Statements;
+
+    fn pool(&self) -> Self::Pool<'_>;
+
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+
+    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The `outbox_workers` statements.
+    fn workers_sql(&self) -> &super::workers::WorkersSql;
+}

@@ -1,0 +1,77 @@
+//! PostgreSQL's side of the driver contract (`store::driver`): neutral
+//! arguments bound as PostgreSQL takes them (durations in milliseconds, as
+//! `$n::float8 / 1000` seconds), statements run on the [`DbPool`] (so a
+//! transaction pooler's rules hold) or in one of its transactions.
+
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
+use sqlx::{Arguments, Executor, Postgres};
+
+use super::{DbPool, PgBackend, Tx};
+use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
+use crate::store::workers::WorkersSql;
+use crate::store::{QueryContext, StoreError};
+
+impl Binding for Postgres {
+    type Args = PgArguments;
+
+    fn arguments(args: &[Arg<'_>]) -> Result<PgArguments, BoxDynError> {
+        let mut bound = PgArguments::default();
+        for arg in args {
+            match *arg {
+                Arg::Uuid(v) => bound.add(v)?,
+                Arg::Int(v) => bound.add(v)?,
+                Arg::Float(v) => bound.add(v)?,
+                Arg::Bool(v) => bound.add(v)?,
+                Arg::Text(v) => bound.add(v)?,
+                Arg::Duration(d) => bound.add(d.as_millis() as f64)?,
+            }
+        }
+        Ok(bound)
+    }
+
+    fn decode<T: Record>(row: &PgRow) -> Result<T, sqlx::Error> {
+        T::from_row(row)
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl Runs for &DbPool {
+    type Db = Postgres;
+
+    fn on(&mut self) -> impl Executor<'_, Database = Postgres> {
+        *self
+    }
+}
+
+impl Runs for Tx {
+    type Db = Postgres;
+
+    fn on(&mut self) -> impl Executor<'_, Database = Postgres> {
+        self
+    }
+}
+
+impl Driver for PgBackend {
+    type Pool<'a> = &'a DbPool;
+    type Tx = Tx;
+
+    fn pool(&self) -> &DbPool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> Result<Tx, StoreError> {
+        self.pool.begin().await.doing("starting a transaction")
+    }
+
+    async fn commit(tx: Tx) -> Result<(), StoreError> {
+        tx.commit().await.doing("committing")
+    }
+
+    fn workers_sql(&self) -> &WorkersSql {
+        &self.workers
+    }
+}
