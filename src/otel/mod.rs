@@ -17,6 +17,7 @@
 //!   would leave every trace without it), and its cost is one small struct
 //!   per message, encoded off the drain path in batches (bench section
 //!   `traces`).
+//! - [`span`]: the span a published message gets, and its resource.
 //! - [`proto`]: the OTLP protobuf request, encoded by hand (a few
 //!   messages; no code generator, no OpenTelemetry SDK in the build).
 
@@ -24,6 +25,7 @@ pub mod config;
 pub mod context;
 pub mod export;
 mod proto;
+pub mod span;
 
 pub use config::ExportConfig;
 pub use context::{TraceContext, TraceParent};

@@ -6,7 +6,7 @@
 //! and zero numbers are left out, as protobuf does.
 
 use super::context::TraceParent;
-use super::export::{PublishSpan, Resource};
+use super::span::{PublishSpan, Resource};
 
 const SPAN_KIND_PRODUCER: u64 = 4;
 const STATUS_CODE_ERROR: u64 = 2;

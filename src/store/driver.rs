@@ -20,11 +20,12 @@
 //!
 //! To add a backend: implement [`Binding`] for its sqlx database (how each
 //! [`Arg`] is bound), [`Runs`] for its pool and its transaction, and
-//! [`Driver`]; render each table's statement struct; make every
+//! [`Driver`]; render each table's statement set (`store::statements`); make every
 //! [`Record`] decode from its rows; and run the store conformance suite
 //! (`tests/store.rs`) on it.
 //!
-//! Tables on the contract so far: `outbox_workers` ([`super::workers`]).
+//! Tables on the contract so far: `outbox_workers` ([`super::workers`]),
+//! the throughput tables ([`super::stats`]).
 //! The others still implement their table trait per backend.
 
 use std::time::Duration;
@@ -35,6 +36,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{Database, Executor};
 use uuid::Uuid;
 
+use super::statements::{StatsSql, WorkersSql};
 use super::{Bounded, Sql, StoreError, query_error};
 
 /// A statement's argument, bound by each backend as its SQL expects.
@@ -156,5 +158,8 @@ pub trait Driver: Send + Sync + 'static {
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The `outbox_workers` statements.
-    fn workers_sql(&self) -> &super::workers::WorkersSql;
+    fn workers_sql(&self) -> &WorkersSql;
+
+    /// The throughput tables' statements.
+    fn stats_sql(&self) -> &StatsSql;
 }

@@ -44,6 +44,7 @@ pub mod partitions;
 pub mod postgres;
 pub mod repartition;
 pub mod schema;
+pub mod statements;
 pub mod stats;
 pub mod switchover;
 pub(crate) mod trim;

@@ -4,12 +4,18 @@
 //! their counts once per tick to both; the dashboard reads the last hour as
 //! 60 rows and the last five minutes as 300, never counting the outbox
 //! table itself.
+//!
+//! The flows are written here once over the driver contract
+//! (`store::driver`): each backend renders [`StatsSql`](super::statements::StatsSql); the last hour and
+//! minutes are the rows that exist plus the database's clock, the gaps
+//! filled with zeros here (no backend needs `generate_series`).
 
 use async_trait::async_trait;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde::Serialize;
 
-use super::StoreError;
+use super::driver::{Arg, Driver, Statements};
+use super::{Sql, StoreError, bounded_op};
 
 /// One minute of throughput.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -62,6 +68,65 @@ pub(crate) fn zero_filled(
                 .map_or((at, 0, 0), |&(_, p, f)| (at, p, f))
         })
         .collect()
+}
+
+type Slot = (DateTime<Utc>, i64, i64);
+
+/// The database's clock and the rows of one throughput table.
+async fn slots<D: Driver>(d: &D, rows: &Sql) -> Result<(DateTime<Utc>, Vec<Slot>), StoreError> {
+    let doing = "reading throughput";
+    bounded_op(doing, async {
+        let now: Vec<(DateTime<Utc>,)> = d.pool().fetch_all(&d.stats_sql().now, &[], doing).await?;
+        let now = now.first().map_or_else(Utc::now, |(t,)| *t);
+        let rows = d.pool().fetch_all(rows, &[], doing).await?;
+        Ok((now, rows))
+    })
+    .await
+}
+
+#[async_trait]
+impl<D: Driver> StatsStore for D {
+    async fn record_throughput(&self, published: u64, failed: u64) -> Result<(), StoreError> {
+        let args = [Arg::Int(published as i64), Arg::Int(failed as i64)];
+        for sql in &self.stats_sql().record {
+            self.pool()
+                .execute(sql, &args, "recording throughput")
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn last_hour(&self) -> Result<Vec<Minute>, StoreError> {
+        let (now, rows) = slots(self, &self.stats_sql().minutes).await?;
+        Ok(zero_filled(now, TimeDelta::minutes(1), 60, &rows)
+            .into_iter()
+            .map(|(minute, published, failed)| Minute {
+                minute,
+                published,
+                failed,
+            })
+            .collect())
+    }
+
+    async fn last_minutes(&self) -> Result<Vec<Second>, StoreError> {
+        let (now, rows) = slots(self, &self.stats_sql().seconds).await?;
+        Ok(zero_filled(now, TimeDelta::seconds(1), 300, &rows)
+            .into_iter()
+            .map(|(second, published, failed)| Second {
+                second,
+                published,
+                failed,
+            })
+            .collect())
+    }
+
+    async fn prune_throughput(&self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for sql in &self.stats_sql().prune {
+            n += self.pool().execute(sql, &[], "pruning throughput").await?;
+        }
+        Ok(n)
+    }
 }
 
 #[cfg(test)]

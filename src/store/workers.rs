@@ -19,7 +19,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::driver::{Arg, Driver, Statements};
-use super::{Sql, StoreError, bounded_op};
+use super::statements::WorkersSql;
+use super::{StoreError, bounded_op};
 
 /// How a worker drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,34 +164,6 @@ pub trait WorkerStore {
 
     /// Live workers other than `me`.
     async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError>;
-}
-
-/// The `outbox_workers` statements, rendered by each backend. Parameters in
-/// order, as every backend binds them; durations as [`Arg::Duration`].
-#[derive(Debug)]
-pub struct WorkersSql {
-    /// Serialises registrations (and repartitioning) until the transaction
-    /// ends. No parameters.
-    pub lock_registrations: Sql,
-    /// Every worker row, as [`WorkerView`]. No parameters.
-    pub list: Sql,
-    /// worker_id, hostname, pid, version, mode, heartbeat TTL, can_publish.
-    pub register: Sql,
-    /// heartbeat TTL, published_total, failed_total, published_rate,
-    /// worker_id.
-    pub heartbeat: Sql,
-    /// worker_id.
-    pub remove: Sql,
-    /// Live workers other than worker_id, as [`LiveWorker`]: worker_id.
-    pub live_others: Sql,
-    /// Ids of the live fleet workers that can publish. No parameters.
-    pub live_leasing: Sql,
-    /// Rows whose heartbeat ran out more than the grace ago: grace.
-    pub remove_dead: Sql,
-    /// can_publish, broker_error, worker_id.
-    pub set_broker_state: Sql,
-    /// broker_blocked, worker_id.
-    pub set_broker_blocked: Sql,
 }
 
 /// The live workers other than `me`, inside the caller's transaction when

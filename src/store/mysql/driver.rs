@@ -12,7 +12,8 @@ use super::{MySqlBackend, micros};
 /// A transaction on MySQL/MariaDB.
 pub type Tx = sqlx::Transaction<'static, MySql>;
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
-use crate::store::workers::WorkersSql;
+use crate::store::statements::StatsSql;
+use crate::store::statements::WorkersSql;
 use crate::store::{QueryContext, StoreError};
 
 impl Binding for MySql {
@@ -76,5 +77,9 @@ impl Driver for MySqlBackend {
 
     fn workers_sql(&self) -> &WorkersSql {
         &self.workers
+    }
+
+    fn stats_sql(&self) -> &StatsSql {
+        &self.stats
     }
 }

@@ -66,8 +66,8 @@ pub struct MySqlBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: crate::store::workers::WorkersSql,
-    stats: stats::StatsSql,
+    workers: crate::store::statements::WorkersSql,
+    stats: crate::store::statements::StatsSql,
 }
 
 impl MySqlBackend {
@@ -85,7 +85,7 @@ impl MySqlBackend {
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
-            stats: stats::StatsSql::new(tables),
+            stats: stats::statements(tables),
         })
     }
 

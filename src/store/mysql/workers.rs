@@ -6,7 +6,7 @@
 
 use crate::config::TablesConfig;
 use crate::store::Sql;
-use crate::store::workers::WorkersSql;
+use crate::store::statements::WorkersSql;
 
 /// The lock row serialising registrations (and repartitioning).
 pub(crate) const REGISTRATION_LOCK: &str = "registration";

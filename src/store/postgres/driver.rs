@@ -9,7 +9,8 @@ use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
-use crate::store::workers::WorkersSql;
+use crate::store::statements::StatsSql;
+use crate::store::statements::WorkersSql;
 use crate::store::{QueryContext, StoreError};
 
 impl Binding for Postgres {
@@ -73,5 +74,9 @@ impl Driver for PgBackend {
 
     fn workers_sql(&self) -> &WorkersSql {
         &self.workers
+    }
+
+    fn stats_sql(&self) -> &StatsSql {
+        &self.stats
     }
 }

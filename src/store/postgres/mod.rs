@@ -35,8 +35,8 @@ pub struct PgBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: crate::store::workers::WorkersSql,
-    stats: stats::StatsSql,
+    workers: crate::store::statements::WorkersSql,
+    stats: crate::store::statements::StatsSql,
 }
 
 impl PgBackend {
@@ -55,7 +55,7 @@ impl PgBackend {
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
-            stats: stats::StatsSql::new(tables),
+            stats: stats::statements(tables),
         })
     }
 

@@ -5,7 +5,7 @@
 
 use crate::config::TablesConfig;
 use crate::store::Sql;
-use crate::store::workers::WorkersSql;
+use crate::store::statements::WorkersSql;
 
 /// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
 pub const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;

@@ -1,0 +1,53 @@
+//! The statement sets every backend renders, one struct per table, the
+//! same fields on every backend with the same parameters in the same order
+//! (each field's doc names them), so the flows over them (`store::driver`)
+//! are written once.
+
+use super::Sql;
+
+/// The `outbox_workers` statements, rendered by each backend. Parameters in
+/// order, as every backend binds them; durations as `Arg::Duration`.
+#[derive(Debug)]
+pub struct WorkersSql {
+    /// Serialises registrations (and repartitioning) until the transaction
+    /// ends. No parameters.
+    pub lock_registrations: Sql,
+    /// Every worker row, as `WorkerView`. No parameters.
+    pub list: Sql,
+    /// worker_id, hostname, pid, version, mode, heartbeat TTL, can_publish.
+    pub register: Sql,
+    /// heartbeat TTL, published_total, failed_total, published_rate,
+    /// worker_id.
+    pub heartbeat: Sql,
+    /// worker_id.
+    pub remove: Sql,
+    /// Live workers other than worker_id, as `LiveWorker`: worker_id.
+    pub live_others: Sql,
+    /// Ids of the live fleet workers that can publish. No parameters.
+    pub live_leasing: Sql,
+    /// Rows whose heartbeat ran out more than the grace ago: grace.
+    pub remove_dead: Sql,
+    /// can_publish, broker_error, worker_id.
+    pub set_broker_state: Sql,
+    /// broker_blocked, worker_id.
+    pub set_broker_blocked: Sql,
+}
+
+/// The throughput statements, rendered by each backend.
+#[derive(Debug)]
+pub struct StatsSql {
+    /// Add to the current second's and minute's counts, one statement or
+    /// several: published, failed.
+    pub record: Vec<Sql>,
+    /// The database's clock, as one `DateTime<Utc>`. No parameters.
+    pub now: Sql,
+    /// (minute, published, failed) of a little over the last hour, oldest
+    /// first. No parameters.
+    pub minutes: Sql,
+    /// (second, published, failed) of a little over the last five minutes,
+    /// oldest first. No parameters.
+    pub seconds: Sql,
+    /// Delete seconds older than 10 minutes and minutes older than 7 days,
+    /// one statement or several. No parameters.
+    pub prune: Vec<Sql>,
+}
