@@ -39,14 +39,14 @@
 //! and hands the claim back when it stops.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use super::spans::{self, BatchTimes};
 use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
-use crate::amqp::{ConfirmChannel, PublishError, PublishLimits};
+use crate::amqp::{BatchOutcome, ConfirmChannel, PublishError, PublishLimits};
 use crate::lease::LeaseGrant;
 use crate::store::StoreError;
 use crate::store::outbox::{
@@ -208,17 +208,8 @@ impl BucketDrainer {
     /// One round: publish a batch, and meanwhile record the previous one
     /// and claim the next.
     async fn step(&mut self) -> Result<Step, StoreError> {
-        let channel = match self.channel.take() {
-            Some(ch) if ch.is_usable() => ch,
-            stale => {
-                if let Some(ch) = stale {
-                    ch.close().await;
-                }
-                match self.ctx.broker.open_channel(&self.cancel).await {
-                    Some(ch) => ch,
-                    None => return Ok(Step::Cancelled),
-                }
-            }
+        let Some(channel) = self.usable_channel().await else {
+            return Ok(Step::Cancelled);
         };
         let rows = match self.next.take() {
             Some(rows) if !rows.is_empty() => rows,
@@ -253,7 +244,7 @@ impl BucketDrainer {
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
         };
         let mut channel = channel;
-        let wall_start = std::time::SystemTime::now();
+        let wall_start = SystemTime::now();
         let publish = async {
             let started = std::time::Instant::now();
             let outcome = channel.publish_batch(&rows, limits).await;
@@ -295,16 +286,7 @@ impl BucketDrainer {
             next.ok().filter(|_| recorded)
         };
         let (outcome, next) = tokio::join!(publish, database);
-        if self.ctx.tracer.enabled() {
-            let times = BatchTimes {
-                started: wall_start,
-                ended: std::time::SystemTime::now(),
-                lease_epoch: self.fence.map(|f| f.epoch),
-            };
-            let failure = outcome.failure.as_ref();
-            let spans = spans::of_batch(&rows, outcome.confirmed, failure, &times);
-            self.ctx.tracer.record(spans);
-        }
+        self.trace(&rows, &outcome, wall_start);
         let ids: Vec<i64> = rows[..outcome.confirmed].iter().map(|r| r.id).collect();
         match outcome.failure {
             None => {
@@ -337,6 +319,35 @@ impl BucketDrainer {
             }
         }
         Ok(Step::Worked)
+    }
+
+    /// This drainer's confirm channel, or a fresh one in place of a stale
+    /// one; `None` when cancelled while the broker is away.
+    async fn usable_channel(&mut self) -> Option<ConfirmChannel> {
+        match self.channel.take() {
+            Some(ch) if ch.is_usable() => Some(ch),
+            stale => {
+                if let Some(ch) = stale {
+                    ch.close().await;
+                }
+                self.ctx.broker.open_channel(&self.cancel).await
+            }
+        }
+    }
+
+    /// Hands the batch's spans to the tracer (when export is on).
+    fn trace(&self, rows: &[ClaimedMessage], outcome: &BatchOutcome, started: SystemTime) {
+        if !self.ctx.tracer.enabled() {
+            return;
+        }
+        let times = BatchTimes {
+            started,
+            ended: SystemTime::now(),
+            lease_epoch: self.fence.map(|f| f.epoch),
+        };
+        let failure = outcome.failure.as_ref();
+        let spans = spans::of_batch(rows, outcome.confirmed, failure, &times);
+        self.ctx.tracer.record(spans);
     }
 
     /// Claims up to `limit` ready rows of the bucket, skipping `in_flight`.

@@ -12,6 +12,7 @@ use serde_json::json;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use super::driver::Tx;
 use super::{MySqlBackend, label_literal, placeholders};
 use crate::partitioner::Partitioner;
 use crate::store::driver::Statements;
@@ -92,48 +93,7 @@ impl RepartitionStore for MySqlBackend {
             return Ok(report);
         }
 
-        // The bucket rows: removed ones go, kept ones lose lease and claim
-        // and get a new epoch, new ones start above every epoch so far.
-        let labels = Partitioner::new(to).labels();
-        let top: i64 = sqlx::query_scalar(sql(
-            "SELECT COALESCE(MAX(lease_epoch), 0) + 1 FROM {partitions}",
-        ))
-        .fetch_one(&mut *tx)
-        .await
-        .doing("replacing the bucket rows")?;
-        let list = placeholders(labels.len());
-        let mut gone = sqlx::query(AssertSqlSafe(render(
-            &self.tables,
-            &format!("DELETE FROM {{partitions}} WHERE partition_key NOT IN ({list})"),
-        )));
-        for l in &labels {
-            gone = gone.bind(l);
-        }
-        gone.execute(&mut *tx)
-            .await
-            .doing("replacing the bucket rows")?;
-        sqlx::query(sql(
-            "UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL,
-                    claim_token = NULL, claimed_until = NULL,
-                    lease_epoch = lease_epoch + 1, updated_at = UTC_TIMESTAMP(6)",
-        ))
-        .execute(&mut *tx)
-        .await
-        .doing("replacing the bucket rows")?;
-        let rows = vec!["(?, ?)"; labels.len()].join(", ");
-        let mut added = sqlx::query(AssertSqlSafe(render(
-            &self.tables,
-            &format!(
-                "INSERT IGNORE INTO {{partitions}} (partition_key, lease_epoch) VALUES {rows}"
-            ),
-        )));
-        for l in &labels {
-            added = added.bind(l).bind(top);
-        }
-        added
-            .execute(&mut *tx)
-            .await
-            .doing("replacing the bucket rows")?;
+        self.replace_bucket_rows(&mut tx, to).await?;
         let detail = json!({
             "from": from, "to": to, "unpublished": unpublished, "relabelled": relabelled,
         });
@@ -210,5 +170,55 @@ impl RepartitionStore for MySqlBackend {
             .into_iter()
             .map(|(id, partition_key, _)| ParkedUnknown { id, partition_key })
             .collect())
+    }
+}
+
+impl MySqlBackend {
+    /// The bucket rows for `to` buckets, in the repartition's transaction:
+    /// removed ones go, kept ones lose lease and claim and get a new epoch,
+    /// new ones start above every epoch so far.
+    async fn replace_bucket_rows(&self, tx: &mut Tx, to: u32) -> Result<(), StoreError> {
+        let sql = |template: &str| AssertSqlSafe(render(&self.tables, template));
+        let labels = Partitioner::new(to).labels();
+        let top: i64 = sqlx::query_scalar(sql(
+            "SELECT COALESCE(MAX(lease_epoch), 0) + 1 FROM {partitions}",
+        ))
+        .fetch_one(&mut **tx)
+        .await
+        .doing("replacing the bucket rows")?;
+        let list = placeholders(labels.len());
+        let mut gone = sqlx::query(AssertSqlSafe(render(
+            &self.tables,
+            &format!("DELETE FROM {{partitions}} WHERE partition_key NOT IN ({list})"),
+        )));
+        for l in &labels {
+            gone = gone.bind(l);
+        }
+        gone.execute(&mut **tx)
+            .await
+            .doing("replacing the bucket rows")?;
+        sqlx::query(sql(
+            "UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL,
+                    claim_token = NULL, claimed_until = NULL,
+                    lease_epoch = lease_epoch + 1, updated_at = UTC_TIMESTAMP(6)",
+        ))
+        .execute(&mut **tx)
+        .await
+        .doing("replacing the bucket rows")?;
+        let rows = vec!["(?, ?)"; labels.len()].join(", ");
+        let mut added = sqlx::query(AssertSqlSafe(render(
+            &self.tables,
+            &format!(
+                "INSERT IGNORE INTO {{partitions}} (partition_key, lease_epoch) VALUES {rows}"
+            ),
+        )));
+        for l in &labels {
+            added = added.bind(l).bind(top);
+        }
+        added
+            .execute(&mut **tx)
+            .await
+            .doing("replacing the bucket rows")?;
+        Ok(())
     }
 }

@@ -84,83 +84,90 @@ pub struct OutboxSql {
     count_purgeable: Sql,
 }
 
-impl OutboxSql {
-    pub fn new(t: &TablesConfig) -> Self {
-        // The plan must stay a bounded range scan of the pending index
-        // whatever the statistics say, so the statement is written to leave
-        // the planner no other good choice: the bucket is a range (`BETWEEN
-        // $1 AND $1`), not an equality, and rows are ordered by
-        // `(partition_key, id)`: only the pending index yields that order
-        // without a sort. With `= $1 ORDER BY id` the planner walked the
-        // primary key from the lowest id, reading every published row of
-        // every bucket on the way.
-        //
-        // The claim writes nothing into the outbox: it takes (or renews) the
-        // bucket's claim on its row in the partitions table, and only if the
-        // bucket has ready rows. A claim held under another token blocks the
-        // bucket while it lasts; one that outlasts the claim TTL was not
-        // made by any worker (written by hand, a clock far off) and is
-        // ignored. Rows still in flight from this drainer's previous batch
-        // ($7) are skipped, never a row behind them; a row above the highest
-        // of them ($8) skips the array's comparisons.
-        let claim = "WITH first_rows AS (
-                SELECT id, message_id, partition_key, message_key, exchange, routing_key,
-                       headers, content_type, payload, attempts, created_at,
-                       bool_or(available_at > now()) OVER (ORDER BY partition_key, id) AS blocked
-                FROM (
-                    SELECT * FROM {outbox}
-                    WHERE partition_key BETWEEN $1 AND $1
-                      AND published_at IS NULL AND failed_at IS NULL
-                      AND (id > $8 OR id <> ALL($7::bigint[]))
-                    ORDER BY partition_key, id
-                    LIMIT $2
-                ) head
-            ), ready AS (
-                SELECT * FROM first_rows WHERE NOT blocked
-            ), bucket AS (
-                UPDATE {partitions} p
-                SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
-                WHERE p.partition_key = $1 AND EXISTS (SELECT 1 FROM ready)
-                  AND (p.claim_token IS NULL OR p.claim_token = $3 OR p.claimed_until <= now()
-                       OR p.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
-                  AND ($5::uuid IS NULL OR (p.lease_owner = $5 AND p.lease_epoch = $6
-                                           AND p.lease_until > now()))
-                RETURNING 1
-            )
+/// The plan must stay a bounded range scan of the pending index
+/// whatever the statistics say, so the statement is written to leave
+/// the planner no other good choice: the bucket is a range (`BETWEEN
+/// $1 AND $1`), not an equality, and rows are ordered by
+/// `(partition_key, id)`: only the pending index yields that order
+/// without a sort. With `= $1 ORDER BY id` the planner walked the
+/// primary key from the lowest id, reading every published row of
+/// every bucket on the way.
+///
+/// The claim writes nothing into the outbox: it takes (or renews) the
+/// bucket's claim on its row in the partitions table, and only if the
+/// bucket has ready rows. A claim held under another token blocks the
+/// bucket while it lasts; one that outlasts the claim TTL was not
+/// made by any worker (written by hand, a clock far off) and is
+/// ignored. Rows still in flight from this drainer's previous batch
+/// ($7) are skipped, never a row behind them; a row above the highest
+/// of them ($8) skips the array's comparisons.
+const CLAIM: &str = "WITH first_rows AS (
             SELECT id, message_id, partition_key, message_key, exchange, routing_key,
-                   headers, content_type, payload, attempts, created_at
-            FROM ready WHERE EXISTS (SELECT 1 FROM bucket)
-            ORDER BY id";
-        let record_published = format!(
-            "UPDATE {{outbox}} SET published_at = now()
-             WHERE id = ANY($1) AND partition_key = $3 AND published_at IS NULL AND {claim}",
-            claim = held_claim("$3", "$2", "$4", "$5"),
-        );
-        // Backoff doubles per attempt from the initial delay, capped; the
-        // attempt count in the expression is the one before this failure.
-        let record_failure = format!(
-            "UPDATE {{outbox}}
-             SET attempts = attempts + 1,
-                 last_error = $3,
-                 available_at = now() + make_interval(secs =>
-                     least($7::float8, $6::float8 * power(2, least(attempts, 30))) / 1000),
-                 failed_at = CASE WHEN $4 AND $5::int > 0 AND attempts + 1 >= $5::int THEN now() END
-             WHERE id = $1 AND partition_key = $8 AND published_at IS NULL AND {claim}
-             RETURNING failed_at IS NOT NULL AS parked",
-            claim = held_claim("$8", "$2", "$9", "$10"),
-        );
-        // Releasing is harmless without a fence: it only drops our own claim.
-        let release = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                       WHERE partition_key = $1 AND claim_token = $2"
-            .to_string();
-        // A new lease owner drops the claim of an earlier owner: its writes
-        // are fenced out anyway, and its claim would only hold the bucket
-        // up until claim_ttl.
-        let clear_claims = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                   headers, content_type, payload, attempts, created_at,
+                   bool_or(available_at > now()) OVER (ORDER BY partition_key, id) AS blocked
+            FROM (
+                SELECT * FROM {outbox}
+                WHERE partition_key BETWEEN $1 AND $1
+                  AND published_at IS NULL AND failed_at IS NULL
+                  AND (id > $8 OR id <> ALL($7::bigint[]))
+                ORDER BY partition_key, id
+                LIMIT $2
+            ) head
+        ), ready AS (
+            SELECT * FROM first_rows WHERE NOT blocked
+        ), bucket AS (
+            UPDATE {partitions} p
+            SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
+            WHERE p.partition_key = $1 AND EXISTS (SELECT 1 FROM ready)
+              AND (p.claim_token IS NULL OR p.claim_token = $3 OR p.claimed_until <= now()
+                   OR p.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
+              AND ($5::uuid IS NULL OR (p.lease_owner = $5 AND p.lease_epoch = $6
+                                       AND p.lease_until > now()))
+            RETURNING 1
+        )
+        SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+               headers, content_type, payload, attempts, created_at
+        FROM ready WHERE EXISTS (SELECT 1 FROM bucket)
+        ORDER BY id";
+
+/// Records a batch as published: ids ($1), under the held claim.
+fn record_published() -> String {
+    format!(
+        "UPDATE {{outbox}} SET published_at = now()
+         WHERE id = ANY($1) AND partition_key = $3 AND published_at IS NULL AND {claim}",
+        claim = held_claim("$3", "$2", "$4", "$5"),
+    )
+}
+
+/// Backoff doubles per attempt from the initial delay, capped; the
+/// attempt count in the expression is the one before this failure.
+fn record_failure() -> String {
+    format!(
+        "UPDATE {{outbox}}
+         SET attempts = attempts + 1,
+             last_error = $3,
+             available_at = now() + make_interval(secs =>
+                 least($7::float8, $6::float8 * power(2, least(attempts, 30))) / 1000),
+             failed_at = CASE WHEN $4 AND $5::int > 0 AND attempts + 1 >= $5::int THEN now() END
+         WHERE id = $1 AND partition_key = $8 AND published_at IS NULL AND {claim}
+         RETURNING failed_at IS NOT NULL AS parked",
+        claim = held_claim("$8", "$2", "$9", "$10"),
+    )
+}
+
+/// Releasing is harmless without a fence: it only drops our own claim.
+const RELEASE: &str = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                       WHERE partition_key = $1 AND claim_token = $2";
+
+/// A new lease owner drops the claim of an earlier owner: its writes
+/// are fenced out anyway, and its claim would only hold the bucket
+/// up until claim_ttl.
+const CLEAR_CLAIMS: &str = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
              WHERE partition_key = $1 AND lease_owner = $2 AND lease_epoch = $3
-               AND claim_token IS NOT NULL"
-            .to_string();
-        let bucket_heads = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+               AND claim_token IS NOT NULL";
+
+/// Each bucket's head ($1: the buckets), ready or not.
+const BUCKET_HEADS: &str = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                    coalesce(extract(epoch FROM now() - h.created_at)::float8, 0) AS lag_seconds
             FROM unnest($1::text[]) AS b(partition_key)
             LEFT JOIN LATERAL (
@@ -169,10 +176,10 @@ impl OutboxSql {
                   AND o.published_at IS NULL AND o.failed_at IS NULL
                 ORDER BY o.partition_key, o.id LIMIT 1
             ) h ON true
-            ORDER BY b.partition_key"
-            .to_string();
-        // One index probe per bucket: its head, if ready.
-        let ready_buckets = "SELECT b.partition_key FROM unnest($1::text[]) AS b(partition_key)
+            ORDER BY b.partition_key";
+
+/// One index probe per bucket: its head, if ready.
+const READY_BUCKETS: &str = "SELECT b.partition_key FROM unnest($1::text[]) AS b(partition_key)
             CROSS JOIN LATERAL (
                 SELECT available_at FROM {outbox} o
                 WHERE o.partition_key BETWEEN b.partition_key AND b.partition_key
@@ -180,19 +187,77 @@ impl OutboxSql {
                 ORDER BY o.partition_key, o.id LIMIT 1
             ) h
             WHERE h.available_at <= now()";
+
+/// Dropping is never silent: what was dropped, by whom and why
+/// goes to the audit table in the same statement.
+const DROP_PARKED: &str = "WITH dropped AS (
+                    DELETE FROM {outbox}
+                    WHERE id = ANY($1::bigint[]) AND failed_at IS NOT NULL AND published_at IS NULL
+                    RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
+                              attempts, last_error
+                 ), audit AS (
+                    INSERT INTO {outbox}_audit (actor, action, detail)
+                    SELECT $2, 'drop', jsonb_build_object('reason', $3::text,
+                           'messages', jsonb_agg(to_jsonb(d) ORDER BY d.id))
+                    FROM dropped d HAVING count(*) > 0
+                 )
+                 SELECT id FROM dropped ORDER BY id";
+
+/// Retention: one short transaction per batch, only by whoever
+/// holds the purge lock (other workers skip the round), oldest ids
+/// first (they are the published ones), never a pending or parked
+/// row.
+const PURGE_BATCH: &str = "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS ok)
+                 DELETE FROM {outbox}
+                 WHERE (SELECT ok FROM lock)
+                   AND id IN (SELECT id FROM {outbox}
+                              WHERE published_at < now() - make_interval(secs => $1::float8)
+                              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Requeue: parked rows become pending again with a fresh attempt
+/// count. A requeued row keeps its id, so it is again ahead of every
+/// later pending row of its bucket. Audited and announced in the
+/// same statement.
+const REQUEUE: &str = "WITH requeued AS (
+                    UPDATE {outbox}
+                    SET failed_at = NULL, attempts = 0, available_at = now(),
+                        claim_token = NULL, claimed_until = NULL,
+                        -- a row parked for an unknown bucket label gets its key's label
+                        partition_key = CASE
+                            WHEN EXISTS (SELECT 1 FROM {partitions} p
+                                         WHERE p.partition_key = {outbox}.partition_key)
+                            THEN partition_key
+                            ELSE {outbox}_partition_for(message_key) END
+                    WHERE failed_at IS NOT NULL AND published_at IS NULL
+                      AND (id = ANY($1::bigint[]) OR partition_key = ANY($2::text[]) OR $4)
+                    RETURNING id, partition_key
+                 ), audit AS (
+                    INSERT INTO {outbox}_audit (actor, action, detail)
+                    SELECT $3, 'requeue', jsonb_build_object('ids', jsonb_agg(id ORDER BY id), 'buckets', $2::text[], 'all', $4)
+                    FROM requeued HAVING count(*) > 0
+                 )
+                 SELECT r.id FROM requeued r
+                 CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', r.partition_key)) n
+                 ORDER BY r.id";
+
+const COUNT_PURGEABLE: &str =
+    "SELECT count(*) FROM {outbox} WHERE published_at < now() - make_interval(secs => $1::float8)";
+
+impl OutboxSql {
+    pub fn new(t: &TablesConfig) -> Self {
         Self {
             enqueue: enqueue_statement(t),
-            ready_buckets: Sql::render(t, ready_buckets),
+            ready_buckets: Sql::render(t, READY_BUCKETS),
             newest_id: Sql::render(t, "SELECT coalesce(max(id), 0) FROM {outbox}"),
             added_after: Sql::render(
                 t,
                 "SELECT id, partition_key FROM {outbox} WHERE id > $1 ORDER BY id LIMIT $2",
             ),
-            claim: Sql::render(t, claim),
-            record_published: Sql::render(t, &record_published),
-            record_failure: Sql::render(t, &record_failure),
-            release: Sql::render(t, &release),
-            clear_claims: Sql::render(t, &clear_claims),
+            claim: Sql::render(t, CLAIM),
+            record_published: Sql::render(t, &record_published()),
+            record_failure: Sql::render(t, &record_failure()),
+            release: Sql::render(t, RELEASE),
+            clear_claims: Sql::render(t, CLEAR_CLAIMS),
             // Pending, oldest first: a merge of per-bucket range scans of
             // the pending index (bounded by buckets × limit rows).
             list_pending: Sql::render(
@@ -231,75 +296,21 @@ impl OutboxSql {
                      ORDER BY o.partition_key, o.id LIMIT $1"
                 ),
             ),
-            // Dropping is never silent: what was dropped, by whom and why
-            // goes to the audit table in the same statement.
-            drop_parked: Sql::render(
-                t,
-                "WITH dropped AS (
-                    DELETE FROM {outbox}
-                    WHERE id = ANY($1::bigint[]) AND failed_at IS NOT NULL AND published_at IS NULL
-                    RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
-                              attempts, last_error
-                 ), audit AS (
-                    INSERT INTO {outbox}_audit (actor, action, detail)
-                    SELECT $2, 'drop', jsonb_build_object('reason', $3::text,
-                           'messages', jsonb_agg(to_jsonb(d) ORDER BY d.id))
-                    FROM dropped d HAVING count(*) > 0
-                 )
-                 SELECT id FROM dropped ORDER BY id",
-            ),
-            // Retention: one short transaction per batch, only by whoever
-            // holds the purge lock (other workers skip the round), oldest ids
-            // first (they are the published ones), never a pending or parked
-            // row.
-            purge_batch: Sql::render(
-                t,
-                "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS ok)
-                 DELETE FROM {outbox}
-                 WHERE (SELECT ok FROM lock)
-                   AND id IN (SELECT id FROM {outbox}
-                              WHERE published_at < now() - make_interval(secs => $1::float8)
-                              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            ),
-            count_purgeable: Sql::render(
-                t,
-                "SELECT count(*) FROM {outbox} WHERE published_at < now() - make_interval(secs => $1::float8)",
-            ),
+
+            drop_parked: Sql::render(t, DROP_PARKED),
+
+            purge_batch: Sql::render(t, PURGE_BATCH),
+
+            count_purgeable: Sql::render(t, COUNT_PURGEABLE),
             detail: Sql::render(
                 t,
                 &format!(
                     "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload FROM {{outbox}} o WHERE o.id = $1"
                 ),
             ),
-            // Requeue: parked rows become pending again with a fresh attempt
-            // count. A requeued row keeps its id, so it is again ahead of every
-            // later pending row of its bucket. Audited and announced in the
-            // same statement.
-            requeue: Sql::render(
-                t,
-                "WITH requeued AS (
-                    UPDATE {outbox}
-                    SET failed_at = NULL, attempts = 0, available_at = now(),
-                        claim_token = NULL, claimed_until = NULL,
-                        -- a row parked for an unknown bucket label gets its key's label
-                        partition_key = CASE
-                            WHEN EXISTS (SELECT 1 FROM {partitions} p
-                                         WHERE p.partition_key = {outbox}.partition_key)
-                            THEN partition_key
-                            ELSE {outbox}_partition_for(message_key) END
-                    WHERE failed_at IS NOT NULL AND published_at IS NULL
-                      AND (id = ANY($1::bigint[]) OR partition_key = ANY($2::text[]) OR $4)
-                    RETURNING id, partition_key
-                 ), audit AS (
-                    INSERT INTO {outbox}_audit (actor, action, detail)
-                    SELECT $3, 'requeue', jsonb_build_object('ids', jsonb_agg(id ORDER BY id), 'buckets', $2::text[], 'all', $4)
-                    FROM requeued HAVING count(*) > 0
-                 )
-                 SELECT r.id FROM requeued r
-                 CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', r.partition_key)) n
-                 ORDER BY r.id",
-            ),
-            bucket_heads: Sql::render(t, &bucket_heads),
+
+            requeue: Sql::render(t, REQUEUE),
+            bucket_heads: Sql::render(t, BUCKET_HEADS),
         }
     }
 
