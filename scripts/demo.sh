@@ -51,6 +51,7 @@ stop() {
   else
     echo "demo: stopped with $left message(s) still pending in the outbox (published by the next run)" >&2
   fi
+  echo "demo: still running: the private PostgreSQL, PgBouncer, MariaDB and RabbitMQ (state in $OUTBOXD_STATE_DIR); scripts/services.sh down stops them" >&2
 }
 trap stop EXIT
 trap 'exit 0' INT TERM
