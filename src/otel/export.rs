@@ -8,7 +8,8 @@
 //! collector costs the relay nothing but the spans. A failed export is
 //! dropped too (said at most once a minute), not retried: traces are
 //! diagnostics, and holding them would hold memory. On shutdown what is
-//! queued is sent once, within the export timeout.
+//! queued is sent once, within the worker's farewell (2 s; a collector
+//! slower than that loses the last spans).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,11 +105,16 @@ pub fn start(
         max_batch: config.max_batch,
         counts,
     });
+    // The user's OTEL_RESOURCE_ATTRIBUTES win over these defaults.
     let mut attributes = config.resource.clone();
-    if !attributes.iter().any(|(k, _)| k == "service.instance.id") {
-        attributes.push(("service.instance.id".into(), instance_id));
+    for (key, value) in [
+        ("service.instance.id", instance_id),
+        ("service.version", env!("CARGO_PKG_VERSION").to_string()),
+    ] {
+        if !attributes.iter().any(|(k, _)| k == key) {
+            attributes.push((key.into(), value));
+        }
     }
-    attributes.push(("service.version".into(), env!("CARGO_PKG_VERSION").into()));
     let exporter = Exporter {
         queue: queue.clone(),
         client: Client::new(config),
