@@ -18,7 +18,7 @@
 //!   per message, encoded off the drain path in batches (bench section
 //!   `traces`).
 //! - [`span`]: the span a published message gets, and its resource.
-//! - [`proto`]: the OTLP protobuf request, encoded by hand (a few
+//! - `proto`: the OTLP protobuf request, encoded by hand (a few
 //!   messages; no code generator, no OpenTelemetry SDK in the build).
 
 pub mod config;
