@@ -1251,6 +1251,26 @@ impl Bench {
 /// Whether any row is still pending: one probe of the pending index, so
 /// the harness's polling adds next to nothing to PostgreSQL's CPU (a count
 /// of the table every 25 ms cost more than the relay's own statements).
+/// Waits until no row is pending (at most 10 minutes); the drain rate of
+/// `n` rows since `start`.
+async fn drained_rate(store: &Store, n: usize, start: Instant) -> f64 {
+    while any_pending(store).await {
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "drain did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The median of `v` (the upper one of an even count).
+fn median_of(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 async fn any_pending(store: &Store) -> bool {
     let sql =
         "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL)";

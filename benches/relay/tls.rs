@@ -18,8 +18,8 @@ use serde_json::json;
 
 use super::tls_pki::{Pki, TlsServer};
 use super::{
-    Bench, PAYLOAD, any_pending, cpu_ticks, ms, pct, postgres_cpu_ticks, terminate, trickle,
-    us_per_message,
+    Bench, PAYLOAD, cpu_ticks, drained_rate, median_of, ms, pct, postgres_cpu_ticks, terminate,
+    trickle, us_per_message,
 };
 
 /// A private server started through `scripts/services.sh`, stopped on drop.
@@ -167,14 +167,7 @@ impl Bench {
                 let (pg0, mq0) = (postgres_cpu_ticks(), broker_ticks());
                 let start = Instant::now();
                 let mut worker = self.spawn(config, &["--silent"]);
-                while any_pending(&store).await {
-                    assert!(
-                        start.elapsed() < Duration::from_secs(600),
-                        "drain did not finish"
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let rate = n as f64 / start.elapsed().as_secs_f64();
+                let rate = drained_rate(&store, n, start).await;
                 let ticks = [
                     cpu_ticks(worker.id()).unwrap_or(0),
                     postgres_cpu_ticks() - pg0,
@@ -188,16 +181,11 @@ impl Bench {
                 }
             }
         }
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let plain_rate = median(&rates[0]);
-        let ratio = median(&rates[1]) / plain_rate;
+        let plain_rate = median_of(&rates[0]);
+        let ratio = median_of(&rates[1]) / plain_rate;
         let mut throughput = serde_json::Map::new();
         for (i, (name, _)) in variants.iter().enumerate() {
-            let rate = median(&rates[i]);
+            let rate = median_of(&rates[i]);
             let [w, p, b] = cpu[i].map(|t| us_per_message(t, n * rounds));
             let target = match i {
                 0 => "baseline".to_string(),

@@ -9,12 +9,12 @@
 //! receiver is the tests' (`tests/common/otlp.rs`), in this process, on
 //! loopback; export runs with the SDK's default batching.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 
 use super::otlp::Receiver;
-use super::{Bench, any_pending, cpu_ticks, pg, terminate, us_per_message};
+use super::{Bench, cpu_ticks, drained_rate, median_of, pg, terminate, us_per_message};
 
 impl Bench {
     pub(super) async fn traces(&mut self) {
@@ -50,14 +50,7 @@ impl Bench {
                 }
                 let start = Instant::now();
                 let mut worker = self.spawn_with(&config, &["--silent"], &vars);
-                while any_pending(&store).await {
-                    assert!(
-                        start.elapsed() < Duration::from_secs(600),
-                        "drain did not finish"
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let rate = n as f64 / start.elapsed().as_secs_f64();
+                let rate = drained_rate(&store, n, start).await;
                 cpu[i] += cpu_ticks(worker.id()).unwrap_or(0);
                 terminate(&mut worker);
                 let received = receiver.spans().len();
@@ -68,12 +61,7 @@ impl Bench {
                 rates[i].push(rate);
             }
         }
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let (off, on) = (median(&rates[0]), median(&rates[1]));
+        let (off, on) = (median_of(&rates[0]), median_of(&rates[1]));
         let ratio = on / off;
         let [cpu_off, cpu_on] = cpu.map(|t| us_per_message(t, n * rounds));
         self.row(
