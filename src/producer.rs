@@ -15,8 +15,8 @@
 //! # let _ = id; Ok(()) }
 //! ```
 //!
-//! The same call works on MySQL/MariaDB with a `sqlx::MySqlPool` or one of
-//! its transactions.
+//! The same call works on MySQL/MariaDB with a `sqlx::MySqlPool` and on
+//! SQLite with a `sqlx::SqlitePool`, or one of their transactions.
 //!
 //! # Trace context
 //!
@@ -61,6 +61,7 @@ use crate::store::{Sql, StoreError};
 pub struct Producer {
     postgres: Sql,
     mysql: Sql,
+    sqlite: Sql,
     trace_source: Option<TraceSource>,
 }
 
@@ -72,6 +73,7 @@ impl std::fmt::Debug for Producer {
         f.debug_struct("Producer")
             .field("postgres", &self.postgres)
             .field("mysql", &self.mysql)
+            .field("sqlite", &self.sqlite)
             .field("trace_source", &self.trace_source.is_some())
             .finish()
     }
@@ -90,6 +92,7 @@ impl Producer {
         Self {
             postgres: crate::store::postgres::outbox::enqueue_statement(tables),
             mysql: crate::store::mysql::outbox::enqueue_statement(tables),
+            sqlite: crate::store::sqlite::outbox::enqueue_statement(tables),
             trace_source: None,
         }
     }
@@ -124,8 +127,8 @@ impl Producer {
 }
 
 /// A database a [`Producer`] enqueues into: [`sqlx::Postgres`] (through
-/// `<outbox>_enqueue()`) or [`sqlx::MySql`] (a plain `INSERT`; the table's
-/// trigger computes the bucket).
+/// `<outbox>_enqueue()`), [`sqlx::MySql`] or [`sqlx::Sqlite`] (a plain
+/// `INSERT`; the table's trigger computes the bucket).
 pub trait ProducerDatabase: sqlx::Database {
     #[doc(hidden)]
     fn enqueue<'a, 'e: 'a, E: sqlx::Executor<'e, Database = Self> + 'a>(
@@ -157,6 +160,20 @@ impl ProducerDatabase for sqlx::MySql {
     ) -> BoxFuture<'a, Result<i64, StoreError>> {
         Box::pin(crate::store::mysql::outbox::enqueue(
             &producer.mysql,
+            exec,
+            message,
+        ))
+    }
+}
+
+impl ProducerDatabase for sqlx::Sqlite {
+    fn enqueue<'a, 'e: 'a, E: sqlx::Executor<'e, Database = Self> + 'a>(
+        producer: &'a Producer,
+        exec: E,
+        message: &'a Message,
+    ) -> BoxFuture<'a, Result<i64, StoreError>> {
+        Box::pin(crate::store::sqlite::outbox::enqueue(
+            &producer.sqlite,
             exec,
             message,
         ))

@@ -216,14 +216,16 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
     );
     assert_eq!(env.count("true").await, 11, "a dry run deletes nothing");
 
-    // While another process holds the purge lock, nothing is deleted.
-    let holder = hold_purge_lock(&env).await;
-    let out = run(&env, &["purge", "--older-than", "7d"]);
-    assert_eq!(
-        stdout(&out).trim(),
-        "deleted 0 published row(s) older than 7d"
-    );
-    holder.commit().await;
+    // While another process holds the purge lock, nothing is deleted
+    // (SQLite has no purge lock: purges take turns on the file's write lock).
+    if let Some(holder) = hold_purge_lock(&env).await {
+        let out = run(&env, &["purge", "--older-than", "7d"]);
+        assert_eq!(
+            stdout(&out).trim(),
+            "deleted 0 published row(s) older than 7d"
+        );
+        holder.commit().await;
+    }
 
     let out = run(&env, &["purge", "--older-than", "7d"]);
     assert_ok(&out);
@@ -253,8 +255,8 @@ async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_loc
 
 /// Holds the lock that lets one process purge at a time, the way another
 /// purging process does, until the returned transaction ends.
-async fn hold_purge_lock(env: &TestEnv) -> Held {
-    match &env.db {
+async fn hold_purge_lock(env: &TestEnv) -> Option<Held> {
+    Some(match &env.db {
         TestDb::Pg(pool) => {
             let mut tx = pool.begin().await.unwrap();
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -272,7 +274,8 @@ async fn hold_purge_lock(env: &TestEnv) -> Held {
                 .unwrap();
             Held::My(tx)
         }
-    }
+        TestDb::Lite(_) => return None,
+    })
 }
 
 /// Repartitioning with rows pending: a fleet drained part of a backlog and

@@ -553,20 +553,22 @@ impl Config {
 
     /// `[database]` and `[amqp]`: URLs, TLS files, pool size, timeouts.
     fn validate_connections(&self) -> Result<(), ConfigError> {
-        validate_url(
-            "database.url",
-            &self.database.url,
-            &["postgres", "postgresql", "mysql", "mariadb"],
-        )?;
-        let postgres = !matches!(
-            self.database.url.split_once("://").map(|(s, _)| s),
-            Some("mysql" | "mariadb")
-        );
+        let scheme = self.database.url.split_once("://").map(|(s, _)| s);
+        if scheme == Some("sqlite") {
+            validate_sqlite_url(&self.database.url)?;
+        } else {
+            validate_url(
+                "database.url",
+                &self.database.url,
+                &["postgres", "postgresql", "mysql", "mariadb", "sqlite"],
+            )?;
+        }
+        let postgres = !matches!(scheme, Some("mysql" | "mariadb" | "sqlite"));
         if let Some(url) = self.database.listen_url() {
             if !postgres {
                 return Err(invalid(
                     "database.listen_url",
-                    "is for PostgreSQL (LISTEN); MySQL/MariaDB has no notifications and workers poll: leave it empty",
+                    "is for PostgreSQL (LISTEN); MySQL/MariaDB and SQLite have no notifications and workers poll: leave it empty",
                 ));
             }
             validate_url("database.listen_url", url, &["postgres", "postgresql"])?;
@@ -574,7 +576,7 @@ impl Config {
         if !postgres && self.database.pooler == Pooler::Transaction {
             return Err(invalid(
                 "database.pooler",
-                "= \"transaction\" is for PostgreSQL behind a pooler such as PgBouncer; with MySQL/MariaDB leave it \"none\"",
+                "= \"transaction\" is for PostgreSQL behind a pooler such as PgBouncer; with MySQL/MariaDB or SQLite leave it \"none\"",
             ));
         }
         positive("database.poll_interval", self.database.poll_interval)?;
@@ -770,6 +772,22 @@ impl Config {
 fn positive(key: &'static str, d: Duration) -> Result<(), ConfigError> {
     if d.is_zero() {
         return Err(invalid(key, "must be longer than 0"));
+    }
+    Ok(())
+}
+
+/// `sqlite://path`: a file (relative to the working directory, or
+/// absolute as `sqlite:///abs/path`), with sqlx's options after `?`.
+fn validate_sqlite_url(raw: &str) -> Result<(), ConfigError> {
+    let path = raw.trim_start_matches("sqlite://");
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    if path.is_empty() || path == ":memory:" {
+        return Err(invalid(
+            "database.url",
+            format!(
+                "({raw}) must name a database file, e.g. sqlite://outbox.db or sqlite:///var/lib/app/outbox.db (the fleet's workers share it)"
+            ),
+        ));
     }
     Ok(())
 }

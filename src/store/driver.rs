@@ -33,6 +33,7 @@ use std::time::Duration;
 use sqlx::error::BoxDynError;
 use sqlx::mysql::MySqlRow;
 use sqlx::postgres::PgRow;
+use sqlx::sqlite::SqliteRow;
 use sqlx::{Database, Executor};
 use uuid::Uuid;
 
@@ -53,13 +54,19 @@ pub enum Arg<'a> {
 
 /// A row type every backend decodes (a `sqlx::FromRow` for each).
 pub trait Record:
-    for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, MySqlRow> + Send + Unpin + 'static
+    for<'r> sqlx::FromRow<'r, PgRow>
+    + for<'r> sqlx::FromRow<'r, MySqlRow>
+    + for<'r> sqlx::FromRow<'r, SqliteRow>
+    + Send
+    + Unpin
+    + 'static
 {
 }
 
 impl<T> Record for T where
     T: for<'r> sqlx::FromRow<'r, PgRow>
         + for<'r> sqlx::FromRow<'r, MySqlRow>
+        + for<'r> sqlx::FromRow<'r, SqliteRow>
         + Send
         + Unpin
         + 'static

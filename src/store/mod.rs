@@ -2,8 +2,8 @@
 //!
 //! [`Store`] is what every other part of outboxd holds: a cheap handle on
 //! one database backend, chosen by the URL's scheme — PostgreSQL
-//! (`postgres://`, `postgresql://`) or MySQL/MariaDB (`mysql://`,
-//! `mariadb://`). It dereferences to [`Backend`], the interface both
+//! (`postgres://`, `postgresql://`), MySQL/MariaDB (`mysql://`,
+//! `mariadb://`) or SQLite (`sqlite://path`). It dereferences to [`Backend`], the interface both
 //! implement, one trait per table so that each backend keeps one module
 //! per table (the way apalis and fang keep a storage per database):
 //!
@@ -17,8 +17,8 @@
 //! | [`repartition`] ([`RepartitionStore`]) | changing the bucket count; rows with unknown labels |
 //! | [`notify`] ([`NotifyStore`]) | wake-up notifications (`NOTIFY`/`LISTEN` where the database has them) |
 //!
-//! and the backends: [`postgres`] and [`mysql`], each with its own SQL,
-//! migrations (`migrations/postgres`, `migrations/mysql`) and pool. Nothing
+//! and the backends: [`postgres`], [`mysql`] and [`sqlite`], each with its
+//! own SQL, migrations (`migrations/<backend>`) and pool. Nothing
 //! above this module knows which backend it talks to.
 //!
 //! What every backend promises, whatever its SQL:
@@ -44,6 +44,7 @@ pub mod partitions;
 pub mod postgres;
 pub mod repartition;
 pub mod schema;
+pub mod sqlite;
 pub mod statements;
 pub mod stats;
 pub mod switchover;
@@ -69,6 +70,7 @@ use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration
 pub enum BackendKind {
     Postgres,
     MySql,
+    Sqlite,
 }
 
 impl BackendKind {
@@ -78,6 +80,7 @@ impl BackendKind {
         match scheme {
             "postgres" | "postgresql" => Some(Self::Postgres),
             "mysql" | "mariadb" => Some(Self::MySql),
+            "sqlite" => Some(Self::Sqlite),
             _ => None,
         }
     }
@@ -87,6 +90,7 @@ impl BackendKind {
         match self {
             BackendKind::Postgres => "PostgreSQL",
             BackendKind::MySql => "MySQL/MariaDB",
+            BackendKind::Sqlite => "SQLite",
         }
     }
 }
@@ -147,6 +151,9 @@ impl Store {
             Some(BackendKind::MySql) => {
                 Arc::new(mysql::MySqlBackend::connect(db, tables, application_name).await?)
             }
+            Some(BackendKind::Sqlite) => {
+                Arc::new(sqlite::SqliteBackend::connect(db, tables, application_name).await?)
+            }
             _ => Arc::new(postgres::PgBackend::connect(db, tables, application_name).await?),
         };
         Ok(Self(backend))
@@ -187,6 +194,12 @@ impl Store {
 
     /// The MySQL/MariaDB backend, when that is what this store talks to.
     pub fn mysql(&self) -> Option<&mysql::MySqlBackend> {
+        let any: &dyn std::any::Any = &*self.0;
+        any.downcast_ref()
+    }
+
+    /// The SQLite backend, when that is what this store talks to.
+    pub fn sqlite(&self) -> Option<&sqlite::SqliteBackend> {
         let any: &dyn std::any::Any = &*self.0;
         any.downcast_ref()
     }
@@ -251,6 +264,7 @@ impl std::fmt::Display for ConnectCause<'_> {
         let link = match backend {
             BackendKind::Postgres => crate::tls::Link::Postgres,
             BackendKind::MySql => crate::tls::Link::MySql,
+            BackendKind::Sqlite => return Cause(error).fmt(f),
         };
         let files = crate::tls::TlsFiles::from_url(link, url);
         match crate::tls::explain(link, url, &files, error) {
@@ -284,7 +298,9 @@ fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
         sqlx::Error::Database(db) => {
-            postgres::is_transient_error(&**db) || mysql::is_transient_error(&**db)
+            postgres::is_transient_error(&**db)
+                || mysql::is_transient_error(&**db)
+                || sqlite::is_transient_error(&**db)
         }
         _ => false,
     }
@@ -367,6 +383,11 @@ impl Sql {
         Sql(render(tables, template).into())
     }
 
+    /// A statement already rendered (a backend's own [`render`]).
+    pub(crate) fn from_rendered(sql: String) -> Self {
+        Sql(sql.into())
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -402,7 +423,7 @@ mod tests {
             ("postgresql://u@h/db", Some(BackendKind::Postgres)),
             ("mysql://u@h/db", Some(BackendKind::MySql)),
             ("mariadb://u@h/db", Some(BackendKind::MySql)),
-            ("sqlite://x", None),
+            ("sqlite://x", Some(BackendKind::Sqlite)),
             ("not a url", None),
         ] {
             assert_eq!(BackendKind::of_url(url), kind, "{url}");

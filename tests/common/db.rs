@@ -5,13 +5,18 @@ use outboxd::producer::{Message, Producer};
 use outboxd::store::StoreError;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Connection, MySql, MySqlConnection, PgConnection, Postgres};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteRow};
+use sqlx::{AssertSqlSafe, Connection, MySql, MySqlConnection, PgConnection, Postgres, Sqlite};
 
-/// A database backend a test runs on.
+/// A database backend a test runs on (`MariaDb` is the product's name,
+/// not a repeat of the enum's).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Db {
     Postgres,
     MariaDb,
+    /// A database file in a directory of this machine's temporary files.
+    Sqlite,
 }
 
 impl Db {
@@ -20,6 +25,7 @@ impl Db {
         match self {
             Db::Postgres => super::admin_url(),
             Db::MariaDb => super::mysql_admin_url(),
+            Db::Sqlite => super::sqlite_dir_url(),
         }
     }
 
@@ -47,6 +53,8 @@ impl Db {
                     .expect("create test database");
                 c.close().await.ok();
             }
+            // The file is created by the first connection.
+            Db::Sqlite => {}
         }
     }
 
@@ -67,6 +75,13 @@ impl Db {
                     let _ = c.close().await;
                 }
             }
+            Db::Sqlite => {
+                let file = super::with_database(admin, name);
+                let file = file.trim_start_matches("sqlite://");
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{file}{suffix}"));
+                }
+            }
         }
     }
 
@@ -74,12 +89,13 @@ impl Db {
         match self {
             Db::Postgres => "postgres",
             Db::MariaDb => "mariadb",
+            Db::Sqlite => "sqlite",
         }
     }
 }
 
 /// Runs a scenario `async fn name(db: Db)` once per backend, as the tests
-/// `postgres::name` and `mariadb::name`.
+/// `postgres::name`, `mariadb::name` and `sqlite::name`.
 #[macro_export]
 macro_rules! on_every_db {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
@@ -100,6 +116,45 @@ macro_rules! on_every_db {
                     super::$name($crate::common::Db::MariaDb).await
                 }
             )*
+        }
+        mod sqlite {
+            $(
+                $(#[$attr])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Db::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
+/// Runs a scenario `async fn name(db: Db)` on the database servers only,
+/// as `server::postgres::name` and `server::mariadb::name`: for what only a
+/// server has (connections to kill, concurrent writers, a transaction held
+/// open beside others' writes). Each use says why SQLite is left out.
+#[macro_export]
+macro_rules! on_server_dbs {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod server {
+            mod postgres {
+                $(
+                    $(#[$attr])*
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        super::super::$name($crate::common::Db::Postgres).await
+                    }
+                )*
+            }
+            mod mariadb {
+                $(
+                    $(#[$attr])*
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        super::super::$name($crate::common::Db::MariaDb).await
+                    }
+                )*
+            }
         }
     };
 }
@@ -122,6 +177,7 @@ pub fn list(ids: &[i64]) -> String {
 pub enum TestDb {
     Pg(PgPool),
     My(MySqlPool),
+    Lite(SqlitePool),
 }
 
 impl TestDb {
@@ -138,6 +194,13 @@ impl TestDb {
                 MySqlPoolOptions::new()
                     .max_connections(max_connections)
                     .connect(url)
+                    .await
+                    .expect("connect to the test database"),
+            ),
+            Db::Sqlite => TestDb::Lite(
+                SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect_with(sqlite_options(url))
                     .await
                     .expect("connect to the test database"),
             ),
@@ -168,6 +231,12 @@ impl TestDb {
                     .connect_lazy(url)
                     .unwrap(),
             ),
+            Db::Sqlite => TestDb::Lite(
+                SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .acquire_timeout(acquire_timeout)
+                    .connect_lazy_with(sqlite_options(url)),
+            ),
         }
     }
 
@@ -175,6 +244,7 @@ impl TestDb {
         match self {
             TestDb::Pg(_) => Db::Postgres,
             TestDb::My(_) => Db::MariaDb,
+            TestDb::Lite(_) => Db::Sqlite,
         }
     }
 
@@ -182,7 +252,7 @@ impl TestDb {
     pub fn pg(&self) -> &PgPool {
         match self {
             TestDb::Pg(p) => p,
-            TestDb::My(_) => panic!("a PostgreSQL-only check on MariaDB"),
+            _ => panic!("a PostgreSQL-only check on {}", self.db().name()),
         }
     }
 
@@ -190,7 +260,7 @@ impl TestDb {
     pub fn my(&self) -> &MySqlPool {
         match self {
             TestDb::My(p) => p,
-            TestDb::Pg(_) => panic!("a MySQL-only check on PostgreSQL"),
+            _ => panic!("a MySQL-only check on {}", self.db().name()),
         }
     }
 
@@ -200,6 +270,7 @@ impl TestDb {
         match self {
             TestDb::Pg(_) => format!("(now() + make_interval(secs => {secs}))"),
             TestDb::My(_) => format!("(UTC_TIMESTAMP(6) + INTERVAL {secs} SECOND)"),
+            TestDb::Lite(_) => format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '{secs} seconds')"),
         }
     }
 
@@ -208,6 +279,7 @@ impl TestDb {
         match self {
             TestDb::Pg(_) => "gen_random_uuid()",
             TestDb::My(_) => "UNHEX(REPLACE(UUID(), '-', ''))",
+            TestDb::Lite(_) => "randomblob(16)",
         }
     }
 
@@ -216,6 +288,7 @@ impl TestDb {
         match self {
             TestDb::Pg(_) => "now()",
             TestDb::My(_) => "UTC_TIMESTAMP(6)",
+            TestDb::Lite(_) => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
         }
     }
 
@@ -225,6 +298,7 @@ impl TestDb {
         match self {
             TestDb::Pg(p) => sqlx::raw_sql(q).execute(p).await.map(|r| r.rows_affected()),
             TestDb::My(p) => sqlx::raw_sql(q).execute(p).await.map(|r| r.rows_affected()),
+            TestDb::Lite(p) => sqlx::raw_sql(q).execute(p).await.map(|r| r.rows_affected()),
         }
         .unwrap_or_else(|e| panic!("{e}: {}", short(sql)))
     }
@@ -232,12 +306,17 @@ impl TestDb {
     /// Every row of a query, as `T` (a tuple or a `FromRow` type).
     pub async fn rows<T>(&self, sql: &str) -> Vec<T>
     where
-        T: for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, MySqlRow> + Send + Unpin,
+        T: for<'r> sqlx::FromRow<'r, PgRow>
+            + for<'r> sqlx::FromRow<'r, MySqlRow>
+            + for<'r> sqlx::FromRow<'r, SqliteRow>
+            + Send
+            + Unpin,
     {
         let q = AssertSqlSafe(sql.to_string());
         match self {
             TestDb::Pg(p) => sqlx::query_as(q).fetch_all(p).await,
             TestDb::My(p) => sqlx::query_as(q).fetch_all(p).await,
+            TestDb::Lite(p) => sqlx::query_as(q).fetch_all(p).await,
         }
         .unwrap_or_else(|e| panic!("{e}: {}", short(sql)))
     }
@@ -245,7 +324,11 @@ impl TestDb {
     /// The one row of a query.
     pub async fn row<T>(&self, sql: &str) -> T
     where
-        T: for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, MySqlRow> + Send + Unpin,
+        T: for<'r> sqlx::FromRow<'r, PgRow>
+            + for<'r> sqlx::FromRow<'r, MySqlRow>
+            + for<'r> sqlx::FromRow<'r, SqliteRow>
+            + Send
+            + Unpin,
     {
         let mut rows = self.rows(sql).await;
         assert_eq!(rows.len(), 1, "{sql}: expected one row");
@@ -259,6 +342,8 @@ impl TestDb {
             + for<'r> sqlx::Decode<'r, Postgres>
             + sqlx::Type<MySql>
             + for<'r> sqlx::Decode<'r, MySql>
+            + sqlx::Type<Sqlite>
+            + for<'r> sqlx::Decode<'r, Sqlite>
             + Send
             + Unpin,
     {
@@ -266,6 +351,7 @@ impl TestDb {
         match self {
             TestDb::Pg(p) => sqlx::query_scalar(q).fetch_all(p).await,
             TestDb::My(p) => sqlx::query_scalar(q).fetch_all(p).await,
+            TestDb::Lite(p) => sqlx::query_scalar(q).fetch_all(p).await,
         }
         .unwrap_or_else(|e| panic!("{e}: {}", short(sql)))
     }
@@ -277,6 +363,8 @@ impl TestDb {
             + for<'r> sqlx::Decode<'r, Postgres>
             + sqlx::Type<MySql>
             + for<'r> sqlx::Decode<'r, MySql>
+            + sqlx::Type<Sqlite>
+            + for<'r> sqlx::Decode<'r, Sqlite>
             + Send
             + Unpin,
     {
@@ -299,6 +387,7 @@ impl TestDb {
         match self {
             TestDb::Pg(p) => producer.enqueue(p, m).await,
             TestDb::My(p) => producer.enqueue(p, m).await,
+            TestDb::Lite(p) => producer.enqueue(p, m).await,
         }
     }
 
@@ -338,6 +427,17 @@ impl TestDb {
                     tx.rollback().await.map_err(commit_err)?;
                 }
             }
+            TestDb::Lite(p) => {
+                let mut tx = p.begin().await.map_err(commit_err)?;
+                for m in messages {
+                    ids.push(producer.enqueue(&mut *tx, m).await?);
+                }
+                if commit {
+                    tx.commit().await.map_err(commit_err)?;
+                } else {
+                    tx.rollback().await.map_err(commit_err)?;
+                }
+            }
         }
         Ok(ids)
     }
@@ -357,6 +457,11 @@ impl TestDb {
                 let mut tx = p.begin().await.unwrap();
                 let id = producer.enqueue(&mut *tx, m).await.unwrap();
                 (id, Held::My(tx))
+            }
+            TestDb::Lite(p) => {
+                let mut tx = p.begin().await.unwrap();
+                let id = producer.enqueue(&mut *tx, m).await.unwrap();
+                (id, Held::Lite(tx))
             }
         }
     }
@@ -410,6 +515,7 @@ impl TestDb {
                 c.close().await.ok();
                 n
             }
+            TestDb::Lite(_) => panic!("SQLite has no connections to terminate: a file, no server"),
         }
     }
 
@@ -417,14 +523,26 @@ impl TestDb {
         match self {
             TestDb::Pg(p) => p.close().await,
             TestDb::My(p) => p.close().await,
+            TestDb::Lite(p) => p.close().await,
         }
     }
+}
+
+/// A test's own connections to an SQLite file: WAL, and a busy timeout
+/// long enough to wait out the workers' writes.
+fn sqlite_options(url: &str) -> sqlx::sqlite::SqliteConnectOptions {
+    use std::str::FromStr;
+    sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .expect("an SQLite URL")
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(30))
 }
 
 /// A transaction held open (see [`TestDb::enqueue_held`]).
 pub enum Held {
     Pg(sqlx::Transaction<'static, Postgres>),
     My(sqlx::Transaction<'static, MySql>),
+    Lite(sqlx::Transaction<'static, Sqlite>),
 }
 
 impl Held {
@@ -432,6 +550,7 @@ impl Held {
         match self {
             Held::Pg(tx) => tx.commit().await.unwrap(),
             Held::My(tx) => tx.commit().await.unwrap(),
+            Held::Lite(tx) => tx.commit().await.unwrap(),
         }
     }
 }

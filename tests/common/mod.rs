@@ -61,6 +61,14 @@ pub fn mysql_admin_url() -> String {
     env_or_explain("OUTBOXD_MYSQL_ADMIN_URL")
 }
 
+/// Where the tests' SQLite files go (the "server" of [`Db::Sqlite`]): a
+/// directory of this machine's temporary files, one file per test.
+pub fn sqlite_dir_url() -> String {
+    let dir = std::env::temp_dir().join("outboxd-sqlite-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    format!("sqlite://{}", dir.display())
+}
+
 /// The shared PgBouncer (transaction mode) in front of the shared
 /// PostgreSQL, as a URL without a database name.
 pub fn pgbouncer_url() -> String {
@@ -72,6 +80,9 @@ pub fn pgbouncer_url() -> String {
 
 /// `url` with another database name.
 pub fn with_database(url: &str, db: &str) -> String {
+    if url.starts_with("sqlite://") {
+        return format!("{}/{db}.db", url.trim_end_matches('/'));
+    }
     let mut url = url::Url::parse(url).unwrap();
     url.set_path(db);
     url.to_string()
@@ -777,6 +788,7 @@ impl PrivateDatabase {
         match db {
             Db::Postgres => Self::Pg(PrivatePostgres::start()),
             Db::MariaDb => Self::My(PrivateMariaDb::start()),
+            Db::Sqlite => panic!("SQLite has no server to start: a database server test"),
         }
     }
 

@@ -1,0 +1,89 @@
+//! SQLite's side of the driver contract (`store::driver`): neutral
+//! arguments bound as SQLite takes them (durations in milliseconds, for
+//! `{now+?}`), statements run on the pool or in a write transaction
+//! (`BEGIN IMMEDIATE`, see [`super`]).
+
+use sqlx::error::BoxDynError;
+use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
+use sqlx::{Arguments, Executor, Sqlite, SqlitePool};
+
+use super::SqliteBackend;
+use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
+use crate::store::statements::{StatsSql, WorkersSql};
+use crate::store::{QueryContext, StoreError};
+
+/// A transaction on SQLite.
+pub type Tx = sqlx::Transaction<'static, Sqlite>;
+
+/// Milliseconds of a duration, for `{now+?}`.
+pub(crate) fn millis(d: std::time::Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl Binding for Sqlite {
+    type Args = SqliteArguments;
+
+    fn arguments(args: &[Arg<'_>]) -> Result<SqliteArguments, BoxDynError> {
+        let mut bound = SqliteArguments::default();
+        for arg in args {
+            match *arg {
+                Arg::Uuid(v) => bound.add(v)?,
+                Arg::Int(v) => bound.add(v)?,
+                Arg::Float(v) => bound.add(v)?,
+                Arg::Bool(v) => bound.add(v)?,
+                Arg::Text(v) => bound.add(v.map(str::to_string))?,
+                Arg::Duration(d) => bound.add(millis(d))?,
+            }
+        }
+        Ok(bound)
+    }
+
+    fn decode<T: Record>(row: &SqliteRow) -> Result<T, sqlx::Error> {
+        T::from_row(row)
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl Runs for &SqlitePool {
+    type Db = Sqlite;
+
+    fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
+        *self
+    }
+}
+
+impl Runs for sqlx::Transaction<'_, Sqlite> {
+    type Db = Sqlite;
+
+    fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
+        &mut **self
+    }
+}
+
+impl Driver for SqliteBackend {
+    type Pool<'a> = &'a SqlitePool;
+    type Tx = Tx;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> Result<Tx, StoreError> {
+        self.write().await
+    }
+
+    async fn commit(tx: Tx) -> Result<(), StoreError> {
+        tx.commit().await.doing("committing")
+    }
+
+    fn workers_sql(&self) -> &WorkersSql {
+        &self.workers
+    }
+
+    fn stats_sql(&self) -> &StatsSql {
+        &self.stats
+    }
+}

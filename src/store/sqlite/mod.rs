@@ -1,0 +1,181 @@
+//! The SQLite backend: one module per table, each with its statements and
+//! its [`super::Backend`] trait implementation, plus the pool ([`pool`]).
+//!
+//! SQLite is one file on one host, written by one writer at a time. What
+//! differs from the server databases, and how the guarantees are kept:
+//!
+//! - **One writer.** Every transaction that reads and then writes starts
+//!   with `BEGIN IMMEDIATE` (it takes the file's write lock first), so the
+//!   rows it read cannot change before it writes: a lease's epoch is never
+//!   handed to two owners, and no transaction has to upgrade a read lock to
+//!   a write lock (SQLite's deadlock). Single writes are one statement. A
+//!   writer that holds the lock longer than the busy timeout
+//!   (`database.query_timeout`) makes statements fail as transient
+//!   (`SQLITE_BUSY`), retried like a lost connection.
+//! - **WAL mode**: readers never wait for the writer nor the writer for
+//!   readers; `synchronous = NORMAL` (a power cut may lose the last
+//!   commits of the relay's own records: at worst rows are published
+//!   again, as after any crash).
+//! - **Ids commit in order.** `AUTOINCREMENT` ids are assigned while the
+//!   inserting transaction holds the write lock, so a lower id always
+//!   commits first; rows are still found by state, never by a high-water
+//!   mark.
+//! - **The fence is in the statement that writes**, as on the other
+//!   backends: records check the bucket's claim token and lease in an
+//!   `EXISTS` on the partitions row.
+//! - **Labels in plain SQL.** A trigger computes each inserted row's bucket
+//!   label with a CRC-32 written in SQL (see the migration), so producers
+//!   in any language insert with a plain `INSERT` and no extension.
+//! - **Time is UTC text** `YYYY-MM-DD HH:MM:SS.SSS` (`{now}` in a
+//!   statement template); durations are bound in milliseconds (`{now+?}`).
+//! - **Lists are one JSON argument** (`IN (SELECT value FROM json_each(?))`).
+//! - **No notifications.** Workers poll adaptively
+//!   ([`crate::relay::wakeups`]); `NOTIFY` is a no-op here.
+
+mod driver;
+pub mod notify;
+pub mod outbox;
+pub mod partitions;
+pub mod pool;
+pub mod repartition;
+pub mod schema;
+pub mod stats;
+pub mod workers;
+
+use futures_util::future::BoxFuture;
+use sqlx::SqlitePool;
+use sqlx::error::DatabaseError;
+use sqlx::sqlite::SqliteError;
+
+use super::{Backend, BackendKind, Sql, StoreError};
+use crate::config::{DatabaseConfig, TablesConfig};
+
+/// The database's time now, as every column holds it.
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+
+/// The database's time now plus a duration parameter (milliseconds, may be
+/// negative).
+const NOW_PLUS: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000.0))";
+
+/// Renders a statement template: the table names (as
+/// [`super::render`]), `{now}` and `{now+?}` (a duration parameter).
+pub(crate) fn render(t: &TablesConfig, template: &str) -> String {
+    super::render(t, template)
+        .replace("{now+?}", NOW_PLUS)
+        .replace("{now}", NOW)
+}
+
+/// [`render`], as a statement.
+pub(crate) fn sql(t: &TablesConfig, template: &str) -> Sql {
+    Sql::from_rendered(render(t, template))
+}
+
+/// Seconds between two times (text columns or `{now}`), as a real.
+pub(crate) fn seconds_between(from: &str, to: &str) -> String {
+    format!("((julianday({to}) - julianday({from})) * 86400.0)")
+}
+
+/// A list argument: its items as one JSON array, for `json_each(?)`.
+pub(crate) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
+    serde_json::to_string(items).expect("a list of ids or labels serializes")
+}
+
+/// A store on SQLite.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    pool: SqlitePool,
+    tables: TablesConfig,
+    outbox: outbox::OutboxSql,
+    partitions: partitions::PartitionsSql,
+    workers: crate::store::statements::WorkersSql,
+    stats: crate::store::statements::StatsSql,
+}
+
+impl SqliteBackend {
+    /// Opens `db.url` (the file, created when missing) and renders every
+    /// statement for `tables`.
+    pub async fn connect(
+        db: &DatabaseConfig,
+        tables: &TablesConfig,
+        _application_name: &str,
+    ) -> Result<Self, StoreError> {
+        let pool = pool::connect(db).await?;
+        Ok(Self {
+            pool,
+            tables: tables.clone(),
+            outbox: outbox::OutboxSql::new(tables),
+            partitions: partitions::PartitionsSql::new(tables),
+            workers: workers::statements(tables),
+            stats: stats::statements(tables),
+        })
+    }
+
+    /// The pool (for tests and tools that run their own SQL).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// A write transaction: `BEGIN IMMEDIATE` (see the module docs).
+    pub(crate) async fn write(&self) -> Result<driver::Tx, StoreError> {
+        use super::QueryContext;
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .doing("starting a write transaction")
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sqlite
+    }
+
+    fn tables(&self) -> &TablesConfig {
+        &self.tables
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        use super::Bounded;
+        Box::pin(async move {
+            sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .bounded("checking that the database answers")
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.pool.close())
+    }
+}
+
+/// True for an SQLite error that retrying later may get past: the file is
+/// locked by another writer (`SQLITE_BUSY`, 5, with its extended codes) or
+/// a table is locked (`SQLITE_LOCKED`, 6).
+pub(crate) fn is_transient_error(db: &dyn DatabaseError) -> bool {
+    let Some(e) = db.try_downcast_ref::<SqliteError>() else {
+        return false;
+    };
+    e.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_render_times_and_tables() {
+        let t = TablesConfig::default();
+        let s = render(&t, "UPDATE {partitions} SET a = {now}, b = {now+?}");
+        assert!(
+            s.starts_with("UPDATE outbox_partitions SET a = strftime("),
+            "{s}"
+        );
+        assert!(s.contains("printf('%+.3f seconds', ? / 1000.0)"), "{s}");
+        assert_eq!(json_list(&["p01", "p02"]), r#"["p01","p02"]"#);
+        assert_eq!(json_list::<i64>(&[]), "[]");
+    }
+}

@@ -1,0 +1,679 @@
+//! SQLite: the `outbox` table's statements (see [`crate::store::outbox`]
+//! for what they promise, and [`super`] for how this backend keeps it).
+//!
+//! A claim is one write transaction: take the bucket's claim under the
+//! lease fence, then read the bucket's ready prefix; with the write lock
+//! held, nothing changes between the two. Records are single `UPDATE`s
+//! whose `WHERE` checks the claim token and the fence on the bucket's row
+//! (`EXISTS`) in the same statement.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value as Json, json};
+use sqlx::{Sqlite, SqliteExecutor};
+use uuid::Uuid;
+
+use super::driver::{Tx, millis};
+use super::{SqliteBackend, json_list, render, seconds_between, sql};
+use crate::config::TablesConfig;
+use crate::partitioner::Partitioner;
+use crate::store::mysql::label_literal;
+use crate::store::outbox::{
+    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
+    MessageDetail, MessageState, MessageSummary, OutboxStore,
+};
+use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
+
+const SUMMARY_COLUMNS: &str =
+    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
+    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
+    length(o.payload) AS payload_bytes";
+
+/// The condition every write of a drainer carries (see the PostgreSQL
+/// backend): the bucket's claim is this drainer's and, in fleet mode, the
+/// lease is the one it drains under. Parameters: bucket, token, owner,
+/// owner, epoch.
+const HELD_CLAIM: &str = "EXISTS (
+        SELECT 1 FROM {partitions} p
+        WHERE p.partition_key = ? AND p.claim_token = ?
+          AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?)))";
+
+/// A claimed row as read, with whether it is ready.
+#[derive(sqlx::FromRow)]
+struct Candidate {
+    #[sqlx(flatten)]
+    row: ClaimedMessage,
+    not_ready: bool,
+}
+
+/// The rendered statements of this module.
+#[derive(Debug)]
+pub struct OutboxSql {
+    tables: TablesConfig,
+    enqueue: Sql,
+    claim_read: Sql,
+    take_claim: Sql,
+    release: Sql,
+    clear_claims: Sql,
+    record_published: Sql,
+    record_failure: Sql,
+    detail: Sql,
+    newest_id: Sql,
+    added_after: Sql,
+}
+
+impl OutboxSql {
+    pub fn new(t: &TablesConfig) -> Self {
+        Self {
+            tables: t.clone(),
+            enqueue: enqueue_statement(t),
+            // The bucket's first unpublished, unparked rows in id order
+            // (the partial pending index), skipping the batch still in
+            // flight. Parameters: bucket, in-flight ids (JSON), limit.
+            claim_read: sql(
+                t,
+                "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                        headers, content_type, payload, attempts, created_at,
+                        available_at > {now} AS not_ready
+                 FROM {outbox} INDEXED BY {outbox}_pending_idx
+                 WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL
+                   AND id NOT IN (SELECT value FROM json_each(?))
+                 ORDER BY id LIMIT ?",
+            ),
+            // Takes (or renews) the bucket's claim, only if no other live
+            // claim holds it and (fleet mode) the lease is the caller's and
+            // valid. A claim lasting longer than the claim TTL was not made
+            // by any worker and is ignored. Parameters: token, ttl, bucket,
+            // token, ttl, owner, owner, epoch.
+            take_claim: sql(
+                t,
+                "UPDATE {partitions} SET claim_token = ?, claimed_until = {now+?}
+                 WHERE partition_key = ?
+                   AND (claim_token IS NULL OR claim_token = ? OR claimed_until <= {now}
+                        OR claimed_until > {now+?})
+                   AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
+                                      AND lease_until > {now}))",
+            ),
+            release: sql(
+                t,
+                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                 WHERE partition_key = ? AND claim_token = ?",
+            ),
+            clear_claims: sql(
+                t,
+                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+                 WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
+                   AND claim_token IS NOT NULL",
+            ),
+            // Parameters: ids (JSON), bucket, then HELD_CLAIM's.
+            record_published: sql(
+                t,
+                &format!(
+                    "UPDATE {{outbox}} SET published_at = {{now}}
+                     WHERE id IN (SELECT value FROM json_each(?)) AND partition_key = ?
+                       AND published_at IS NULL AND {HELD_CLAIM}"
+                ),
+            ),
+            // SQLite's SET expressions all see the row as it was, so the
+            // backoff and the parking use the attempt count before this
+            // failure. Backoff doubles per attempt from the initial delay,
+            // capped. Parameters: backoff max ms, backoff initial ms,
+            // may park, max attempts, max attempts, error, id, bucket, then
+            // HELD_CLAIM's.
+            record_failure: sql(
+                t,
+                &format!(
+                    "UPDATE {{outbox}}
+                     SET available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds',
+                             min(?, ? * (1 << min(attempts, 30))) / 1000.0)),
+                         failed_at = CASE WHEN ? AND ? > 0 AND attempts + 1 >= ? THEN {{now}} END,
+                         last_error = ?,
+                         attempts = attempts + 1
+                     WHERE id = ? AND partition_key = ? AND published_at IS NULL AND {HELD_CLAIM}
+                     RETURNING failed_at IS NOT NULL"
+                ),
+            ),
+            detail: sql(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload
+                     FROM {{outbox}} o WHERE o.id = ?"
+                ),
+            ),
+            newest_id: sql(t, "SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
+            added_after: sql(
+                t,
+                "SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?",
+            ),
+        }
+    }
+
+    fn sql(&self, template: &str) -> String {
+        render(&self.tables, template)
+    }
+
+    async fn record_published<'e, E: SqliteExecutor<'e>>(
+        &self,
+        exec: E,
+        h: Holder<'_>,
+        ids: &[i64],
+    ) -> Result<u64, StoreError> {
+        let q = sqlx::query(self.record_published.q())
+            .bind(json_list(ids))
+            .bind(h.partition_key);
+        Ok(bind_holder(q, h)
+            .execute(exec)
+            .bounded("recording published rows")
+            .await?
+            .rows_affected())
+    }
+}
+
+type Query<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
+
+/// Binds the parameters of [`HELD_CLAIM`].
+fn bind_holder<'q>(q: Query<'q>, h: Holder<'q>) -> Query<'q> {
+    let owner = h.fence.map(|f| f.owner);
+    q.bind(h.partition_key)
+        .bind(h.token.0)
+        .bind(owner)
+        .bind(owner)
+        .bind(h.fence.map(|f| f.epoch))
+}
+
+/// The plain `INSERT` every producer may use: the table's trigger computes
+/// the bucket label; the message id and the timestamps are the columns'
+/// defaults.
+pub(crate) fn enqueue_statement(t: &TablesConfig) -> Sql {
+    sql(
+        t,
+        "INSERT INTO {outbox} (message_key, exchange, routing_key, payload, headers, content_type)
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+}
+
+/// Enqueues one message with `sql` (from [`enqueue_statement`]) on `exec`;
+/// returns its id.
+pub(crate) async fn enqueue<'e, E: SqliteExecutor<'e>>(
+    sql: &Sql,
+    exec: E,
+    m: &Message,
+) -> Result<i64, StoreError> {
+    let done = sqlx::query(sql.q())
+        .bind(&m.message_key)
+        .bind(&m.exchange)
+        .bind(&m.routing_key)
+        .bind(&m.payload)
+        .bind(&m.headers)
+        .bind(m.content_type.as_deref())
+        .execute(exec)
+        .bounded("enqueueing a message")
+        .await?;
+    Ok(done.last_insert_rowid())
+}
+
+#[async_trait]
+impl OutboxStore for SqliteBackend {
+    async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
+        enqueue(&self.outbox.enqueue, &self.pool, message).await
+    }
+
+    async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
+        bounded_op("claiming a batch", async {
+            let mut tx = self.write().await?;
+            let (ttl, fence) = (millis(c.claim_ttl), c.holder.fence);
+            let owner = fence.map(|f| f.owner);
+            let taken = sqlx::query(self.outbox.take_claim.q())
+                .bind(c.holder.token.0)
+                .bind(ttl)
+                .bind(c.holder.partition_key)
+                .bind(c.holder.token.0)
+                .bind(ttl)
+                .bind(owner)
+                .bind(owner)
+                .bind(fence.map(|f| f.epoch))
+                .execute(&mut *tx)
+                .await
+                .doing("claiming a batch")?
+                .rows_affected();
+            if taken != 1 {
+                return Ok(Vec::new());
+            }
+            let rows: Vec<Candidate> = sqlx::query_as(self.outbox.claim_read.q())
+                .bind(c.holder.partition_key)
+                .bind(json_list(c.in_flight))
+                .bind(i64::from(c.limit))
+                .fetch_all(&mut *tx)
+                .await
+                .doing("claiming a batch")?;
+            // The ready prefix: a head waiting for its retry stops it.
+            let ready: Vec<ClaimedMessage> = rows
+                .into_iter()
+                .take_while(|r| !r.not_ready)
+                .map(|r| r.row)
+                .collect();
+            // Nothing to publish: the claim is not taken (rolled back).
+            if !ready.is_empty() {
+                tx.commit().await.doing("claiming a batch")?;
+            }
+            Ok(ready)
+        })
+        .await
+    }
+
+    async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
+        self.outbox.record_published(&self.pool, holder, ids).await
+    }
+
+    async fn record_failure(
+        &self,
+        holder: Holder<'_>,
+        confirmed: &[i64],
+        failure: Option<Failure<'_>>,
+    ) -> Result<FailureRecord, StoreError> {
+        bounded_op("recording a failed publish", async {
+            let mut tx = self.write().await?;
+            let published = if confirmed.is_empty() {
+                0
+            } else {
+                self.outbox
+                    .record_published(&mut *tx, holder, confirmed)
+                    .await?
+            };
+            let parked = match failure {
+                Some(f) => {
+                    let max_attempts = f.policy.max_attempts as i64;
+                    let q = sqlx::query_scalar(self.outbox.record_failure.q())
+                        .bind(f.policy.backoff_max_ms)
+                        .bind(f.policy.backoff_initial_ms)
+                        .bind(f.policy.may_park)
+                        .bind(max_attempts)
+                        .bind(max_attempts)
+                        .bind(f.error)
+                        .bind(f.id)
+                        .bind(holder.partition_key);
+                    let owner = holder.fence.map(|f| f.owner);
+                    q.bind(holder.partition_key)
+                        .bind(holder.token.0)
+                        .bind(owner)
+                        .bind(owner)
+                        .bind(holder.fence.map(|f| f.epoch))
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .doing("recording a failed publish")?
+                }
+                None => None,
+            };
+            tx.commit().await.doing("committing a failure")?;
+            Ok(FailureRecord { published, parked })
+        })
+        .await
+    }
+
+    async fn release_claim(
+        &self,
+        partition_key: &str,
+        token: ClaimToken,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.outbox.release.q())
+            .bind(partition_key)
+            .bind(token.0)
+            .execute(&self.pool)
+            .bounded("releasing a claim")
+            .await?
+            .rows_affected())
+    }
+
+    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
+        Ok(sqlx::query(self.outbox.clear_claims.q())
+            .bind(partition_key)
+            .bind(fence.owner)
+            .bind(fence.epoch)
+            .execute(&self.pool)
+            .bounded("clearing earlier claims")
+            .await?
+            .rows_affected())
+    }
+
+    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
+        let sql = self.outbox.sql(&format!(
+            "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+                    COALESCE({}, 0.0) AS lag_seconds
+             FROM {{partitions}} p
+             LEFT JOIN {{outbox}} h ON h.id = (
+                 SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
+                 WHERE o.partition_key = p.partition_key
+                   AND o.published_at IS NULL AND o.failed_at IS NULL
+                 ORDER BY o.id LIMIT 1)
+             WHERE p.partition_key IN (SELECT value FROM json_each(?))
+             ORDER BY p.partition_key",
+            seconds_between("h.created_at", "{now}")
+        ));
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(json_list(partition_keys))
+            .fetch_all(&self.pool)
+            .bounded("reading bucket heads")
+            .await
+    }
+
+    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
+        let sql = self.outbox.sql(
+            "SELECT p.partition_key FROM {partitions} p
+             WHERE p.partition_key IN (SELECT value FROM json_each(?))
+               AND (SELECT o.available_at FROM {outbox} o INDEXED BY {outbox}_pending_idx
+                    WHERE o.partition_key = p.partition_key
+                      AND o.published_at IS NULL AND o.failed_at IS NULL
+                    ORDER BY o.id LIMIT 1) <= {now}",
+        );
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(json_list(partition_keys))
+            .fetch_all(&self.pool)
+            .bounded("polling for new rows")
+            .await
+    }
+
+    async fn newest_id(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.outbox.newest_id.q())
+            .fetch_one(&self.pool)
+            .bounded("reading the newest id")
+            .await
+    }
+
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
+        sqlx::query_as(self.outbox.added_after.q())
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .bounded("probing for new rows")
+            .await
+    }
+
+    async fn list_messages(
+        &self,
+        state: MessageState,
+        message_key: Option<&str>,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let key = if message_key.is_some() {
+            "o.message_key = ? AND "
+        } else {
+            ""
+        };
+        let sql = match state {
+            // Oldest first, across buckets: a merge of per-bucket range
+            // scans of the pending index (bounded by buckets × limit rows).
+            MessageState::Pending if message_key.is_none() => {
+                let labels: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
+                    self.outbox
+                        .sql("SELECT partition_key FROM {partitions} ORDER BY partition_key"),
+                ))
+                .fetch_all(&self.pool)
+                .bounded("listing messages")
+                .await?;
+                let parts: Vec<String> = labels
+                    .iter()
+                    .filter_map(|l| label_literal(l))
+                    .map(|l| {
+                        format!(
+                            "SELECT * FROM (SELECT {SUMMARY_COLUMNS}
+                              FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
+                              WHERE o.partition_key = {l} AND o.published_at IS NULL
+                                AND o.failed_at IS NULL AND o.id > {cursor}
+                              ORDER BY o.id LIMIT {limit})",
+                            cursor = cursor.unwrap_or(0),
+                        )
+                    })
+                    .collect();
+                if parts.is_empty() {
+                    return Ok(Vec::new());
+                }
+                format!(
+                    "SELECT * FROM ({}) ORDER BY id LIMIT {limit}",
+                    parts.join(" UNION ALL ")
+                )
+            }
+            MessageState::Pending => format!(
+                "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                 WHERE {key}o.published_at IS NULL AND o.failed_at IS NULL AND o.id > {}
+                 ORDER BY o.id LIMIT {limit}",
+                cursor.unwrap_or(0)
+            ),
+            MessageState::Published | MessageState::Failed => {
+                let predicate = if state == MessageState::Published {
+                    "o.published_at IS NOT NULL"
+                } else {
+                    "o.failed_at IS NOT NULL"
+                };
+                format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE {key}{predicate} AND o.id < {}
+                     ORDER BY o.id DESC LIMIT {limit}",
+                    cursor.unwrap_or(i64::MAX)
+                )
+            }
+        };
+        // Cursor and limit are numbers, spliced as literals.
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(&sql)));
+        if let Some(key) = message_key {
+            q = q.bind(key);
+        }
+        q.fetch_all(&self.pool).bounded("listing messages").await
+    }
+
+    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
+        sqlx::query_as(self.outbox.detail.q())
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .bounded("reading a message")
+            .await
+    }
+
+    async fn parked_in_bucket(
+        &self,
+        partition_key: &str,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let sql = self.outbox.sql(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+             WHERE o.partition_key = ? AND o.failed_at IS NOT NULL
+             ORDER BY o.id LIMIT ?"
+        ));
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(partition_key)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .bounded("listing parked messages")
+            .await
+    }
+
+    async fn drop_parked(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        bounded_op("dropping parked messages", async {
+            let mut tx = self.write().await?;
+            let dropped: Vec<Dropped> = sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(
+                "DELETE FROM {outbox}
+                 WHERE id IN (SELECT value FROM json_each(?))
+                   AND failed_at IS NOT NULL AND published_at IS NULL
+                 RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
+                           attempts, last_error",
+            )))
+            .bind(json_list(ids))
+            .fetch_all(&mut *tx)
+            .await
+            .doing("dropping parked messages")?;
+            if dropped.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut gone: Vec<i64> = dropped.iter().map(|d| d.id).collect();
+            gone.sort_unstable();
+            // Never silent: what was dropped, by whom and why.
+            let detail = json!({
+                "reason": reason,
+                "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
+            });
+            audit(&self.outbox, &mut tx, actor, "drop", &detail).await?;
+            tx.commit().await.doing("committing the drop")?;
+            Ok(gone)
+        })
+        .await
+    }
+
+    async fn requeue(
+        &self,
+        ids: &[i64],
+        buckets: &[String],
+        all: bool,
+        actor: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        bounded_op("requeueing messages", async {
+            let mut tx = self.write().await?;
+            let rows: Vec<(i64, String, bool)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(
+                    "SELECT o.id, o.message_key,
+                            EXISTS (SELECT 1 FROM {partitions} p
+                                    WHERE p.partition_key = o.partition_key) AS known
+                     FROM {outbox} o
+                     WHERE o.failed_at IS NOT NULL AND o.published_at IS NULL
+                       AND (o.id IN (SELECT value FROM json_each(?))
+                            OR o.partition_key IN (SELECT value FROM json_each(?)) OR ?)
+                     ORDER BY o.id",
+                )))
+                .bind(json_list(ids))
+                .bind(json_list(buckets))
+                .bind(all)
+                .fetch_all(&mut *tx)
+                .await
+                .doing("requeueing messages")?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            // A requeued row keeps its id, so it is again ahead of every
+            // later pending row of its bucket; one parked for an unknown
+            // bucket label gets its key's label.
+            let count: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(
+                self.outbox
+                    .sql("SELECT partition_count FROM {outbox}_settings"),
+            ))
+            .fetch_one(&mut *tx)
+            .await
+            .doing("reading partition_count")?;
+            let partitioner = Partitioner::new(count as u32);
+            let update = self.outbox.sql(
+                "UPDATE {outbox}
+                 SET failed_at = NULL, attempts = 0, available_at = {now},
+                     partition_key = COALESCE(?, partition_key)
+                 WHERE id = ?",
+            );
+            for (id, key, known) in &rows {
+                let label = (!known).then(|| partitioner.label_for(key));
+                sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+                    .bind(label)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .doing("requeueing messages")?;
+            }
+            let requeued: Vec<i64> = rows.iter().map(|r| r.0).collect();
+            let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
+            audit(&self.outbox, &mut tx, actor, "requeue", &detail).await?;
+            tx.commit().await.doing("committing the requeue")?;
+            Ok(requeued)
+        })
+        .await
+    }
+
+    async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
+        // One writer at a time: purges by several workers take turns.
+        sqlx::query(sqlx::AssertSqlSafe(self.outbox.sql(
+            "DELETE FROM {outbox} WHERE id IN (
+                 SELECT id FROM {outbox} INDEXED BY {outbox}_published_idx
+                 WHERE published_at IS NOT NULL
+                   AND published_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                               printf('%+.3f seconds', -? / 1000.0))
+                 ORDER BY published_at LIMIT ?)",
+        )))
+        .bind(millis(older_than))
+        .bind(limit)
+        .execute(&self.pool)
+        .bounded("purging published rows")
+        .await
+        .map(|done| done.rows_affected())
+    }
+
+    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(self.outbox.sql(
+            "SELECT COUNT(*) FROM {outbox}
+             WHERE published_at IS NOT NULL
+               AND published_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                           printf('%+.3f seconds', -? / 1000.0))",
+        )))
+        .bind(millis(older_than))
+        .fetch_one(&self.pool)
+        .await
+        .doing("counting purgeable rows")
+    }
+
+    /// `PRAGMA optimize` (fresh statistics where they matter) and a WAL
+    /// checkpoint; the freed pages are reused by later inserts (a `VACUUM`
+    /// would rewrite the whole file under the write lock).
+    async fn tidy_after_purge(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql("PRAGMA optimize; PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&self.pool)
+            .await
+            .doing("tidying the database file")?;
+        Ok(())
+    }
+}
+
+/// Writes an operator action to `<outbox>_audit`.
+async fn audit(
+    sql: &OutboxSql,
+    tx: &mut Tx,
+    actor: &str,
+    action: &str,
+    detail: &Json,
+) -> Result<(), StoreError> {
+    sqlx::query(sqlx::AssertSqlSafe(sql.sql(
+        "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
+    )))
+    .bind(actor)
+    .bind(action)
+    .bind(detail)
+    .execute(&mut **tx)
+    .await
+    .doing("writing the audit record")?;
+    Ok(())
+}
+
+/// A dropped row, as the audit record keeps it.
+#[derive(sqlx::FromRow)]
+struct Dropped {
+    id: i64,
+    message_id: Uuid,
+    partition_key: String,
+    message_key: String,
+    exchange: String,
+    routing_key: String,
+    attempts: i32,
+    last_error: Option<String>,
+}
+
+impl Dropped {
+    fn to_json(&self) -> Json {
+        json!({
+            "id": self.id, "message_id": self.message_id, "partition_key": self.partition_key,
+            "message_key": self.message_key, "exchange": self.exchange,
+            "routing_key": self.routing_key, "attempts": self.attempts,
+            "last_error": self.last_error,
+        })
+    }
+}
