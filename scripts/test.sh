@@ -19,6 +19,7 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # The package test (tests/package.rs): dpkg -i needs the package's dependency.
 command -v adduser >/dev/null 2>&1 || need+=(adduser)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: apt-get install ${need[*]}" >&2
@@ -51,6 +52,8 @@ mysql_cli=(mariadb --no-defaults -h 127.0.0.1 -P "${OUTBOXD_MYSQL_PORT:-53306}" 
   FROM information_schema.SCHEMATA WHERE SCHEMA_NAME LIKE 't\\_%'" | "${mysql_cli[@]}"
 
 # Failures print their message; set RUST_BACKTRACE=1 for backtraces.
+# SQLite test files of earlier runs (a failed test keeps its file).
+rm -rf "${TMPDIR:-/tmp}/outboxd-sqlite-tests"
 export RUST_BACKTRACE=${RUST_BACKTRACE:-0}
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"

@@ -862,9 +862,12 @@ on_every_db!(
     the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents,
     sigkill_a_random_worker_every_few_seconds_loses_nothing,
     rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing,
-    the_database_crashed_and_restarted_during_a_drain_loses_nothing,
     a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order,
     scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket,
     corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl,
     a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clear_errors,
 );
+
+// A crash of the database server: SQLite has no server (a file; a worker
+// that loses its host loses the file with it).
+on_server_dbs!(the_database_crashed_and_restarted_during_a_drain_loses_nothing);

@@ -466,6 +466,20 @@ impl TestDb {
         }
     }
 
+    /// SQLite: takes the file's write lock (`BEGIN IMMEDIATE`) until the
+    /// returned transaction ends, the way any other writer does. `None` on
+    /// the servers, which have no such lock.
+    pub async fn hold_write_lock(&self) -> Option<Held> {
+        match self {
+            TestDb::Lite(p) => Some(Held::Lite(
+                p.begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .expect("take the write lock"),
+            )),
+            _ => None,
+        }
+    }
+
     /// Terminates every connection of the `outboxd work` processes `pids`
     /// to test database `name` (from the server's admin URL `admin`);
     /// returns how many. PostgreSQL knows them by application name; MariaDB
