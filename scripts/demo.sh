@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The demo: private PostgreSQL (or MariaDB with DEMO_DB=mariadb) and
-# RabbitMQ, the schema, a producer writing
+# The demo: private PostgreSQL (or MariaDB with DEMO_DB=mariadb, or an
+# SQLite file with DEMO_DB=sqlite) and RabbitMQ, the schema, a producer writing
 # orders for 200 keys, a fleet of DEMO_WORKERS relay workers (default 3)
 # sharing the 16 buckets through leases, and a consumer that checks per-key
 # order, with the dashboard on http://127.0.0.1:8080/outbox/ (DEMO_UI=ADDR
@@ -11,11 +11,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-eval "$(bash scripts/services.sh up)"
 case "${DEMO_DB:-postgres}" in
-  postgres) ;;
-  mariadb | mysql) export DATABASE_URL=$OUTBOXD_MYSQL_URL ;;
-  *) echo "demo: DEMO_DB is postgres or mariadb, not '$DEMO_DB'" >&2; exit 2 ;;
+  postgres) eval "$(bash scripts/services.sh up)" ;;
+  mariadb | mysql) eval "$(bash scripts/services.sh up)"; export DATABASE_URL=$OUTBOXD_MYSQL_URL ;;
+  # One file beside the other demo state; RabbitMQ is the only service.
+  sqlite)
+    eval "$(bash scripts/services.sh broker)"
+    export DATABASE_URL="sqlite://$OUTBOXD_STATE_DIR/demo.db"
+    ;;
+  *) echo "demo: DEMO_DB is postgres, mariadb or sqlite, not '$DEMO_DB'" >&2; exit 2 ;;
 esac
 echo "building outboxd (release; the first build takes a few minutes)..." >&2
 cargo build --release --quiet
@@ -51,7 +55,11 @@ stop() {
   else
     echo "demo: stopped with $left message(s) still pending in the outbox (published by the next run)" >&2
   fi
-  echo "demo: still running: the private PostgreSQL, PgBouncer, MariaDB and RabbitMQ (state in $OUTBOXD_STATE_DIR); scripts/services.sh down stops them" >&2
+  if [ "${DEMO_DB:-postgres}" = sqlite ]; then
+    echo "demo: still running: the private RabbitMQ (state and demo.db in $OUTBOXD_STATE_DIR); scripts/services.sh down stops it" >&2
+  else
+    echo "demo: still running: the private PostgreSQL, PgBouncer, MariaDB and RabbitMQ (state in $OUTBOXD_STATE_DIR); scripts/services.sh down stops them" >&2
+  fi
 }
 trap stop EXIT
 trap 'exit 0' INT TERM

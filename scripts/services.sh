@@ -6,6 +6,7 @@
 # service.
 #
 #   scripts/services.sh up                 start them (idempotent); prints the env to use
+#   scripts/services.sh broker             start only RabbitMQ (idempotent); prints the env
 #   scripts/services.sh down               stop them (and epmd, when no other node uses it)
 #   scripts/services.sh env                print DATABASE_URL / AMQP_URL exports
 #   scripts/services.sh rabbit start DIR PORT   a further private broker (tests that restart one)
@@ -474,6 +475,12 @@ case "$cmd" in
     mariadb_stop
     pg_stop fast
     ;;
+  # RabbitMQ alone (the demo on SQLite needs no database server).
+  broker)
+    [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
+    rabbit_start "$state/rabbit" "$amqp_port"
+    print_env | tee "$state/env"
+    ;;
   env) print_env ;;
   pg)
     case "${2:-}" in
@@ -516,5 +523,5 @@ case "$cmd" in
       *) log "usage: $0 rabbit start|stop|ctl|tls-reload DIR PORT [rabbitmqctl args]"; exit 2 ;;
     esac
     ;;
-  *) log "usage: $0 up|down|env|pg|mariadb|pgbouncer|rabbit"; exit 2 ;;
+  *) log "usage: $0 up|broker|down|env|pg|mariadb|pgbouncer|rabbit"; exit 2 ;;
 esac

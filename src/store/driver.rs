@@ -12,10 +12,11 @@
 //!
 //! - the **dialect**: the SQL text of each statement;
 //! - the **time unit** of a duration argument ([`Arg::Duration`]: each
-//!   backend binds it as its SQL expects, PostgreSQL milliseconds,
-//!   MySQL/MariaDB microseconds);
+//!   backend binds it as its SQL expects, PostgreSQL and SQLite
+//!   milliseconds, MySQL/MariaDB microseconds);
 //! - the **locking statement** a flow starts its transaction with (e.g.
-//!   serialising registrations: an advisory lock or a locked row);
+//!   serialising registrations: an advisory lock, a locked row, or nothing
+//!   where the transaction itself holds the only write lock);
 //! - **error classification** (`StoreError::is_transient`), per backend.
 //!
 //! To add a backend: implement [`Binding`] for its sqlx database (how each
