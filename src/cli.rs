@@ -17,7 +17,7 @@ use crate::partitioner::Partitioner;
 use crate::store::{Store, schema};
 use crate::{demo, worker};
 
-/// outboxd: relays a transactional outbox (PostgreSQL, MySQL/MariaDB) to RabbitMQ, in order.
+/// outboxd: relays a transactional outbox (PostgreSQL, MySQL/MariaDB, SQLite) to RabbitMQ, in order.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about, long_about = None)]
 pub struct Cli {

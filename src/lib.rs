@@ -2,7 +2,7 @@
 //!
 //! A transactional-outbox relay. Applications insert the messages they must
 //! publish into an `outbox` table in the same transaction as their business
-//! data, on PostgreSQL or MySQL/MariaDB; outboxd workers drain that table to
+//! data, on PostgreSQL, MySQL/MariaDB or SQLite; outboxd workers drain that table to
 //! RabbitMQ with publisher confirms, in `id` order per bucket, at least
 //! once, and record what was published. The guarantees, the lease and fencing argument, the schema and
 //! what can still reorder are in `docs/DESIGN.md`; how to run it is in the
@@ -14,7 +14,8 @@
 //! - [`config`]: the typed configuration, its defaults and validation.
 //! - [`partitioner`]: message key → bucket (CRC-32), pure.
 //! - [`store`]: all SQL, behind one backend-neutral interface (a trait per
-//!   table); `store::postgres` and `store::mysql` implement it.
+//!   table); `store::postgres`, `store::mysql` and `store::sqlite`
+//!   implement it.
 //! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
 //! - [`lease`]: a granted lease, its fence and how long it is trusted.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.

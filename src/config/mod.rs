@@ -154,8 +154,8 @@ impl Default for DashboardConfig {
     }
 }
 
-/// `[database]`: the database holding the outbox, PostgreSQL or
-/// MySQL/MariaDB (by the URL's scheme).
+/// `[database]`: the database holding the outbox, PostgreSQL,
+/// MySQL/MariaDB or SQLite (by the URL's scheme).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
@@ -1099,11 +1099,31 @@ mod tests {
         assert!(e.starts_with("database.pooler"), "{e}");
         let e = problem("[database]\nurl = \"mysql://u@h/app\"\nlisten_url = \"postgres://h/app\"");
         assert!(e.starts_with("database.listen_url"), "{e}");
-        let e = problem("[database]\nurl = \"sqlite://h/app\"");
+        let e = problem("[database]\nurl = \"oracle://h/app\"");
         assert!(
-            e.contains("expected postgres or postgresql or mysql or mariadb"),
+            e.contains("expected postgres or postgresql or mysql or mariadb or sqlite"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn sqlite_urls_name_a_file_and_postgresql_only_keys_are_refused_with_them() {
+        for url in [
+            "sqlite://outbox.db",
+            "sqlite:///var/lib/app/app.db",
+            "sqlite://app.db?mode=rw",
+        ] {
+            let c = Config::from_toml(&format!("[database]\nurl = \"{url}\"")).unwrap();
+            c.validate().unwrap();
+        }
+        for url in ["sqlite://", "sqlite://:memory:", "sqlite://?mode=rw"] {
+            let e = problem(&format!("[database]\nurl = \"{url}\""));
+            assert!(e.contains("must name a database file"), "{url}: {e}");
+        }
+        let e = problem("[database]\nurl = \"sqlite://app.db\"\npooler = \"transaction\"");
+        assert!(e.starts_with("database.pooler"), "{e}");
+        let e = problem("[database]\nurl = \"sqlite://app.db\"\nlisten_url = \"postgres://h/app\"");
+        assert!(e.starts_with("database.listen_url"), "{e}");
     }
 
     /// `with_env` over `config` with `vars`.

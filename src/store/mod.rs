@@ -49,6 +49,7 @@ pub mod statements;
 pub mod stats;
 pub mod switchover;
 pub(crate) mod trim;
+pub(crate) mod views;
 pub mod workers;
 
 use std::sync::Arc;
@@ -399,6 +400,16 @@ impl Sql {
     }
 }
 
+/// A bucket label as an SQL literal. Labels are `p` and digits (checked by
+/// the partitioner and the schema), so quoting is all it needs; anything
+/// else is refused rather than spliced.
+pub(crate) fn label_literal(label: &str) -> Option<String> {
+    let ok = label.len() <= 8
+        && label.starts_with('p')
+        && label[1..].bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| format!("'{label}'"))
+}
+
 /// A URL as errors show it: redacted, and saying so when it is the built-in
 /// default (nothing configured it).
 pub(crate) fn shown(url: &str) -> String {
@@ -428,5 +439,12 @@ mod tests {
         ] {
             assert_eq!(BackendKind::of_url(url), kind, "{url}");
         }
+    }
+
+    #[test]
+    fn only_bucket_labels_become_literals() {
+        assert_eq!(label_literal("p07").as_deref(), Some("'p07'"));
+        assert_eq!(label_literal("p07'; DROP TABLE x; --"), None);
+        assert_eq!(label_literal("x07"), None);
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 use uuid::Uuid;
 
 use super::StoreError;
@@ -346,4 +346,29 @@ pub trait OutboxStore {
     /// (PostgreSQL: `VACUUM (ANALYZE)`; MySQL: `ANALYZE TABLE`). Slow, and
     /// its failure is not fatal.
     async fn tidy_after_purge(&self) -> Result<(), StoreError>;
+}
+
+/// A dropped row, as the audit record keeps it (the backends that read
+/// it back before the delete).
+#[derive(sqlx::FromRow)]
+pub(crate) struct Dropped {
+    pub id: i64,
+    message_id: Uuid,
+    partition_key: String,
+    message_key: String,
+    exchange: String,
+    routing_key: String,
+    attempts: i32,
+    last_error: Option<String>,
+}
+
+impl Dropped {
+    pub(crate) fn to_json(&self) -> Json {
+        json!({
+            "id": self.id, "message_id": self.message_id, "partition_key": self.partition_key,
+            "message_key": self.message_key, "exchange": self.exchange,
+            "routing_key": self.routing_key, "attempts": self.attempts,
+            "last_error": self.last_error,
+        })
+    }
 }

@@ -158,31 +158,23 @@ pub(crate) fn placeholders(n: usize) -> String {
     s
 }
 
+/// How MySQL reads the outbox through its pending index (which holds the
+/// parked rows too: `(partition_key, published_at, failed_at, id)`).
+pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dialect {
+    pending: "{outbox} o FORCE INDEX ({outbox}_pending_idx)",
+    parked: "{outbox} o FORCE INDEX ({outbox}_pending_idx)",
+};
+
 /// Microseconds of a duration, for `INTERVAL ? MICROSECOND`.
 pub(crate) fn micros(d: std::time::Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
 }
 
-/// A bucket label as an SQL literal. Labels are `p` and digits (checked by
-/// the partitioner and a CHECK constraint), so quoting is all it needs;
-/// anything else is refused rather than spliced.
-pub(crate) fn label_literal(label: &str) -> Option<String> {
-    let ok = label.len() <= 8
-        && label.starts_with('p')
-        && label[1..].bytes().all(|b| b.is_ascii_digit());
-    ok.then(|| format!("'{label}'"))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn placeholders_and_labels() {
-        assert_eq!(placeholders(0), "NULL");
-        assert_eq!(placeholders(3), "?, ?, ?");
-        assert_eq!(label_literal("p07").as_deref(), Some("'p07'"));
-        assert_eq!(label_literal("p07'; DROP TABLE x; --"), None);
-        assert_eq!(label_literal("x07"), None);
+    fn placeholders() {
+        assert_eq!(super::placeholders(0), "NULL");
+        assert_eq!(super::placeholders(3), "?, ?, ?");
     }
 }

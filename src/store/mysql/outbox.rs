@@ -14,20 +14,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value as Json, json};
 use sqlx::{MySql, MySqlExecutor};
-use uuid::Uuid;
 
-use super::{MySqlBackend, label_literal, micros, placeholders};
+use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
-    MessageDetail, MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimToken, ClaimedMessage, Dropped, Failure, FailureRecord, Fence, Holder,
+    Message, MessageDetail, MessageState, MessageSummary, OutboxStore,
 };
+use crate::store::views::{self, SUMMARY_COLUMNS};
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
-
-const SUMMARY_COLUMNS: &str =
-    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
-    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
-    LENGTH(o.payload) AS payload_bytes";
 
 /// The condition every write of a drainer carries (see the PostgreSQL
 /// backend): the bucket's claim is this drainer's and, in fleet mode, the
@@ -377,69 +372,8 @@ impl OutboxStore for MySqlBackend {
         cursor: Option<i64>,
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StoreError> {
-        let key = if message_key.is_some() {
-            "o.message_key = ? AND "
-        } else {
-            ""
-        };
-        let sql = match state {
-            // Oldest first, across buckets: a merge of per-bucket range
-            // scans of the pending index (bounded by buckets × limit rows).
-            MessageState::Pending if message_key.is_none() => {
-                let labels: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
-                    self.outbox
-                        .sql("SELECT partition_key FROM {partitions} ORDER BY partition_key"),
-                ))
-                .fetch_all(&self.pool)
-                .bounded("listing messages")
-                .await?;
-                let parts: Vec<String> = labels
-                    .iter()
-                    .filter_map(|l| label_literal(l))
-                    .map(|l| {
-                        format!(
-                            "(SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
-                              WHERE o.partition_key = {l} AND o.published_at IS NULL
-                                AND o.failed_at IS NULL AND o.id > {cursor}
-                              ORDER BY o.id LIMIT {limit})",
-                            cursor = cursor.unwrap_or(0),
-                        )
-                    })
-                    .collect();
-                if parts.is_empty() {
-                    return Ok(Vec::new());
-                }
-                format!(
-                    "SELECT * FROM ({}) m ORDER BY m.id LIMIT {limit}",
-                    parts.join(" UNION ALL ")
-                )
-            }
-            MessageState::Pending => format!(
-                "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                 WHERE {key}o.published_at IS NULL AND o.failed_at IS NULL AND o.id > {}
-                 ORDER BY o.id LIMIT {limit}",
-                cursor.unwrap_or(0)
-            ),
-            MessageState::Published | MessageState::Failed => {
-                let predicate = if state == MessageState::Published {
-                    "o.published_at IS NOT NULL"
-                } else {
-                    "o.failed_at IS NOT NULL"
-                };
-                format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE {key}{predicate} AND o.id < {}
-                     ORDER BY o.id DESC LIMIT {limit}",
-                    cursor.unwrap_or(i64::MAX)
-                )
-            }
-        };
-        // Cursor and limit are numbers, spliced as literals.
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(&sql)));
-        if let Some(key) = message_key {
-            q = q.bind(key);
-        }
-        q.fetch_all(&self.pool).bounded("listing messages").await
+        let t = &self.tables;
+        views::list_messages(self, t, VIEWS, state, message_key, cursor, limit).await
     }
 
     async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
@@ -708,28 +642,4 @@ async fn audit(
     .await
     .doing("writing the audit record")?;
     Ok(())
-}
-
-/// A dropped row, as the audit record keeps it.
-#[derive(sqlx::FromRow)]
-struct Dropped {
-    id: i64,
-    message_id: Uuid,
-    partition_key: String,
-    message_key: String,
-    exchange: String,
-    routing_key: String,
-    attempts: i32,
-    last_error: Option<String>,
-}
-
-impl Dropped {
-    fn to_json(&self) -> Json {
-        json!({
-            "id": self.id, "message_id": self.message_id, "partition_key": self.partition_key,
-            "message_key": self.message_key, "exchange": self.exchange,
-            "routing_key": self.routing_key, "attempts": self.attempts,
-            "last_error": self.last_error,
-        })
-    }
 }

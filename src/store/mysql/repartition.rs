@@ -13,14 +13,14 @@ use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use super::driver::Tx;
-use super::{MySqlBackend, label_literal, placeholders};
+use super::{MySqlBackend, placeholders};
 use crate::partitioner::Partitioner;
 use crate::store::driver::Statements;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore, unknown_label_error,
 };
 use crate::store::workers;
-use crate::store::{QueryContext, StoreError, render};
+use crate::store::{QueryContext, StoreError, label_literal, render};
 
 #[async_trait]
 impl RepartitionStore for MySqlBackend {

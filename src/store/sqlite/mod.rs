@@ -75,6 +75,12 @@ pub(crate) fn seconds_between(from: &str, to: &str) -> String {
     format!("((julianday({to}) - julianday({from})) * 86400.0)")
 }
 
+/// How SQLite reads the outbox through its partial indexes.
+pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dialect {
+    pending: "{outbox} o INDEXED BY {outbox}_pending_idx",
+    parked: "{outbox} o INDEXED BY {outbox}_failed_idx",
+};
+
 /// A list argument: its items as one JSON array, for `json_each(?)`.
 pub(crate) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
     serde_json::to_string(items).expect("a list of ids or labels serializes")

@@ -14,12 +14,12 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::driver::{Tx, millis};
-use super::{SqliteBackend, json_list, render, seconds_between, sql};
+use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
-use crate::store::mysql::label_literal;
 use crate::store::partitions::{
     Acquired, BucketView, LeaseEvent, LeaseRow, PartitionStore, acquire_reason,
 };
+use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
 
 /// `(partition_key, lease_epoch)` is one of the held pairs (parameter: the
@@ -32,6 +32,8 @@ const HELD: &str = "(partition_key, lease_epoch) IN (
 pub struct PartitionsSql {
     tables: TablesConfig,
     leases: Sql,
+    /// Every bucket's lease and head, as `views::LeaseLine`.
+    overview_lines: Sql,
     acquirable: Sql,
     acquire: Sql,
     renew: Sql,
@@ -52,6 +54,27 @@ impl PartitionsSql {
                 "SELECT partition_key, lease_owner, lease_until, lease_epoch,
                         COALESCE(lease_until > {now}, 0) AS valid
                  FROM {partitions} ORDER BY partition_key",
+            ),
+            overview_lines: sql(
+                t,
+                &format!(
+                    "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
+                            {ttl} AS lease_ttl_seconds,
+                            h.id AS head_id,
+                            COALESCE({lag}, 0.0) AS lag_seconds,
+                            h.attempts AS head_attempts,
+                            CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
+                            CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
+                     FROM {{partitions}} p
+                     LEFT JOIN {{outbox}} h ON h.id = (
+                         SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
+                         WHERE o.partition_key = p.partition_key
+                           AND o.published_at IS NULL AND o.failed_at IS NULL
+                         ORDER BY o.id LIMIT 1)
+                     ORDER BY p.partition_key",
+                    ttl = seconds_between("{now}", "p.lease_until"),
+                    lag = seconds_between("h.created_at", "{now}"),
+                ),
             ),
             // Free or expired. Parameters: wanted labels (JSON).
             acquirable: sql(
@@ -329,79 +352,9 @@ impl PartitionStore for SqliteBackend {
     }
 
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
-        let p = &self.partitions;
-        bounded_op("reading the bucket overview", async {
-            let rows: Vec<LeaseLine> = sqlx::query_as(sqlx::AssertSqlSafe(p.sql(&format!(
-                "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
-                        {ttl} AS lease_ttl_seconds,
-                        h.id AS head_id,
-                        COALESCE({lag}, 0.0) AS lag_seconds,
-                        h.attempts AS head_attempts,
-                        CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
-                        CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
-                 FROM {{partitions}} p
-                 LEFT JOIN {{outbox}} h ON h.id = (
-                     SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
-                     WHERE o.partition_key = p.partition_key
-                       AND o.published_at IS NULL AND o.failed_at IS NULL
-                     ORDER BY o.id LIMIT 1)
-                 ORDER BY p.partition_key",
-                ttl = seconds_between("{now}", "p.lease_until"),
-                lag = seconds_between("h.created_at", "{now}"),
-            ))))
-            .fetch_all(&self.pool)
-            .await
-            .doing("reading the bucket overview")?;
-            // Every count is capped (LIMIT inside), so the cost is bounded
-            // by buckets × cap whatever the table size.
-            let counts: Vec<String> = rows
-                .iter()
-                .filter_map(|r| label_literal(&r.partition_key))
-                .map(|l| {
-                    format!(
-                        "SELECT {l} AS partition_key,
-                            (SELECT COUNT(*) FROM (SELECT 1 FROM {{outbox}} INDEXED BY {{outbox}}_pending_idx
-                               WHERE partition_key = {l} AND published_at IS NULL
-                                 AND failed_at IS NULL LIMIT {cap})) AS pending,
-                            (SELECT COUNT(*) FROM (SELECT 1 FROM {{outbox}} INDEXED BY {{outbox}}_failed_idx
-                               WHERE partition_key = {l} AND published_at IS NULL
-                                 AND failed_at IS NOT NULL LIMIT {cap})) AS parked"
-                    )
-                })
-                .collect();
-            let counts: Vec<(String, i64, i64)> = if counts.is_empty() {
-                Vec::new()
-            } else {
-                sqlx::query_as(sqlx::AssertSqlSafe(p.sql(&counts.join(" UNION ALL "))))
-                    .fetch_all(&self.pool)
-                    .await
-                    .doing("counting pending rows")?
-            };
-            Ok(rows
-                .into_iter()
-                .map(|r| {
-                    let (pending, parked) = counts
-                        .iter()
-                        .find(|c| c.0 == r.partition_key)
-                        .map_or((0, 0), |c| (c.1, c.2));
-                    BucketView {
-                        partition_key: r.partition_key,
-                        lease_owner: r.lease_owner,
-                        lease_epoch: r.lease_epoch,
-                        lease_ttl_seconds: r.lease_ttl_seconds,
-                        pending,
-                        pending_capped: pending >= cap,
-                        parked,
-                        head_id: r.head_id,
-                        lag_seconds: r.lag_seconds,
-                        head_attempts: r.head_attempts,
-                        head_error: r.head_error,
-                        head_retry_at: r.head_retry_at,
-                    }
-                })
-                .collect())
-        })
-        .await
+        let lines = &self.partitions.overview_lines;
+        let overview = views::overview(self, &self.tables, VIEWS, lines, cap);
+        bounded_op("reading the bucket overview", overview).await
     }
 
     async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
@@ -421,18 +374,4 @@ impl PartitionStore for SqliteBackend {
             .bounded("reading lease events")
             .await
     }
-}
-
-/// A bucket's lease and head, before the counts are added.
-#[derive(sqlx::FromRow)]
-struct LeaseLine {
-    partition_key: String,
-    lease_owner: Option<Uuid>,
-    lease_epoch: i64,
-    lease_ttl_seconds: Option<f64>,
-    head_id: Option<i64>,
-    lag_seconds: f64,
-    head_attempts: Option<i32>,
-    head_error: Option<String>,
-    head_retry_at: Option<chrono::DateTime<chrono::Utc>>,
 }
