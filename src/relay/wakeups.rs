@@ -25,10 +25,13 @@
 //!
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
 //! `LISTEN` is attempted: start-up says the worker polls. A database
-//! without notifications at all (MySQL/MariaDB) is polled *adaptively*:
-//! every `database.poll_interval` while polls find new rows and for a
-//! second after the last that did, then doubling the delay after each poll
-//! that finds none, up to `outbox.idle_backoff_ms`.
+//! without notifications at all (MySQL/MariaDB, SQLite) is polled
+//! *adaptively*: every `database.poll_interval` while polls find new rows
+//! and for a second after the last that did, then doubling the delay after
+//! each poll that finds none, up to `outbox.idle_backoff_ms`. Where the
+//! store can tell that the database changed (`NotifyStore::changes`:
+//! SQLite's files, watched through the kernel), each change brings the
+//! probe forward to within [`PROBE_AFTER_CHANGE`].
 //!
 //! While `LISTEN` works, the poller still looks every
 //! `outbox.idle_backoff_ms`, in the same one query for every bucket
@@ -161,6 +164,12 @@ impl Wakeups {
                 finding_rows(db),
                 fmt_duration(idle_backoff)
             );
+            if store.changes().is_some() && !db.probe_interval.is_zero() {
+                tracing::info!(
+                    "and probing at once whenever the {} files change (the kernel reports every write)",
+                    store.kind().name()
+                );
+            }
             let polling = Polling::new(db, Some(idle_backoff), idle_backoff);
             return vec![tokio::spawn(self.clone().poll(
                 store.clone(),
@@ -206,6 +215,7 @@ impl Wakeups {
         let mut next_poll = Instant::now() + delay;
         let mut quiet_since: Option<Instant> = None;
         let mut probe = polling.probe.map(|every| Probe::new(every, polling.every));
+        let changes = store.changes();
         loop {
             let until = match &probe {
                 Some(p) if !self.listening.load(Ordering::Relaxed) => next_poll.min(p.next),
@@ -214,6 +224,14 @@ impl Wakeups {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep_until(until) => {}
+                // The database changed: probe now (at most every
+                // PROBE_AFTER_CHANGE), then sleep again.
+                _ = changed(changes.as_deref()) => {
+                    if let Some(p) = probe.as_mut() {
+                        p.next = p.next.min(Instant::now() + PROBE_AFTER_CHANGE);
+                    }
+                    continue;
+                }
             }
             let polling_now = Instant::now() >= next_poll;
             if polling_now {
@@ -464,6 +482,18 @@ struct Probe {
     /// The newest id seen (`None`: not known yet).
     seen: Option<i64>,
     found_at: Option<tokio::time::Instant>,
+}
+
+/// How soon the probe runs after the database reported a change: soon,
+/// but not for every commit of a busy database.
+const PROBE_AFTER_CHANGE: Duration = Duration::from_millis(1);
+
+/// Resolves when `changes` is raised; never without one.
+async fn changed(changes: Option<&tokio::sync::Notify>) {
+    match changes {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Probe {

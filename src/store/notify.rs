@@ -53,4 +53,13 @@ pub trait NotifyStore {
     /// direct connection that bypasses a pooler), else with the store's own
     /// connection settings.
     async fn listen(&self, direct_url: Option<&str>) -> Result<Box<dyn Listener>, StoreError>;
+
+    /// For a database without notifications whose platform can tell when
+    /// it changed (SQLite: the kernel reports writes to its files): a
+    /// signal raised on every change, after which the poller probes for
+    /// added rows at once instead of at its next turn. `None`: polling
+    /// alone.
+    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }

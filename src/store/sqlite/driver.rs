@@ -67,8 +67,12 @@ impl Driver for SqliteBackend {
     type Pool<'a> = &'a SqlitePool;
     type Tx = Tx;
 
+    /// The writer: the flows on the contract (membership, throughput)
+    /// write more than they read, and the one writer keeps the worker's
+    /// writes in one queue.
+    #[allow(clippy::misnamed_getters)]
     fn pool(&self) -> &SqlitePool {
-        &self.pool
+        &self.writer
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {

@@ -1,5 +1,6 @@
 //! SQLite: no notifications (see [`crate::store::notify`]); workers poll
-//! adaptively instead ([`crate::relay::wakeups`]).
+//! adaptively ([`crate::relay::wakeups`]) and probe at once when the
+//! kernel reports a write to the database's files ([`super::watch`]).
 
 use async_trait::async_trait;
 
@@ -15,6 +16,12 @@ impl NotifyStore for SqliteBackend {
 
     async fn notify(&self, _channel: Channel, _payload: &str) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.changes
+            .get_or_init(|| super::watch::watch(&self.file))
+            .clone()
     }
 
     async fn listen(&self, _direct_url: Option<&str>) -> Result<Box<dyn Listener>, StoreError> {

@@ -1,9 +1,12 @@
 //! SQLite: the `outbox` table's statements (see [`crate::store::outbox`]
 //! for what they promise, and [`super`] for how this backend keeps it).
 //!
-//! A claim is one write transaction: take the bucket's claim under the
-//! lease fence, then read the bucket's ready prefix; with the write lock
-//! held, nothing changes between the two. Records are single `UPDATE`s
+//! A claim is a read and at most one write: a read of the bucket's ready
+//! head (no lock; a bucket with nothing ready costs the writer nothing),
+//! one `UPDATE` of the bucket's row that takes the claim under the lease
+//! fence, and, once the claim is the caller's, the read of the ready
+//! prefix — no other drainer records in the bucket then, so those rows are
+//! its unpublished prefix in id order. Records are single `UPDATE`s
 //! whose `WHERE` checks the claim token and the fence on the bucket's row
 //! (`EXISTS`) in the same statement.
 
@@ -210,12 +213,16 @@ pub(crate) async fn enqueue<'e, E: SqliteExecutor<'e>>(
 #[async_trait]
 impl OutboxStore for SqliteBackend {
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
-        enqueue(&self.outbox.enqueue, &self.pool, message).await
+        enqueue(&self.outbox.enqueue, &self.writer, message).await
     }
 
     async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
         bounded_op("claiming a batch", async {
-            let mut tx = self.write().await?;
+            // A read first (no lock): a bucket with nothing ready costs
+            // the writer nothing.
+            if self.ready_prefix(&c, 1).await?.is_empty() {
+                return Ok(Vec::new());
+            }
             let (ttl, fence) = (millis(c.claim_ttl), c.holder.fence);
             let owner = fence.map(|f| f.owner);
             let taken = sqlx::query(self.outbox.take_claim.q())
@@ -227,37 +234,24 @@ impl OutboxStore for SqliteBackend {
                 .bind(owner)
                 .bind(owner)
                 .bind(fence.map(|f| f.epoch))
-                .execute(&mut *tx)
+                .execute(&self.writer)
                 .await
                 .doing("claiming a batch")?
                 .rows_affected();
             if taken != 1 {
                 return Ok(Vec::new());
             }
-            let rows: Vec<Candidate> = sqlx::query_as(self.outbox.claim_read.q())
-                .bind(c.holder.partition_key)
-                .bind(json_list(c.in_flight))
-                .bind(i64::from(c.limit))
-                .fetch_all(&mut *tx)
-                .await
-                .doing("claiming a batch")?;
-            // The ready prefix: a head waiting for its retry stops it.
-            let ready: Vec<ClaimedMessage> = rows
-                .into_iter()
-                .take_while(|r| !r.not_ready)
-                .map(|r| r.row)
-                .collect();
-            // Nothing to publish: the claim is not taken (rolled back).
-            if !ready.is_empty() {
-                tx.commit().await.doing("claiming a batch")?;
-            }
-            Ok(ready)
+            // Read again once the claim is ours: no other drainer records
+            // in the bucket now, so these rows are its unpublished prefix.
+            self.ready_prefix(&c, c.limit).await
         })
         .await
     }
 
     async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
-        self.outbox.record_published(&self.pool, holder, ids).await
+        self.outbox
+            .record_published(&self.writer, holder, ids)
+            .await
     }
 
     async fn record_failure(
@@ -313,7 +307,7 @@ impl OutboxStore for SqliteBackend {
         Ok(sqlx::query(self.outbox.release.q())
             .bind(partition_key)
             .bind(token.0)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .bounded("releasing a claim")
             .await?
             .rows_affected())
@@ -324,7 +318,7 @@ impl OutboxStore for SqliteBackend {
             .bind(partition_key)
             .bind(fence.owner)
             .bind(fence.epoch)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .bounded("clearing earlier claims")
             .await?
             .rows_affected())
@@ -535,7 +529,7 @@ impl OutboxStore for SqliteBackend {
         )))
         .bind(millis(older_than))
         .bind(limit)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .bounded("purging published rows")
         .await
         .map(|done| done.rows_affected())
@@ -559,10 +553,34 @@ impl OutboxStore for SqliteBackend {
     /// would rewrite the whole file under the write lock).
     async fn tidy_after_purge(&self) -> Result<(), StoreError> {
         sqlx::raw_sql("PRAGMA optimize; PRAGMA wal_checkpoint(PASSIVE)")
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await
             .doing("tidying the database file")?;
         Ok(())
+    }
+}
+
+impl SqliteBackend {
+    /// The ready prefix of the claimed bucket's first `limit` pending rows
+    /// not in flight (a head waiting for its retry stops it), read on a
+    /// reader connection.
+    async fn ready_prefix(
+        &self,
+        c: &Claim<'_>,
+        limit: u32,
+    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let rows: Vec<Candidate> = sqlx::query_as(self.outbox.claim_read.q())
+            .bind(c.holder.partition_key)
+            .bind(json_list(c.in_flight))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .doing("claiming a batch")?;
+        Ok(rows
+            .into_iter()
+            .take_while(|r| !r.not_ready)
+            .map(|r| r.row)
+            .collect())
     }
 }
 

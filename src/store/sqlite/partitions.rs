@@ -226,7 +226,7 @@ impl PartitionStore for SqliteBackend {
         );
         Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(json_list(labels))
-            .execute(&self.pool)
+            .execute(&self.writer)
             .bounded("creating bucket rows")
             .await?
             .rows_affected())
@@ -298,7 +298,7 @@ impl PartitionStore for SqliteBackend {
             .bind(millis(ttl))
             .bind(me)
             .bind(json_list(held))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writer)
             .bounded("renewing leases")
             .await
     }

@@ -2,9 +2,12 @@
 //!
 //! Every connection uses WAL mode (readers and the writer do not block
 //! each other; the whole fleet of one host shares the file), waits for the
-//! write lock up to `database.query_timeout` (SQLite's busy timeout) and
+//! write lock up to `database.query_timeout` (in steps of 100 µs, see
+//! [`wait_for_the_lock`]) and
 //! writes with `synchronous = NORMAL` (see [`super`]). The file is created
 //! when missing, so `outboxd migrate` can start a deployment from nothing.
+//! Writes go through one connection that never checkpoints the WAL; a
+//! background task does, once a second, beside the writes.
 
 use std::str::FromStr;
 
@@ -16,8 +19,12 @@ use sqlx::{ConnectOptions, Connection};
 use crate::config::DatabaseConfig;
 use crate::store::{BackendKind, StoreError, shown};
 
-/// Opens a pool on the file `db.url` names (`sqlite://path`).
-pub async fn connect(db: &DatabaseConfig) -> Result<SqlitePool, StoreError> {
+/// Opens the pools on the file `db.url` names (`sqlite://path`): readers
+/// (up to `database.max_connections`) and the writer (one connection).
+/// Also returns the database file's path, absolute.
+pub async fn connect(
+    db: &DatabaseConfig,
+) -> Result<(SqlitePool, SqlitePool, std::path::PathBuf), StoreError> {
     let url = db.url.as_str();
     let connect_err = |cause| StoreError::Connect {
         backend: BackendKind::Sqlite,
@@ -41,9 +48,90 @@ pub async fn connect(db: &DatabaseConfig) -> Result<SqlitePool, StoreError> {
         })?
         .map_err(connect_err)?;
     let _ = first.close().await;
-    Ok(SqlitePoolOptions::new()
-        .max_connections(db.max_connections)
-        .min_connections(0)
-        .acquire_timeout(db.connect_timeout)
-        .connect_lazy_with(options))
+    let limit_ms = db.query_timeout.as_millis().min(i32::MAX as u128) as usize;
+    let pool = |max, options: SqliteConnectOptions| {
+        SqlitePoolOptions::new()
+            .max_connections(max)
+            .min_connections(0)
+            .acquire_timeout(db.connect_timeout.max(db.query_timeout))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    let mut handle = conn.lock_handle().await?;
+                    let db = handle.as_raw_handle().as_ptr();
+                    // SAFETY: the connection is locked for this call, and
+                    // the handler's argument is a number, not a pointer.
+                    unsafe {
+                        libsqlite3_sys::sqlite3_busy_handler(
+                            db,
+                            Some(wait_for_the_lock),
+                            limit_ms as *mut std::ffi::c_void,
+                        )
+                    };
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options)
+    };
+    let file = std::env::current_dir()
+        .unwrap_or_default()
+        .join(options.get_filename());
+    let readers = pool(db.max_connections, options.clone());
+    // The writer never checkpoints in a commit (a checkpoint writes the
+    // database file and syncs it: tens of ms in the middle of a claim);
+    // a reader does it beside the writes instead.
+    let writer = pool(1, options.pragma("wal_autocheckpoint", "0"));
+    tokio::spawn(checkpoints(readers.clone()));
+    Ok((readers, writer, file))
+}
+
+/// SQLite's busy handler: how a statement waits while another connection
+/// (a producer's commit, another worker) holds the write lock. SQLite's own
+/// (`busy_timeout`) sleeps 1, 2, 5, 10, 15, 20, 25… ms between tries, so a
+/// wait for a commit of a fraction of a millisecond often costs 5–25 ms;
+/// this one tries every 100 µs for the first 10 ms, then every ms, and
+/// gives up after `limit_ms` (`database.query_timeout`, the argument):
+/// the statement then fails as busy, which is transient.
+extern "C" fn wait_for_the_lock(
+    limit_ms: *mut std::ffi::c_void,
+    tries: std::ffi::c_int,
+) -> std::ffi::c_int {
+    let tries = tries.max(0) as usize;
+    let (fine, waited_ms) = if tries < 100 {
+        (true, tries / 10)
+    } else {
+        (false, 10 + (tries - 100))
+    };
+    if waited_ms >= limit_ms as usize {
+        return 0;
+    }
+    std::thread::sleep(std::time::Duration::from_micros(if fine {
+        100
+    } else {
+        1000
+    }));
+    1
+}
+
+/// How often the WAL is copied back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`],
+/// on a reader connection, until the pool closes. A passive checkpoint
+/// takes no lock a writer waits for: commits go on meanwhile, and what a
+/// reader still uses is left for the next one.
+async fn checkpoints(readers: SqlitePool) {
+    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if readers.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&readers)
+            .await
+        {
+            tracing::debug!(error = %e, "WAL checkpoint failed (tried again in a second)");
+        }
+    }
 }

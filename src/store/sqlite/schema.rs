@@ -36,7 +36,7 @@ impl SchemaStore for SqliteBackend {
             "INSERT OR IGNORE INTO {outbox}_settings (singleton, partition_count) VALUES (1, ?)",
         )))
         .bind(partitioner.count() as i32)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await
         .doing("recording partition_count")?
         .rows_affected();
