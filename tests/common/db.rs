@@ -542,13 +542,16 @@ impl TestDb {
     }
 }
 
-/// A test's own connections to an SQLite file: WAL, and a busy timeout
-/// long enough to wait out the workers' writes.
+/// A test's own connections to an SQLite file: WAL, a busy timeout long
+/// enough to wait out the workers' writes, and commits that do not wait
+/// for the disk (what a test writes need not survive a power cut; the
+/// workers' connections are the product's own).
 fn sqlite_options(url: &str) -> sqlx::sqlite::SqliteConnectOptions {
     use std::str::FromStr;
     sqlx::sqlite::SqliteConnectOptions::from_str(url)
         .expect("an SQLite URL")
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
         .busy_timeout(std::time::Duration::from_secs(30))
 }
 
