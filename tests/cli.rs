@@ -124,10 +124,19 @@ fn environment_urls_are_validated_and_redacted() {
     let dir = temp_dir();
     let out = run(
         &["work", "--no-leasing"],
-        &[("DATABASE_URL", "sqlite://u:hunter2@h/db")],
+        &[("DATABASE_URL", "oracle://u:hunter2@h/db")],
         &dir,
     );
-    assert_one_line_error(&out, "database.url has scheme 'sqlite'");
+    assert_one_line_error(&out, "database.url has scheme 'oracle'");
+    let out = run(
+        &["migrate"],
+        &[(
+            "DATABASE_URL",
+            "sqlite:///nonexistent-outboxd-dir/outbox.db",
+        )],
+        &dir,
+    );
+    assert_one_line_error(&out, "its directory must exist and be writable");
     let out = run(
         &["work", "--no-leasing"],
         &[("AMQP_URL", "not a url at all hunter2")],

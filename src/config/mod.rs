@@ -785,7 +785,8 @@ fn validate_sqlite_url(raw: &str) -> Result<(), ConfigError> {
         return Err(invalid(
             "database.url",
             format!(
-                "({raw}) must name a database file, e.g. sqlite://outbox.db or sqlite:///var/lib/app/outbox.db (the fleet's workers share it)"
+                "({}) must name a database file, e.g. sqlite://outbox.db or sqlite:///var/lib/app/outbox.db (the fleet's workers share it)",
+                redact_url(raw)
             ),
         ));
     }

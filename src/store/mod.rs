@@ -265,7 +265,12 @@ impl std::fmt::Display for ConnectCause<'_> {
         let link = match backend {
             BackendKind::Postgres => crate::tls::Link::Postgres,
             BackendKind::MySql => crate::tls::Link::MySql,
-            BackendKind::Sqlite => return Cause(error).fmt(f),
+            BackendKind::Sqlite => {
+                Cause(error).fmt(f)?;
+                return f.write_str(
+                    " (its directory must exist and be writable: SQLite creates the file, and its -wal and -shm beside it)",
+                );
+            }
         };
         let files = crate::tls::TlsFiles::from_url(link, url);
         match crate::tls::explain(link, url, &files, error) {
