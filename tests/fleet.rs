@@ -193,10 +193,12 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing
     // On SQLite a worker stopped in the middle of a write would hold the
     // file's write lock, and every worker's writes with it, until it
     // resumes (the documented limit of one writer at a time): stop it
-    // while the test holds the lock, so it is stopped between writes.
+    // while the test holds the lock, and release the lock only once every
+    // thread of it is stopped, so it is stopped between writes.
     let writer = env.db.hold_write_lock().await;
     stopped.signal("STOP");
     if let Some(writer) = writer {
+        stopped.wait_stopped();
         writer.commit().await;
     }
     let stop_at = Instant::now();

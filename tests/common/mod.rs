@@ -452,6 +452,32 @@ impl WorkerProcess {
         assert!(ok, "kill -{sig} {}", self.pid());
     }
 
+    /// Waits (up to 5 s) until every thread of the process is stopped (a
+    /// `SIGSTOP` is delivered asynchronously: `kill` returns while the
+    /// process may still run for a moment).
+    pub fn wait_stopped(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let tasks = format!("/proc/{}/task", self.pid());
+        loop {
+            let all_stopped = std::fs::read_dir(&tasks)
+                .map(|dir| {
+                    dir.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                            // "pid (comm) S …": the state follows the last ')'.
+                            stat.rsplit_once(')')
+                                .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('T' | 't')))
+                        })
+                    })
+                })
+                .unwrap_or(false);
+            if all_stopped {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "pid {} did not stop", self.pid());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
         self.signal("TERM");
