@@ -464,8 +464,9 @@ impl WorkerProcess {
                     dir.flatten().all(|t| {
                         std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
                             // "pid (comm) S …": the state follows the last ')'.
-                            stat.rsplit_once(')')
-                                .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('T' | 't')))
+                            stat.rsplit_once(')').is_some_and(|(_, rest)| {
+                                matches!(rest.trim_start().chars().next(), Some('T' | 't'))
+                            })
                         })
                     })
                 })
@@ -473,7 +474,11 @@ impl WorkerProcess {
             if all_stopped {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "pid {} did not stop", self.pid());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {} did not stop",
+                self.pid()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
