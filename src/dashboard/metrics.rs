@@ -201,6 +201,12 @@ pub fn process(out: &mut String, stats: &RelayStats) {
         "time from a batch's first send to its last confirm",
         &stats.publish_latency,
     );
+    histogram(
+        out,
+        "outboxd_record_seconds",
+        "time of one record of published rows",
+        &stats.record_latency,
+    );
 }
 
 fn escape(s: &str) -> String {

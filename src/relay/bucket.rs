@@ -4,7 +4,7 @@
 //! ```text
 //!            ┌──────────── wake (NOTIFY / poll / safety-net poll) ──────┐
 //!            ▼                                                          │
-//!   [wait while broker blocked] → record previous batch, claim ─ empty ─┘
+//!   [wait while broker blocked] → record previous batch ∥ claim ─ empty ─┘
 //!                                     │ batch N (id order)
 //!                                     ▼
 //!        ┌─ broker: publish N in order, await its confirms in order
@@ -214,15 +214,24 @@ impl BucketDrainer {
         let rows = match self.next.take() {
             Some(rows) if !rows.is_empty() => rows,
             _ => {
-                // Nothing claimed ahead: the previous batch's record first,
-                // so an idle bucket leaves nothing unrecorded.
-                self.flush_record().await;
+                // Nothing claimed ahead: the previous batch's record and the
+                // claim at once (an idle bucket leaves nothing unrecorded).
+                // The claim skips the rows being recorded; if they could not
+                // be recorded they are pending again, and are claimed anew,
+                // ahead of what follows them.
                 let limit = if self.careful {
                     1
                 } else {
                     self.ctx.settings.batch_size
                 };
-                match self.claim(limit, &[]).await {
+                let previous = self.unrecorded.take().unwrap_or_default();
+                let record = async { self.record_published(&previous).await };
+                let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
+                let claimed = match claimed {
+                    Ok(_) if !recorded => self.claim(limit, &[]).await,
+                    claimed => claimed,
+                };
+                match claimed {
                     Ok(rows) => rows,
                     Err(e) => {
                         self.channel = Some(channel);
@@ -387,7 +396,10 @@ impl BucketDrainer {
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
-            match self.ctx.store.record_published(self.holder(), ids).await {
+            let started = std::time::Instant::now();
+            let recorded = self.ctx.store.record_published(self.holder(), ids).await;
+            self.ctx.stats.record_latency.observe(started.elapsed());
+            match recorded {
                 Ok(n) => {
                     self.ctx.stats.add_published(n as usize);
                     self.ctx.stats.add_fenced(ids.len() - n as usize);

@@ -61,6 +61,8 @@ pub struct RelayStats {
     pub claim_latency: Histogram,
     /// Time from the first send of a batch to its last confirm.
     pub publish_latency: Histogram,
+    /// Time of one record of published rows.
+    pub record_latency: Histogram,
     /// The span exporter's counters (zero while export is off).
     pub traces: Arc<TraceCounts>,
     published: AtomicU64,

@@ -2,13 +2,18 @@
 //! for what they promise, and [`super`] for how this backend keeps it).
 //!
 //! A claim is a read and at most one write: a read of the bucket's ready
-//! head (no lock; a bucket with nothing ready costs the writer nothing),
-//! one `UPDATE` of the bucket's row that takes the claim under the lease
-//! fence, and, once the claim is the caller's, the read of the ready
-//! prefix — no other drainer records in the bucket then, so those rows are
-//! its unpublished prefix in id order. Records are single `UPDATE`s
-//! whose `WHERE` checks the claim token and the fence on the bucket's row
-//! (`EXISTS`) in the same statement.
+//! prefix together with whether the caller still holds the bucket's claim
+//! (no lock; a bucket with nothing ready costs the writer nothing). If it
+//! holds it — its token, at least half the claim TTL left, and (fleet mode)
+//! its lease still valid — the rows read are the batch: that is exactly
+//! the state the taking `UPDATE` would have checked, read in the same
+//! snapshot as the rows, so a trickle costs the writer one record per
+//! batch and no claim. Otherwise one `UPDATE` of the bucket's row takes
+//! the claim under the lease fence, and, once the claim is the caller's,
+//! the ready prefix is read again — no other drainer records in the bucket
+//! then, so those rows are its unpublished prefix in id order. Records are
+//! single `UPDATE`s whose `WHERE` checks the claim token and the fence on
+//! the bucket's row (`EXISTS`) in the same statement.
 
 use std::time::Duration;
 
@@ -36,12 +41,14 @@ const HELD_CLAIM: &str = "EXISTS (
         WHERE p.partition_key = ? AND p.claim_token = ?
           AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?)))";
 
-/// A claimed row as read, with whether it is ready.
+/// A claimed row as read, with whether it is ready and whether the
+/// reader held the bucket's claim when it read it.
 #[derive(sqlx::FromRow)]
 struct Candidate {
     #[sqlx(flatten)]
     row: ClaimedMessage,
     not_ready: bool,
+    held: Option<bool>,
 }
 
 /// The rendered statements of this module.
@@ -67,12 +74,19 @@ impl OutboxSql {
             enqueue: enqueue_statement(t),
             // The bucket's first unpublished, unparked rows in id order
             // (the partial pending index), skipping the batch still in
-            // flight. Parameters: bucket, in-flight ids (JSON), limit.
+            // flight, each with whether the caller holds the bucket's claim
+            // with at least the given time left (take_claim's conditions).
+            // Parameters: token, time left (ms), owner, owner, epoch,
+            // bucket, then bucket, in-flight ids (JSON), limit.
             claim_read: sql(
                 t,
                 "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                         headers, content_type, payload, attempts, created_at,
-                        available_at > {now} AS not_ready
+                        available_at > {now} AS not_ready,
+                        (SELECT p.claim_token = ? AND p.claimed_until > {now+?}
+                                AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?
+                                                   AND p.lease_until > {now}))
+                         FROM {partitions} p WHERE p.partition_key = ?) AS held
                  FROM {outbox} INDEXED BY {outbox}_pending_idx
                  WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL
                    AND id NOT IN (SELECT value FROM json_each(?))
@@ -219,9 +233,10 @@ impl OutboxStore for SqliteBackend {
     async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
         bounded_op("claiming a batch", async {
             // A read first (no lock): a bucket with nothing ready costs
-            // the writer nothing.
-            if self.ready_prefix(&c, 1).await?.is_empty() {
-                return Ok(Vec::new());
+            // the writer nothing, and a claim still held is not taken again.
+            let (rows, held) = self.ready_prefix(&c, c.limit).await?;
+            if rows.is_empty() || held {
+                return Ok(rows);
             }
             let (ttl, fence) = (millis(c.claim_ttl), c.holder.fence);
             let owner = fence.map(|f| f.owner);
@@ -243,7 +258,7 @@ impl OutboxStore for SqliteBackend {
             }
             // Read again once the claim is ours: no other drainer records
             // in the bucket now, so these rows are its unpublished prefix.
-            self.ready_prefix(&c, c.limit).await
+            Ok(self.ready_prefix(&c, c.limit).await?.0)
         })
         .await
     }
@@ -563,24 +578,34 @@ impl OutboxStore for SqliteBackend {
 impl SqliteBackend {
     /// The ready prefix of the claimed bucket's first `limit` pending rows
     /// not in flight (a head waiting for its retry stops it), read on a
-    /// reader connection.
+    /// reader connection; and whether the caller held the bucket's claim,
+    /// with at least half the claim TTL left, as it read them.
     async fn ready_prefix(
         &self,
         c: &Claim<'_>,
         limit: u32,
-    ) -> Result<Vec<ClaimedMessage>, StoreError> {
+    ) -> Result<(Vec<ClaimedMessage>, bool), StoreError> {
+        let owner = c.holder.fence.map(|f| f.owner);
         let rows: Vec<Candidate> = sqlx::query_as(self.outbox.claim_read.q())
+            .bind(c.holder.token.0)
+            .bind(millis(c.claim_ttl / 2))
+            .bind(owner)
+            .bind(owner)
+            .bind(c.holder.fence.map(|f| f.epoch))
+            .bind(c.holder.partition_key)
             .bind(c.holder.partition_key)
             .bind(json_list(c.in_flight))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await
             .doing("claiming a batch")?;
-        Ok(rows
+        let held = rows.first().is_some_and(|r| r.held == Some(true));
+        let ready = rows
             .into_iter()
             .take_while(|r| !r.not_ready)
             .map(|r| r.row)
-            .collect())
+            .collect();
+        Ok((ready, held))
     }
 }
 

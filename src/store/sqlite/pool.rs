@@ -53,6 +53,9 @@ pub async fn connect(
         SqlitePoolOptions::new()
             .max_connections(max)
             .min_connections(0)
+            // A file has no link to go stale: no round trip to the
+            // connection's thread before each statement.
+            .test_before_acquire(false)
             .acquire_timeout(db.connect_timeout.max(db.query_timeout))
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
