@@ -213,32 +213,13 @@ impl BucketDrainer {
         };
         let rows = match self.next.take() {
             Some(rows) if !rows.is_empty() => rows,
-            _ => {
-                // Nothing claimed ahead: the previous batch's record and the
-                // claim at once (an idle bucket leaves nothing unrecorded).
-                // The claim skips the rows being recorded; if they could not
-                // be recorded they are pending again, and are claimed anew,
-                // ahead of what follows them.
-                let limit = if self.careful {
-                    1
-                } else {
-                    self.ctx.settings.batch_size
-                };
-                let previous = self.unrecorded.take().unwrap_or_default();
-                let record = async { self.record_published(&previous).await };
-                let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
-                let claimed = match claimed {
-                    Ok(_) if !recorded => self.claim(limit, &[]).await,
-                    claimed => claimed,
-                };
-                match claimed {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        self.channel = Some(channel);
-                        return Err(e);
-                    }
+            _ => match self.record_and_claim().await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.channel = Some(channel);
+                    return Err(e);
                 }
-            }
+            },
         };
         if rows.is_empty() {
             self.channel = Some(channel);
@@ -378,6 +359,26 @@ impl BucketDrainer {
             .await;
         self.ctx.stats.claim_latency.observe(started.elapsed());
         rows
+    }
+
+    /// A round's batch when nothing was claimed ahead: the previous batch's
+    /// record and the claim at once (an idle bucket leaves nothing
+    /// unrecorded). The claim skips the rows being recorded; if they could
+    /// not be recorded they are pending again, and are claimed anew, ahead
+    /// of what follows them.
+    async fn record_and_claim(&mut self) -> Result<Vec<ClaimedMessage>, StoreError> {
+        let limit = if self.careful {
+            1
+        } else {
+            self.ctx.settings.batch_size
+        };
+        let previous = self.unrecorded.take().unwrap_or_default();
+        let record = async { self.record_published(&previous).await };
+        let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
+        match claimed {
+            Ok(_) if !recorded => self.claim(limit, &[]).await,
+            claimed => claimed,
+        }
     }
 
     /// Records the last confirmed batch, if it is not recorded yet.
