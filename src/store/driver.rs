@@ -26,7 +26,9 @@
 //! (`tests/store.rs`) on it.
 //!
 //! Tables on the contract so far: `outbox_workers` ([`super::workers`]),
-//! the throughput tables ([`super::stats`]).
+//! the throughput tables ([`super::stats`]), the `outbox` table's
+//! one-statement operations ([`super::lookups`]) and its views
+//! ([`super::views`]).
 //! The others still implement their table trait per backend.
 
 use std::time::Duration;
@@ -38,7 +40,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Database, Executor};
 use uuid::Uuid;
 
-use super::statements::{StatsSql, WorkersSql};
+use super::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use super::{Bounded, Sql, StoreError, query_error};
 
 /// A statement's argument, bound by each backend as its SQL expects.
@@ -159,7 +161,14 @@ pub trait Driver: Send + Sync + 'static {
     /// A transaction.
     type Tx: Statements;
 
+    /// Where single writes run (and reads that belong with them).
     fn pool(&self) -> Self::Pool<'_>;
+
+    /// Where single reads run: the pool, unless the backend keeps its
+    /// writes apart (SQLite's one writer).
+    fn reads(&self) -> Self::Pool<'_> {
+        self.pool()
+    }
 
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
 
@@ -170,4 +179,10 @@ pub trait Driver: Send + Sync + 'static {
 
     /// The throughput tables' statements.
     fn stats_sql(&self) -> &StatsSql;
+
+    /// The `outbox` table's one-statement operations.
+    fn lookups_sql(&self) -> &OutboxLookupsSql;
+
+    /// The partitions table's reads.
+    fn partition_lookups_sql(&self) -> &PartitionLookupsSql;
 }

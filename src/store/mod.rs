@@ -10,6 +10,7 @@
 //! | neutral module (types + trait) | what it owns |
 //! |---|---|
 //! | [`outbox`] ([`OutboxStore`]) | enqueue, claim, record published / failed, views, requeue, purge |
+//! | [`lookups`] ([`OutboxLookups`], [`PartitionLookups`]) | one-statement reads and claim upkeep, written once |
 //! | [`partitions`] ([`PartitionStore`]) | one row per bucket: leases and lease events |
 //! | [`workers`] ([`WorkerStore`]) | membership rows and heartbeats |
 //! | [`stats`] ([`StatsStore`]) | per-minute and per-second throughput |
@@ -37,6 +38,7 @@
 //!   ([`StoreError`]), and say whether retrying may help.
 
 pub mod driver;
+pub mod lookups;
 pub mod mysql;
 pub mod notify;
 pub mod outbox;
@@ -56,6 +58,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use lookups::{OutboxLookups, PartitionLookups};
 pub use notify::{Channel, Listener, Notification, NotifyStore};
 pub use outbox::OutboxStore;
 pub use partitions::PartitionStore;
@@ -99,6 +102,8 @@ impl BackendKind {
 /// Everything a backend does: one trait per table (see the module docs).
 pub trait Backend:
     OutboxStore
+    + OutboxLookups
+    + PartitionLookups
     + PartitionStore
     + WorkerStore
     + StatsStore

@@ -259,36 +259,12 @@ pub trait OutboxStore {
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError>;
 
-    /// Drops the bucket's claim if it is still `token`'s (a drainer that
-    /// stops hands its bucket back at once instead of after claim_ttl).
-    async fn release_claim(
-        &self,
-        partition_key: &str,
-        token: ClaimToken,
-    ) -> Result<u64, StoreError>;
-
-    /// Drops the claim of an earlier drainer of a bucket just leased
-    /// (fenced by that lease).
-    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError>;
-
     /// The oldest pending row of each given bucket (one index probe each).
     async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError>;
 
     /// Which of `partition_keys` have a head that is ready to publish (the
     /// polling that replaces notifications where they cannot work).
     async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError>;
-
-    /// The newest id in the table (0 when it is empty): where a poller's
-    /// probe ([`OutboxStore::added_after`]) starts.
-    async fn newest_id(&self) -> Result<i64, StoreError>;
-
-    /// Up to `limit` rows with an id above `after`, oldest first: their ids
-    /// and buckets. One range read of the primary key, as cheap as a query
-    /// gets when nothing was added: the probe a polling worker runs between
-    /// its polls. A row whose id was taken before `after` but that commits
-    /// after this read is not among them (ids commit out of order); polls
-    /// find it.
-    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError>;
 
     /// A page of messages in `state`, optionally of one key. `cursor` is the
     /// last id of the previous page (pending pages go up, others down).
@@ -297,16 +273,6 @@ pub trait OutboxStore {
         state: MessageState,
         message_key: Option<&str>,
         cursor: Option<i64>,
-        limit: i64,
-    ) -> Result<Vec<MessageSummary>, StoreError>;
-
-    /// One message, everything included.
-    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError>;
-
-    /// Parked messages of one bucket, oldest first.
-    async fn parked_in_bucket(
-        &self,
-        partition_key: &str,
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StoreError>;
 

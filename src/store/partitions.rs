@@ -122,16 +122,6 @@ pub trait PartitionStore {
     /// statement whose answer it never saw).
     async fn release_all_leases(&self, me: Uuid, reason: &str) -> Result<Vec<String>, StoreError>;
 
-    /// Every bucket's lease, by label.
-    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
-
     /// Every bucket with its lease, capped pending/parked counts and head.
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError>;
-
-    /// Lease events after `after_id`, oldest first.
-    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
-
-    /// The latest lease changes of the last `seconds` (at most `limit`, the
-    /// most recent), oldest first.
-    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
 }

@@ -51,3 +51,37 @@ pub struct StatsSql {
     /// one statement or several. No parameters.
     pub prune: Vec<Sql>,
 }
+
+/// The `outbox` table's one-statement operations (`store::lookups`),
+/// rendered by each backend.
+#[derive(Debug)]
+pub struct OutboxLookupsSql {
+    /// The highest id, 0 for an empty table. No parameters.
+    pub newest_id: Sql,
+    /// (id, partition_key) of the rows after an id, in id order: after,
+    /// limit.
+    pub added_after: Sql,
+    /// One row as `MessageDetail`: id.
+    pub detail: Sql,
+    /// A bucket's parked rows, oldest first, as `MessageSummary`: bucket,
+    /// limit.
+    pub parked_in_bucket: Sql,
+    /// Hands a claim back: bucket, token.
+    pub release_claim: Sql,
+    /// Drops an earlier lease's claim: bucket, owner, epoch.
+    pub clear_claims: Sql,
+}
+
+/// The partitions table's reads (`store::lookups`), rendered by each
+/// backend.
+#[derive(Debug)]
+pub struct PartitionLookupsSql {
+    /// Every bucket's lease as `LeaseRow`, by label. No parameters.
+    pub leases: Sql,
+    /// Lease events after an id, oldest first, as `LeaseEvent`: after,
+    /// limit.
+    pub events_since: Sql,
+    /// The latest lease events of a last stretch of time (the most recent
+    /// `limit`), oldest first, as `LeaseEvent`: duration, limit.
+    pub events_within: Sql,
+}

@@ -76,9 +76,10 @@ type Slot = (DateTime<Utc>, i64, i64);
 async fn slots<D: Driver>(d: &D, rows: &Sql) -> Result<(DateTime<Utc>, Vec<Slot>), StoreError> {
     let doing = "reading throughput";
     bounded_op(doing, async {
-        let now: Vec<(DateTime<Utc>,)> = d.pool().fetch_all(&d.stats_sql().now, &[], doing).await?;
+        let now: Vec<(DateTime<Utc>,)> =
+            d.reads().fetch_all(&d.stats_sql().now, &[], doing).await?;
         let now = now.first().map_or_else(Utc::now, |(t,)| *t);
-        let rows = d.pool().fetch_all(rows, &[], doing).await?;
+        let rows = d.reads().fetch_all(rows, &[], doing).await?;
         Ok((now, rows))
     })
     .await

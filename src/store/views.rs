@@ -97,7 +97,7 @@ pub(crate) async fn list_messages<D: Driver>(
         .into_iter()
         .collect();
     let sql = Sql::from_rendered(render(t, &sql));
-    d.pool().fetch_all(&sql, &args, "listing messages").await
+    d.reads().fetch_all(&sql, &args, "listing messages").await
 }
 
 /// Every bucket's label as an SQL literal, in label order.
@@ -106,7 +106,7 @@ async fn bucket_literals<D: Driver>(d: &D, t: &TablesConfig) -> Result<Vec<Strin
         t,
         "SELECT partition_key FROM {partitions} ORDER BY partition_key",
     );
-    let labels: Vec<(String,)> = d.pool().fetch_all(&sql, &[], "listing buckets").await?;
+    let labels: Vec<(String,)> = d.reads().fetch_all(&sql, &[], "listing buckets").await?;
     Ok(labels.iter().filter_map(|(l,)| label_literal(l)).collect())
 }
 
@@ -138,7 +138,7 @@ pub(crate) async fn overview<D: Driver>(
     cap: i64,
 ) -> Result<Vec<BucketView>, StoreError> {
     let doing = "reading the bucket overview";
-    let rows: Vec<LeaseLine> = d.pool().fetch_all(lines, &[], doing).await?;
+    let rows: Vec<LeaseLine> = d.reads().fetch_all(lines, &[], doing).await?;
     let counts: Vec<String> = rows
         .iter()
         .filter_map(|r| label_literal(&r.partition_key))
@@ -161,7 +161,7 @@ pub(crate) async fn overview<D: Driver>(
         Vec::new()
     } else {
         let sql = Sql::from_rendered(render(t, &counts.join(" UNION ALL ")));
-        d.pool()
+        d.reads()
             .fetch_all(&sql, &[], "counting pending rows")
             .await?
     };

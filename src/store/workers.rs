@@ -231,7 +231,7 @@ impl<D: Driver> WorkerStore for D {
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerView>, StoreError> {
-        self.pool()
+        self.reads()
             .fetch_all(&self.workers_sql().list, &[], "listing workers")
             .await
     }
@@ -279,7 +279,7 @@ impl<D: Driver> WorkerStore for D {
     async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError> {
         let sql = &self.workers_sql().live_leasing;
         let rows: Vec<(Uuid,)> = self
-            .pool()
+            .reads()
             .fetch_all(sql, &[], "listing live workers")
             .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
@@ -293,6 +293,6 @@ impl<D: Driver> WorkerStore for D {
     }
 
     async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError> {
-        live_others(self.workers_sql(), &mut self.pool(), me).await
+        live_others(self.workers_sql(), &mut self.reads(), me).await
     }
 }

@@ -12,8 +12,7 @@ use super::{MySqlBackend, micros};
 /// A transaction on MySQL/MariaDB.
 pub type Tx = sqlx::Transaction<'static, MySql>;
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
-use crate::store::statements::StatsSql;
-use crate::store::statements::WorkersSql;
+use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
 impl Binding for MySql {
@@ -81,5 +80,13 @@ impl Driver for MySqlBackend {
 
     fn stats_sql(&self) -> &StatsSql {
         &self.stats
+    }
+
+    fn lookups_sql(&self) -> &OutboxLookupsSql {
+        &self.lookups
+    }
+
+    fn partition_lookups_sql(&self) -> &PartitionLookupsSql {
+        &self.partition_lookups
     }
 }

@@ -56,7 +56,7 @@ use sqlx::MySqlPool;
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
-use super::{Backend, BackendKind, StoreError};
+use super::{Backend, BackendKind, Sql, StoreError};
 use crate::config::{DatabaseConfig, TablesConfig};
 
 /// A store on MySQL or MariaDB.
@@ -68,6 +68,8 @@ pub struct MySqlBackend {
     partitions: partitions::PartitionsSql,
     workers: crate::store::statements::WorkersSql,
     stats: crate::store::statements::StatsSql,
+    lookups: crate::store::statements::OutboxLookupsSql,
+    partition_lookups: crate::store::statements::PartitionLookupsSql,
 }
 
 impl MySqlBackend {
@@ -86,6 +88,8 @@ impl MySqlBackend {
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
             stats: stats::statements(tables),
+            lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), false),
+            partition_lookups: partitions::lookups(tables),
         })
     }
 

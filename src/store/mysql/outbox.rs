@@ -18,10 +18,10 @@ use sqlx::{MySql, MySqlExecutor};
 use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Dropped, Failure, FailureRecord, Fence, Holder,
-    Message, MessageDetail, MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimedMessage, Dropped, Failure, FailureRecord, Holder, Message,
+    MessageState, MessageSummary, OutboxStore,
 };
-use crate::store::views::{self, SUMMARY_COLUMNS};
+use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
 
 /// The condition every write of a drainer carries (see the PostgreSQL
@@ -48,11 +48,6 @@ pub struct OutboxSql {
     enqueue: Sql,
     claim_read: String,
     take_claim: Sql,
-    release: Sql,
-    clear_claims: Sql,
-    detail: Sql,
-    newest_id: Sql,
-    added_after: Sql,
 }
 
 impl OutboxSql {
@@ -85,29 +80,6 @@ impl OutboxSql {
                         OR claimed_until > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
                    AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
                                       AND lease_until > UTC_TIMESTAMP(6)))",
-            ),
-            release: Sql::render(
-                t,
-                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                 WHERE partition_key = ? AND claim_token = ?",
-            ),
-            clear_claims: Sql::render(
-                t,
-                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                 WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
-                   AND claim_token IS NOT NULL",
-            ),
-            detail: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload
-                     FROM {{outbox}} o WHERE o.id = ?"
-                ),
-            ),
-            newest_id: Sql::render(t, "SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
-            added_after: Sql::render(
-                t,
-                "SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?",
             ),
         }
     }
@@ -280,31 +252,6 @@ impl OutboxStore for MySqlBackend {
         .await
     }
 
-    async fn release_claim(
-        &self,
-        partition_key: &str,
-        token: ClaimToken,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.release.q())
-            .bind(partition_key)
-            .bind(token.0)
-            .execute(&self.pool)
-            .bounded("releasing a claim")
-            .await?
-            .rows_affected())
-    }
-
-    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.clear_claims.q())
-            .bind(partition_key)
-            .bind(fence.owner)
-            .bind(fence.epoch)
-            .execute(&self.pool)
-            .bounded("clearing earlier claims")
-            .await?
-            .rows_affected())
-    }
-
     async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
         // One probe of the pending index per bucket: its head's id.
         let sql = self.outbox.sql(&format!(
@@ -349,22 +296,6 @@ impl OutboxStore for MySqlBackend {
             .await
     }
 
-    async fn newest_id(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(self.outbox.newest_id.q())
-            .fetch_one(&self.pool)
-            .bounded("reading the newest id")
-            .await
-    }
-
-    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
-        sqlx::query_as(self.outbox.added_after.q())
-            .bind(after)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("probing for new rows")
-            .await
-    }
-
     async fn list_messages(
         &self,
         state: MessageState,
@@ -374,32 +305,6 @@ impl OutboxStore for MySqlBackend {
     ) -> Result<Vec<MessageSummary>, StoreError> {
         let t = &self.tables;
         views::list_messages(self, t, VIEWS, state, message_key, cursor, limit).await
-    }
-
-    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
-        sqlx::query_as(self.outbox.detail.q())
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .bounded("reading a message")
-            .await
-    }
-
-    async fn parked_in_bucket(
-        &self,
-        partition_key: &str,
-        limit: i64,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        let sql = self.outbox.sql(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-             WHERE o.partition_key = ? AND o.failed_at IS NOT NULL
-             ORDER BY o.id LIMIT ?"
-        ));
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(partition_key)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("listing parked messages")
-            .await
     }
 
     async fn drop_parked(

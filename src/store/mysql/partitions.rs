@@ -17,9 +17,8 @@ use uuid::Uuid;
 
 use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
-use crate::store::partitions::{
-    Acquired, BucketView, LeaseEvent, LeaseRow, PartitionStore, acquire_reason,
-};
+use crate::store::partitions::{Acquired, BucketView, PartitionStore, acquire_reason};
+use crate::store::statements::PartitionLookupsSql;
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
 
@@ -27,23 +26,14 @@ use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
 #[derive(Debug)]
 pub struct PartitionsSql {
     tables: TablesConfig,
-    leases: Sql,
     /// Every bucket's lease and head, as `views::LeaseLine`.
     overview_lines: Sql,
-    events_since: Sql,
-    events_within: Sql,
 }
 
 impl PartitionsSql {
     pub fn new(t: &TablesConfig) -> Self {
         Self {
             tables: t.clone(),
-            leases: Sql::render(
-                t,
-                "SELECT partition_key, lease_owner, lease_until, lease_epoch,
-                        COALESCE(lease_until > UTC_TIMESTAMP(6), FALSE) AS valid
-                 FROM {partitions} ORDER BY partition_key",
-            ),
             overview_lines: Sql::render(
                 t,
                 "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
@@ -62,20 +52,6 @@ impl PartitionsSql {
                        AND o.published_at IS NULL AND o.failed_at IS NULL
                      ORDER BY o.id LIMIT 1)
                  ORDER BY p.partition_key",
-            ),
-            events_since: Sql::render(
-                t,
-                "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                 FROM {outbox}_lease_events WHERE id > ? ORDER BY id LIMIT ?",
-            ),
-            events_within: Sql::render(
-                t,
-                "SELECT * FROM (
-                    SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                    FROM {outbox}_lease_events
-                    WHERE at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-                    ORDER BY at DESC, id DESC LIMIT ?
-                 ) recent ORDER BY id",
             ),
         }
     }
@@ -358,34 +334,35 @@ impl PartitionStore for MySqlBackend {
         .await
     }
 
-    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        sqlx::query_as(self.partitions.leases.q())
-            .fetch_all(&self.pool)
-            .bounded("reading leases")
-            .await
-    }
-
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
         let lines = &self.partitions.overview_lines;
         let overview = views::overview(self, &self.tables, VIEWS, lines, cap);
         bounded_op("reading the bucket overview", overview).await
     }
+}
 
-    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_since.q())
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
-    }
-
-    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_within.q())
-            .bind(micros(Duration::from_secs_f64(seconds.max(0.0))))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
+/// The partitions table's reads (`store::lookups`), in this backend's SQL.
+pub(crate) fn lookups(t: &TablesConfig) -> PartitionLookupsSql {
+    PartitionLookupsSql {
+        leases: Sql::render(
+            t,
+            "SELECT partition_key, lease_owner, lease_until, lease_epoch,
+                    COALESCE(lease_until > UTC_TIMESTAMP(6), FALSE) AS valid
+             FROM {partitions} ORDER BY partition_key",
+        ),
+        events_since: Sql::render(
+            t,
+            "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+             FROM {outbox}_lease_events WHERE id > ? ORDER BY id LIMIT ?",
+        ),
+        events_within: Sql::render(
+            t,
+            "SELECT * FROM (
+                SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+                FROM {outbox}_lease_events
+                WHERE at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                ORDER BY at DESC, id DESC LIMIT ?
+             ) recent ORDER BY id",
+        ),
     }
 }

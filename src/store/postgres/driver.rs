@@ -9,8 +9,7 @@ use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
-use crate::store::statements::StatsSql;
-use crate::store::statements::WorkersSql;
+use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
 impl Binding for Postgres {
@@ -78,5 +77,13 @@ impl Driver for PgBackend {
 
     fn stats_sql(&self) -> &StatsSql {
         &self.stats
+    }
+
+    fn lookups_sql(&self) -> &OutboxLookupsSql {
+        &self.lookups
+    }
+
+    fn partition_lookups_sql(&self) -> &PartitionLookupsSql {
+        &self.partition_lookups
     }
 }

@@ -24,7 +24,7 @@ use sqlx::postgres::PgDatabaseError;
 
 pub use pool::{DbPool, Tx};
 
-use super::{Backend, BackendKind, StoreError};
+use super::{Backend, BackendKind, Sql, StoreError};
 use crate::config::{DatabaseConfig, TablesConfig};
 
 /// A store on PostgreSQL.
@@ -37,6 +37,8 @@ pub struct PgBackend {
     partitions: partitions::PartitionsSql,
     workers: crate::store::statements::WorkersSql,
     stats: crate::store::statements::StatsSql,
+    lookups: crate::store::statements::OutboxLookupsSql,
+    partition_lookups: crate::store::statements::PartitionLookupsSql,
 }
 
 impl PgBackend {
@@ -56,6 +58,8 @@ impl PgBackend {
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
             stats: stats::statements(tables),
+            lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), true),
+            partition_lookups: partitions::lookups(tables),
         })
     }
 

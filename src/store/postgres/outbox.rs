@@ -16,8 +16,8 @@ use sqlx::{PgExecutor, Postgres};
 use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder, Message,
-    MessageDetail, MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
+    MessageSummary, OutboxStore,
 };
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, query_error};
 
@@ -64,21 +64,15 @@ pub struct OutboxSql {
     claim: Sql,
     record_published: Sql,
     record_failure: Sql,
-    release: Sql,
-    clear_claims: Sql,
     bucket_heads: Sql,
     ready_buckets: Sql,
-    newest_id: Sql,
-    added_after: Sql,
     list_pending: Sql,
     list_pending_key: Sql,
     list_published: Sql,
     list_published_key: Sql,
     list_failed: Sql,
     list_failed_key: Sql,
-    detail: Sql,
     requeue: Sql,
-    parked_in_bucket: Sql,
     drop_parked: Sql,
     purge_batch: Sql,
     count_purgeable: Sql,
@@ -154,17 +148,6 @@ fn record_failure() -> String {
         claim = held_claim("$8", "$2", "$9", "$10"),
     )
 }
-
-/// Releasing is harmless without a fence: it only drops our own claim.
-const RELEASE: &str = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                       WHERE partition_key = $1 AND claim_token = $2";
-
-/// A new lease owner drops the claim of an earlier owner: its writes
-/// are fenced out anyway, and its claim would only hold the bucket
-/// up until claim_ttl.
-const CLEAR_CLAIMS: &str = "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-             WHERE partition_key = $1 AND lease_owner = $2 AND lease_epoch = $3
-               AND claim_token IS NOT NULL";
 
 /// Each bucket's head ($1: the buckets), ready or not.
 const BUCKET_HEADS: &str = "SELECT b.partition_key, h.id, h.created_at, h.attempts, h.last_error,
@@ -248,16 +231,9 @@ impl OutboxSql {
         Self {
             enqueue: enqueue_statement(t),
             ready_buckets: Sql::render(t, READY_BUCKETS),
-            newest_id: Sql::render(t, "SELECT coalesce(max(id), 0) FROM {outbox}"),
-            added_after: Sql::render(
-                t,
-                "SELECT id, partition_key FROM {outbox} WHERE id > $1 ORDER BY id LIMIT $2",
-            ),
             claim: Sql::render(t, CLAIM),
             record_published: Sql::render(t, &record_published()),
             record_failure: Sql::render(t, &record_failure()),
-            release: Sql::render(t, RELEASE),
-            clear_claims: Sql::render(t, CLEAR_CLAIMS),
             // Pending, oldest first: a merge of per-bucket range scans of
             // the pending index (bounded by buckets × limit rows).
             list_pending: Sql::render(
@@ -288,27 +264,11 @@ impl OutboxSql {
                 t,
                 &newest_first("o.failed_at IS NOT NULL AND o.published_at IS NULL", true),
             ),
-            parked_in_bucket: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                     WHERE o.partition_key = $2 AND o.failed_at IS NOT NULL
-                     ORDER BY o.partition_key, o.id LIMIT $1"
-                ),
-            ),
-
             drop_parked: Sql::render(t, DROP_PARKED),
 
             purge_batch: Sql::render(t, PURGE_BATCH),
 
             count_purgeable: Sql::render(t, COUNT_PURGEABLE),
-            detail: Sql::render(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload FROM {{outbox}} o WHERE o.id = $1"
-                ),
-            ),
-
             requeue: Sql::render(t, REQUEUE),
             bucket_heads: Sql::render(t, BUCKET_HEADS),
         }
@@ -461,31 +421,6 @@ impl OutboxStore for PgBackend {
         .await
     }
 
-    async fn release_claim(
-        &self,
-        partition_key: &str,
-        token: ClaimToken,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.release.q())
-            .bind(partition_key)
-            .bind(token.0)
-            .execute(&self.pool)
-            .bounded("releasing a claim")
-            .await?
-            .rows_affected())
-    }
-
-    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.clear_claims.q())
-            .bind(partition_key)
-            .bind(fence.owner)
-            .bind(fence.epoch)
-            .execute(&self.pool)
-            .bounded("clearing earlier claims")
-            .await?
-            .rows_affected())
-    }
-
     async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
         sqlx::query_as(self.outbox.bucket_heads.q())
             .bind(partition_keys)
@@ -499,22 +434,6 @@ impl OutboxStore for PgBackend {
             .bind(partition_keys)
             .fetch_all(&self.pool)
             .bounded("polling for new rows")
-            .await
-    }
-
-    async fn newest_id(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(self.outbox.newest_id.q())
-            .fetch_one(&self.pool)
-            .bounded("reading the newest id")
-            .await
-    }
-
-    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
-        sqlx::query_as(self.outbox.added_after.q())
-            .bind(after)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("probing for new rows")
             .await
     }
 
@@ -545,27 +464,6 @@ impl OutboxStore for PgBackend {
             return published_of_key(&self.pool, q).await;
         }
         q.fetch_all(&self.pool).bounded("listing messages").await
-    }
-
-    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
-        sqlx::query_as(self.outbox.detail.q())
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .bounded("reading a message")
-            .await
-    }
-
-    async fn parked_in_bucket(
-        &self,
-        partition_key: &str,
-        limit: i64,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        sqlx::query_as(self.outbox.parked_in_bucket.q())
-            .bind(limit)
-            .bind(partition_key)
-            .fetch_all(&self.pool)
-            .bounded("listing parked messages")
-            .await
     }
 
     async fn drop_parked(

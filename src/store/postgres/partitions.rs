@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use super::PgBackend;
 use crate::config::TablesConfig;
-use crate::store::partitions::{Acquired, BucketView, LeaseEvent, LeaseRow, PartitionStore};
+use crate::store::partitions::{Acquired, BucketView, PartitionStore};
+use crate::store::statements::PartitionLookupsSql;
 use crate::store::{Bounded, Sql, StoreError, render};
 
 /// Inserts a row for every bucket label that has none.
@@ -36,9 +37,6 @@ pub struct PartitionsSql {
     renew: Sql,
     release: Sql,
     release_all: Sql,
-    leases: Sql,
-    events_since: Sql,
-    events_within: Sql,
     overview: Sql,
 }
 
@@ -110,12 +108,6 @@ impl PartitionsSql {
                  )
                  SELECT partition_key FROM released",
             ),
-            leases: Sql::render(
-                t,
-                "SELECT partition_key, lease_owner, lease_until, lease_epoch,
-                        coalesce(lease_until > now(), false) AS valid
-                 FROM {partitions} ORDER BY partition_key",
-            ),
             // Every count is capped (`LIMIT $1` inside), so the cost is
             // bounded by buckets × cap whatever the table size.
             overview: Sql::render(
@@ -139,20 +131,6 @@ impl PartitionsSql {
                        AND o.published_at IS NULL AND o.failed_at IS NULL
                      ORDER BY o.partition_key, o.id LIMIT 1) h ON true
                  ORDER BY p.partition_key",
-            ),
-            events_since: Sql::render(
-                t,
-                "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                 FROM {outbox}_lease_events WHERE id > $1 ORDER BY id LIMIT $2",
-            ),
-            events_within: Sql::render(
-                t,
-                "SELECT * FROM (
-                    SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                    FROM {outbox}_lease_events
-                    WHERE at > now() - make_interval(secs => $1::float8)
-                    ORDER BY at DESC, id DESC LIMIT $2
-                 ) recent ORDER BY id",
             ),
         }
     }
@@ -231,14 +209,6 @@ impl PartitionStore for PgBackend {
             .await
     }
 
-    /// Every bucket's lease.
-    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        sqlx::query_as(self.partitions.leases.q())
-            .fetch_all(&self.pool)
-            .bounded("reading leases")
-            .await
-    }
-
     /// Every bucket with its lease, capped pending/parked counts and head.
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
         sqlx::query_as(self.partitions.overview.q())
@@ -247,25 +217,30 @@ impl PartitionStore for PgBackend {
             .bounded("reading the bucket overview")
             .await
     }
+}
 
-    /// Lease events after `after_id`, oldest first.
-    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_since.q())
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
-    }
-
-    /// The latest lease changes of the last `seconds` (at most `limit`, the
-    /// most recent), oldest first.
-    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_within.q())
-            .bind(seconds)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
+/// The partitions table's reads (`store::lookups`), in this backend's SQL.
+pub(crate) fn lookups(t: &TablesConfig) -> PartitionLookupsSql {
+    PartitionLookupsSql {
+        leases: Sql::render(
+            t,
+            "SELECT partition_key, lease_owner, lease_until, lease_epoch,
+                    coalesce(lease_until > now(), false) AS valid
+             FROM {partitions} ORDER BY partition_key",
+        ),
+        events_since: Sql::render(
+            t,
+            "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+             FROM {outbox}_lease_events WHERE id > $1 ORDER BY id LIMIT $2",
+        ),
+        events_within: Sql::render(
+            t,
+            "SELECT * FROM (
+                SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+                FROM {outbox}_lease_events
+                WHERE at > now() - make_interval(secs => $1::float8 / 1000.0)
+                ORDER BY at DESC, id DESC LIMIT $2
+             ) recent ORDER BY id",
+        ),
     }
 }

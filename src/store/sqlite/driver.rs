@@ -9,7 +9,7 @@ use sqlx::{Arguments, Executor, Sqlite, SqlitePool};
 
 use super::SqliteBackend;
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
-use crate::store::statements::{StatsSql, WorkersSql};
+use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
 /// A transaction on SQLite.
@@ -67,12 +67,15 @@ impl Driver for SqliteBackend {
     type Pool<'a> = &'a SqlitePool;
     type Tx = Tx;
 
-    /// The writer: the flows on the contract (membership, throughput)
-    /// write more than they read, and the one writer keeps the worker's
-    /// writes in one queue.
+    /// The writer: the one writer keeps the worker's writes in one queue.
     #[allow(clippy::misnamed_getters)]
     fn pool(&self) -> &SqlitePool {
         &self.writer
+    }
+
+    /// The readers: a read never waits behind the writer's queue.
+    fn reads(&self) -> &SqlitePool {
+        &self.pool
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {
@@ -89,5 +92,13 @@ impl Driver for SqliteBackend {
 
     fn stats_sql(&self) -> &StatsSql {
         &self.stats
+    }
+
+    fn lookups_sql(&self) -> &OutboxLookupsSql {
+        &self.lookups
+    }
+
+    fn partition_lookups_sql(&self) -> &PartitionLookupsSql {
+        &self.partition_lookups
     }
 }

@@ -110,6 +110,8 @@ pub struct SqliteBackend {
     partitions: partitions::PartitionsSql,
     workers: crate::store::statements::WorkersSql,
     stats: crate::store::statements::StatsSql,
+    lookups: crate::store::statements::OutboxLookupsSql,
+    partition_lookups: crate::store::statements::PartitionLookupsSql,
 }
 
 impl SqliteBackend {
@@ -131,6 +133,8 @@ impl SqliteBackend {
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
             stats: stats::statements(tables),
+            lookups: crate::store::lookups::statements(|s| sql(tables, s), false),
+            partition_lookups: partitions::lookups(tables),
         })
     }
 

@@ -26,10 +26,10 @@ use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
 use crate::partitioner::Partitioner;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimToken, ClaimedMessage, Dropped, Failure, FailureRecord, Fence, Holder,
-    Message, MessageDetail, MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimedMessage, Dropped, Failure, FailureRecord, Holder, Message,
+    MessageState, MessageSummary, OutboxStore,
 };
-use crate::store::views::{self, SUMMARY_COLUMNS};
+use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
 
 /// The condition every write of a drainer carries (see the PostgreSQL
@@ -58,13 +58,8 @@ pub struct OutboxSql {
     enqueue: Sql,
     claim_read: Sql,
     take_claim: Sql,
-    release: Sql,
-    clear_claims: Sql,
     record_published: Sql,
     record_failure: Sql,
-    detail: Sql,
-    newest_id: Sql,
-    added_after: Sql,
 }
 
 impl OutboxSql {
@@ -106,17 +101,6 @@ impl OutboxSql {
                    AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
                                       AND lease_until > {now}))",
             ),
-            release: sql(
-                t,
-                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                 WHERE partition_key = ? AND claim_token = ?",
-            ),
-            clear_claims: sql(
-                t,
-                "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
-                 WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
-                   AND claim_token IS NOT NULL",
-            ),
             // Parameters: ids (JSON), bucket, then HELD_CLAIM's.
             record_published: sql(
                 t,
@@ -144,18 +128,6 @@ impl OutboxSql {
                      WHERE id = ? AND partition_key = ? AND published_at IS NULL AND {HELD_CLAIM}
                      RETURNING failed_at IS NOT NULL"
                 ),
-            ),
-            detail: sql(
-                t,
-                &format!(
-                    "SELECT {SUMMARY_COLUMNS}, o.headers, o.content_type, o.payload
-                     FROM {{outbox}} o WHERE o.id = ?"
-                ),
-            ),
-            newest_id: sql(t, "SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
-            added_after: sql(
-                t,
-                "SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?",
             ),
         }
     }
@@ -314,31 +286,6 @@ impl OutboxStore for SqliteBackend {
         .await
     }
 
-    async fn release_claim(
-        &self,
-        partition_key: &str,
-        token: ClaimToken,
-    ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.release.q())
-            .bind(partition_key)
-            .bind(token.0)
-            .execute(&self.writer)
-            .bounded("releasing a claim")
-            .await?
-            .rows_affected())
-    }
-
-    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.outbox.clear_claims.q())
-            .bind(partition_key)
-            .bind(fence.owner)
-            .bind(fence.epoch)
-            .execute(&self.writer)
-            .bounded("clearing earlier claims")
-            .await?
-            .rows_affected())
-    }
-
     async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
         let sql = self.outbox.sql(&format!(
             "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
@@ -376,22 +323,6 @@ impl OutboxStore for SqliteBackend {
             .await
     }
 
-    async fn newest_id(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(self.outbox.newest_id.q())
-            .fetch_one(&self.pool)
-            .bounded("reading the newest id")
-            .await
-    }
-
-    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
-        sqlx::query_as(self.outbox.added_after.q())
-            .bind(after)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("probing for new rows")
-            .await
-    }
-
     async fn list_messages(
         &self,
         state: MessageState,
@@ -401,32 +332,6 @@ impl OutboxStore for SqliteBackend {
     ) -> Result<Vec<MessageSummary>, StoreError> {
         let t = &self.tables;
         views::list_messages(self, t, VIEWS, state, message_key, cursor, limit).await
-    }
-
-    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
-        sqlx::query_as(self.outbox.detail.q())
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .bounded("reading a message")
-            .await
-    }
-
-    async fn parked_in_bucket(
-        &self,
-        partition_key: &str,
-        limit: i64,
-    ) -> Result<Vec<MessageSummary>, StoreError> {
-        let sql = self.outbox.sql(&format!(
-            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-             WHERE o.partition_key = ? AND o.failed_at IS NOT NULL
-             ORDER BY o.id LIMIT ?"
-        ));
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(partition_key)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("listing parked messages")
-            .await
     }
 
     async fn drop_parked(

@@ -16,9 +16,8 @@ use uuid::Uuid;
 use super::driver::{Tx, millis};
 use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
-use crate::store::partitions::{
-    Acquired, BucketView, LeaseEvent, LeaseRow, PartitionStore, acquire_reason,
-};
+use crate::store::partitions::{Acquired, BucketView, PartitionStore, acquire_reason};
+use crate::store::statements::PartitionLookupsSql;
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
 
@@ -31,7 +30,6 @@ const HELD: &str = "(partition_key, lease_epoch) IN (
 #[derive(Debug)]
 pub struct PartitionsSql {
     tables: TablesConfig,
-    leases: Sql,
     /// Every bucket's lease and head, as `views::LeaseLine`.
     overview_lines: Sql,
     acquirable: Sql,
@@ -41,20 +39,12 @@ pub struct PartitionsSql {
     owned: Sql,
     free: Sql,
     log_event: Sql,
-    events_since: Sql,
-    events_within: Sql,
 }
 
 impl PartitionsSql {
     pub fn new(t: &TablesConfig) -> Self {
         Self {
             tables: t.clone(),
-            leases: sql(
-                t,
-                "SELECT partition_key, lease_owner, lease_until, lease_epoch,
-                        COALESCE(lease_until > {now}, 0) AS valid
-                 FROM {partitions} ORDER BY partition_key",
-            ),
             overview_lines: sql(
                 t,
                 &format!(
@@ -125,20 +115,6 @@ impl PartitionsSql {
                 "INSERT INTO {outbox}_lease_events
                      (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
                  VALUES (?, ?, ?, ?, ?, ?, ?)",
-            ),
-            events_since: sql(
-                t,
-                "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                 FROM {outbox}_lease_events WHERE id > ? ORDER BY id LIMIT ?",
-            ),
-            events_within: sql(
-                t,
-                "SELECT * FROM (
-                    SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
-                    FROM {outbox}_lease_events
-                    WHERE at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
-                    ORDER BY at DESC, id DESC LIMIT ?
-                 ) ORDER BY id",
             ),
         }
     }
@@ -344,34 +320,35 @@ impl PartitionStore for SqliteBackend {
         .await
     }
 
-    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        sqlx::query_as(self.partitions.leases.q())
-            .fetch_all(&self.pool)
-            .bounded("reading leases")
-            .await
-    }
-
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
         let lines = &self.partitions.overview_lines;
         let overview = views::overview(self, &self.tables, VIEWS, lines, cap);
         bounded_op("reading the bucket overview", overview).await
     }
+}
 
-    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_since.q())
-            .bind(after_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
-    }
-
-    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        sqlx::query_as(self.partitions.events_within.q())
-            .bind(millis(Duration::from_secs_f64(seconds.max(0.0))))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .bounded("reading lease events")
-            .await
+/// The partitions table's reads (`store::lookups`), in this backend's SQL.
+pub(crate) fn lookups(t: &TablesConfig) -> PartitionLookupsSql {
+    PartitionLookupsSql {
+        leases: sql(
+            t,
+            "SELECT partition_key, lease_owner, lease_until, lease_epoch,
+                    COALESCE(lease_until > {now}, 0) AS valid
+             FROM {partitions} ORDER BY partition_key",
+        ),
+        events_since: sql(
+            t,
+            "SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+             FROM {outbox}_lease_events WHERE id > ? ORDER BY id LIMIT ?",
+        ),
+        events_within: sql(
+            t,
+            "SELECT * FROM (
+                SELECT id, at, partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason
+                FROM {outbox}_lease_events
+                WHERE at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+                ORDER BY at DESC, id DESC LIMIT ?
+             ) ORDER BY id",
+        ),
     }
 }

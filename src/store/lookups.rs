@@ -1,0 +1,233 @@
+//! The one-statement operations, written once over the driver contract
+//! ([`super::driver`]). On the `outbox` table ([`OutboxLookups`]): the
+//! poller's probe (the newest id, the rows added after it), the views'
+//! single message and a bucket's parked rows, and a drainer's claim upkeep
+//! (handing its claim back, dropping an earlier lease's). On the
+//! partitions table ([`PartitionLookups`]): the leases and the lease
+//! events. Each backend renders [`OutboxLookupsSql`] and
+//! [`PartitionLookupsSql`] in its own SQL; nothing here knows which.
+//!
+//! Reads run on [`Driver::reads`] (SQLite: its readers, never its one
+//! writer), writes on [`Driver::pool`].
+
+use async_trait::async_trait;
+
+use super::StoreError;
+use super::driver::{Arg, Driver, Statements};
+use std::time::Duration;
+
+use super::outbox::{ClaimToken, Fence, MessageDetail, MessageSummary};
+use super::partitions::{LeaseEvent, LeaseRow};
+use super::statements::OutboxLookupsSql;
+
+/// The `outbox` table's one-statement operations, as every backend has
+/// them (through [`Driver`]).
+#[async_trait]
+pub trait OutboxLookups {
+    /// The newest id in the table (0 when it is empty): where a poller's
+    /// probe ([`OutboxLookups::added_after`]) starts.
+    async fn newest_id(&self) -> Result<i64, StoreError>;
+
+    /// Up to `limit` rows with an id above `after`, oldest first: their ids
+    /// and buckets. One range read of the primary key, as cheap as a query
+    /// gets when nothing was added: the probe a polling worker runs between
+    /// its polls. A row whose id was taken before `after` but that commits
+    /// after this read is not among them (ids commit out of order); polls
+    /// find it.
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError>;
+
+    /// One message, everything included.
+    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError>;
+
+    /// Parked messages of one bucket, oldest first.
+    async fn parked_in_bucket(
+        &self,
+        partition_key: &str,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
+
+    /// Drops the bucket's claim if it is still `token`'s (a drainer that
+    /// stops hands its bucket back at once instead of after claim_ttl).
+    async fn release_claim(
+        &self,
+        partition_key: &str,
+        token: ClaimToken,
+    ) -> Result<u64, StoreError>;
+
+    /// Drops the claim of an earlier drainer of a bucket just leased
+    /// (fenced by that lease).
+    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError>;
+}
+
+#[async_trait]
+impl<D: Driver> OutboxLookups for D {
+    async fn newest_id(&self) -> Result<i64, StoreError> {
+        let sql = &self.lookups_sql().newest_id;
+        let rows: Vec<(i64,)> = self
+            .reads()
+            .fetch_all(sql, &[], "reading the newest id")
+            .await?;
+        Ok(rows.first().map_or(0, |r| r.0))
+    }
+
+    async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
+        let sql = &self.lookups_sql().added_after;
+        let args = [Arg::Int(after), Arg::Int(limit)];
+        self.reads()
+            .fetch_all(sql, &args, "probing for new rows")
+            .await
+    }
+
+    async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
+        let sql = &self.lookups_sql().detail;
+        let rows = self
+            .reads()
+            .fetch_all(sql, &[Arg::Int(id)], "reading a message")
+            .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    async fn parked_in_bucket(
+        &self,
+        partition_key: &str,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let sql = &self.lookups_sql().parked_in_bucket;
+        let args = [Arg::Text(Some(partition_key)), Arg::Int(limit)];
+        self.reads()
+            .fetch_all(sql, &args, "listing parked messages")
+            .await
+    }
+
+    async fn release_claim(
+        &self,
+        partition_key: &str,
+        token: ClaimToken,
+    ) -> Result<u64, StoreError> {
+        let sql = &self.lookups_sql().release_claim;
+        let args = [Arg::Text(Some(partition_key)), Arg::Uuid(token.0)];
+        self.pool().execute(sql, &args, "releasing a claim").await
+    }
+
+    async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
+        let sql = &self.lookups_sql().clear_claims;
+        let args = [
+            Arg::Text(Some(partition_key)),
+            Arg::Uuid(fence.owner),
+            Arg::Int(fence.epoch),
+        ];
+        self.pool()
+            .execute(sql, &args, "clearing earlier claims")
+            .await
+    }
+}
+
+/// The partitions table's reads, as every backend has them (through
+/// [`Driver`]).
+#[async_trait]
+pub trait PartitionLookups {
+    /// Every bucket's lease, by label.
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
+
+    /// Lease events after `after_id`, oldest first.
+    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
+
+    /// The latest lease changes of the last `seconds` (at most `limit`, the
+    /// most recent), oldest first.
+    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError>;
+}
+
+#[async_trait]
+impl<D: Driver> PartitionLookups for D {
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        let sql = &self.partition_lookups_sql().leases;
+        self.reads().fetch_all(sql, &[], "reading leases").await
+    }
+
+    async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
+        let sql = &self.partition_lookups_sql().events_since;
+        let args = [Arg::Int(after_id), Arg::Int(limit)];
+        self.reads()
+            .fetch_all(sql, &args, "reading lease events")
+            .await
+    }
+
+    async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
+        let sql = &self.partition_lookups_sql().events_within;
+        let within = Duration::from_secs_f64(seconds.clamp(0.0, 1e9));
+        let args = [Arg::Duration(within), Arg::Int(limit)];
+        self.reads()
+            .fetch_all(sql, &args, "reading lease events")
+            .await
+    }
+}
+
+/// Renders [`OutboxLookupsSql`] for a backend whose statements differ from
+/// the common text only in their placeholders: `?` (MySQL/MariaDB, SQLite)
+/// or, through `number`, `$1, $2, …` (PostgreSQL). `render` is the
+/// backend's template renderer (table names, its time functions).
+pub(crate) fn statements(render: impl Fn(&str) -> super::Sql, number: bool) -> OutboxLookupsSql {
+    let text = |template: &str| {
+        if number {
+            numbered(template)
+        } else {
+            template.to_string()
+        }
+    };
+    let sql = |template: &str| render(&text(template));
+    let summary = super::views::SUMMARY_COLUMNS;
+    OutboxLookupsSql {
+        newest_id: sql("SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
+        added_after: sql("SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?"),
+        detail: sql(&format!(
+            "SELECT {summary}, o.headers, o.content_type, o.payload
+             FROM {{outbox}} o WHERE o.id = ?"
+        )),
+        // The bucket's parked rows in (partition_key, id) order: the
+        // failed index's order on every backend.
+        parked_in_bucket: sql(&format!(
+            "SELECT {summary} FROM {{outbox}} o
+             WHERE o.partition_key = ? AND o.failed_at IS NOT NULL
+             ORDER BY o.partition_key, o.id LIMIT ?"
+        )),
+        release_claim: sql(
+            "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+             WHERE partition_key = ? AND claim_token = ?",
+        ),
+        // A new lease owner drops the claim of an earlier owner: its writes
+        // are fenced out anyway, and its claim would only hold the bucket
+        // up until claim_ttl.
+        clear_claims: sql(
+            "UPDATE {partitions} SET claim_token = NULL, claimed_until = NULL
+             WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
+               AND claim_token IS NOT NULL",
+        ),
+    }
+}
+
+/// `?` placeholders as `$1, $2, …`, in order (no statement here has a `?`
+/// anywhere else).
+fn numbered(template: &str) -> String {
+    let mut out = String::with_capacity(template.len() + 8);
+    let mut n = 0;
+    for c in template.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn placeholders_are_numbered_in_order() {
+        assert_eq!(
+            super::numbered("WHERE a = ? AND b = ? LIMIT ?"),
+            "WHERE a = $1 AND b = $2 LIMIT $3"
+        );
+    }
+}
