@@ -90,7 +90,16 @@ function renderCharts(t) {
 // events (fetched incrementally) and the current leases.
 const WINDOW_S = 300;
 const timeline = { events: [], lastId: 0, loaded: false };
-const colour = (id) => `hsl(${parseInt(String(id).replace(/-/g, "").slice(0, 6), 16) % 360} 62% 52%)`;
+// Live workers take hues in id order, spread by the golden angle over
+// 25°–325° (no red: red marks take-overs and errors), so no two live workers
+// share one; a gone worker keeps a pale grey-blue of its own id.
+const palette = { live: new Map() };
+function assignColours(workers) {
+  const ids = workers.filter((w) => w.live).map((w) => w.worker_id).sort();
+  palette.live = new Map(ids.map((id, i) => [id, `hsl(${(25 + ((i * 0.6180339887) % 1) * 300).toFixed(1)} 62% 48%)`]));
+}
+const colour = (id) => palette.live.get(id) ||
+  `hsl(${210 + (parseInt(String(id).replace(/-/g, "").slice(0, 6), 16) % 40)} 12% 70%)`;
 
 async function loadEvents() {
   const q = timeline.loaded ? `after=${timeline.lastId}` : `since_seconds=${WINDOW_S}`;
@@ -100,6 +109,7 @@ async function loadEvents() {
 }
 
 function renderTimeline(s) {
+  assignColours(s.workers);
   const now = Date.parse(s.now), start = now - WINDOW_S * 1000;
   timeline.events = timeline.events.filter((e) => Date.parse(e.at) >= start);
   const buckets = s.partitions.map((p) => p.partition_key);
@@ -144,16 +154,26 @@ function renderTimeline(s) {
   for (const el of document.querySelectorAll("#tl-legend .swatch")) el.style.background = el.dataset.colour;
 }
 
-// A worker's state: broker trouble first, then what its buckets are doing.
+// A worker's state, from what it is doing: broker trouble first; then
+// publishing (its own rate says so, whatever its buckets show); waiting on
+// blocked heads (every bucket of its with rows is blocked: until the
+// earliest retry); draining; holding idle buckets; or holding none.
 function workerState(w, parts) {
   if (!w.live) return `<span class="badge idle">gone</span>`;
   if (!w.can_publish && w.broker_error) return `<span class="badge blocked" title="${esc(w.broker_error)}">broker unreachable</span>`;
   if (w.broker_blocked) return `<span class="badge blocked" title="${esc(w.broker_blocked)}">blocked by a broker alarm</span>`;
   if (!w.can_publish) return `<span class="badge idle">starting</span>`;
-  const mine = parts.filter((p) => p.lease_owner === w.worker_id && p.lease_ttl_seconds > 0);
-  const draining = w.mode === "no-leasing" ? parts.some((p) => p.pending > 0) : mine.some((p) => p.pending > 0);
-  if (draining) return `<span class="badge ok">draining</span>`;
-  return `<span class="badge idle">${w.mode === "no-leasing" || mine.length ? "idle" : "no buckets"}</span>`;
+  if (w.published_rate > 0) return `<span class="badge ok">publishing</span>`;
+  const mine = w.mode === "no-leasing" ? parts : parts.filter((p) => p.lease_owner === w.worker_id && p.lease_ttl_seconds > 0);
+  const busy = mine.filter((p) => p.pending > 0);
+  if (busy.length && busy.every((p) => p.head_error)) {
+    const retries = busy.map((p) => p.head_retry_at).filter(Boolean).sort();
+    const next = retries.length ? ` · retry ${time(retries[0])}` : "";
+    return `<span class="badge blocked" title="${esc(busy[0].head_error)}">blocked head${next}</span>`;
+  }
+  if (busy.length) return `<span class="badge ok">draining</span>`;
+  if (mine.length) return `<span class="badge idle">idle · ${mine.length} bucket${mine.length === 1 ? "" : "s"}</span>`;
+  return `<span class="badge idle">no buckets</span>`;
 }
 
 function renderWorkers(workers, parts) {

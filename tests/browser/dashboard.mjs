@@ -57,6 +57,23 @@ try {
   });
   for (const [bucket, owner] of Object.entries(expect.owners)) check(current[bucket] === owner, `timeline: bucket ${bucket} ends with ${current[bucket]}, database says ${owner}`);
 
+  // Every live worker has a colour of its own in the legend, and none is red
+  // (red marks take-overs and errors).
+  const swatches = await page.$$eval("#tl-legend > span:not(.gone)", (ss) => ss.map((s) => ({ id: s.dataset.worker, colour: getComputedStyle(s.querySelector(".swatch")).backgroundColor })));
+  for (const id of expect.workers) check(swatches.some((s) => s.id === id), `worker ${id} missing from the legend`);
+  check(new Set(swatches.map((s) => s.colour)).size === swatches.length, `live workers share a colour: ${JSON.stringify(swatches)}`);
+  for (const { colour } of swatches) {
+    const [r, g, b] = colour.match(/\d+/g).map(Number);
+    check(!(r > 150 && g < 110 && b < 110), `a live worker is red: ${colour}`);
+  }
+  seen.legend = swatches;
+
+  // A worker publishing (its rate above 0) is shown as publishing, never idle.
+  await page.waitForFunction(() => [...document.querySelectorAll("#workers tbody tr[data-worker]:not(.gone)")].some((tr) => parseFloat(tr.children[8].textContent) > 0));
+  const states = await page.$$eval("#workers tbody tr[data-worker]:not(.gone)", (trs) => trs.map((tr) => ({ rate: parseFloat(tr.children[8].textContent), state: tr.querySelector(".state").textContent })));
+  for (const w of states) if (w.rate > 0) check(w.state === "publishing", `a worker at ${w.rate}/s is shown as ${w.state}`);
+  seen.states = states;
+
   // A worker stops: the survivors' acquisitions of its buckets appear on
   // the timeline without a reload.
   if (process.env.DASH_STOP_PID) {
