@@ -91,7 +91,10 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Steady traffic for the live check.
+    // Steady traffic for the live check; and once the page shows its Failed
+    // tab (the browser creates `signal`), one more unroutable message, to be
+    // parked while the page is open.
+    let signal = std::env::temp_dir().join(format!("{}.signal", unique("dash")));
     let (db, q) = (env.db.clone(), queue.clone());
     let traffic = tokio::spawn(async move {
         for i in 0..3000 {
@@ -99,6 +102,14 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
                 .await;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    });
+    let (db, later, watched) = (env.db.clone(), unique("missing"), signal.clone());
+    let parking_later = tokio::spawn(async move {
+        while !watched.exists() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        db.enqueue(Message::new("parked-later", "", later.as_str(), "later"))
+            .await;
     });
     let draining = tokio::spawn(async move {
         let _ = reader.read_until(Duration::from_secs(120), |_| false).await;
@@ -122,6 +133,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         .env("DASH_STOP_PID", workers[2].pid().to_string())
         .env("DASH_STOP_ID", leaving.to_string())
         .env("DASH_EXPECT", expect.to_string())
+        .env("DASH_SIGNAL", &signal)
         .env("CHROMIUM", &chromium);
     if let Ok(path) = std::env::var("OUTBOXD_SCREENSHOT") {
         cmd.env("DASH_SCREENSHOT", path);
@@ -130,6 +142,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         .await
         .unwrap()
         .unwrap();
+    let _ = std::fs::remove_file(&signal);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("browser: {stdout}");
@@ -162,6 +175,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         .await;
     assert_eq!(published, 1, "the requeued message was not published");
     traffic.abort();
+    parking_later.abort();
     draining.abort();
     let mut left = workers.pop().unwrap();
     assert!(

@@ -54,7 +54,7 @@ function renderKpis(s) {
   $("#kpi-pending").textContent = num(t.pending) + (t.pending_capped ? "+" : "");
   $("#kpi-lag").textContent = secs(t.max_lag_seconds);
   $("#kpi-now").textContent = `${s.throughput.per_second_now.toFixed(1)}/s`;
-  $("#kpi-rate").textContent = num(s.throughput.current_per_minute);
+  $("#kpi-rate").textContent = num(s.throughput.published_last_60s);
   $("#kpi-hour").textContent = num(s.throughput.published_last_hour);
   $("#kpi-parked").textContent = num(t.parked);
   $("#kpi-parked").classList.toggle("bad", t.parked > 0);
@@ -80,9 +80,15 @@ function bars(svg, slots, label) {
   return max;
 }
 
+// The y-axis of a chart: its top (the busiest slot) and middle, with units.
+function yaxis(id, max, unit) {
+  $(`#${id}-max`).textContent = `${num(max)}${unit}`;
+  $(`#${id}-mid`).textContent = `${num(Math.round(max / 2))}${unit}`;
+}
+
 function renderCharts(t) {
-  $("#chart-max").textContent = num(bars($("#chart"), t.minutes, (m) => time(m.minute)));
-  $("#live-max").textContent = num(bars($("#live"), t.seconds, (m) => time(m.second)));
+  yaxis("chart", bars($("#chart"), t.minutes, (m) => time(m.minute)), "/min");
+  yaxis("live", bars($("#live"), t.seconds, (m) => time(m.second)), "/s");
 }
 
 // The lease timeline: one row per bucket over the last 5 minutes, each
@@ -212,8 +218,12 @@ function renderPartitions(parts) {
 
 async function refresh() {
   try {
-    const [s] = await Promise.all([api("/summary"), loadEvents()]);
+    // The figures as soon as the summary is in; the timeline once its
+    // events are too.
+    const events = loadEvents();
+    const s = await api("/summary");
     renderKpis(s); renderCharts(s.throughput); renderWorkers(s.workers, s.partitions); renderPartitions(s.partitions);
+    await events;
     renderTimeline(s);
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();
     $("#updated").dataset.at = String(Date.now());
@@ -231,9 +241,30 @@ function messageState(m) {
 // Each load of the message table is numbered; only the latest may render, so
 // a slow answer (a long search) never overwrites the view chosen after it.
 let messagesLoad = 0;
+// What the table shows now (rewritten only when it changes).
+let messagesHtml = "";
+// The table refreshes with the page (same tab, search and page): not while
+// a load is still out, not after one that failed (a stopped search is not
+// run again by itself), and not a search of the Published view by key,
+// which may read the whole table.
+const messagesPoll = { busy: false, failed: false };
+function refreshMessages() {
+  if (messagesPoll.busy || messagesPoll.failed || (state.view === "published" && state.key)) return;
+  loadMessages();
+}
 
 async function loadMessages() {
   const load = ++messagesLoad;
+  messagesPoll.busy = true;
+  try {
+    messagesPoll.failed = !(await loadPage(load));
+  } finally {
+    if (load === messagesLoad) messagesPoll.busy = false;
+  }
+}
+
+// One page of the message table; false if the load failed.
+async function loadPage(load) {
   const q = new URLSearchParams({ state: state.view, limit: "50" });
   if (state.key) q.set("key", state.key);
   if (state.cursor != null) q.set("cursor", String(state.cursor));
@@ -241,22 +272,27 @@ async function loadMessages() {
   try {
     page = await api("/messages?" + q);
   } catch (e) {
-    if (load !== messagesLoad) return;
+    if (load !== messagesLoad) return true;
     // A search the database stopped (or a database gone) says why in place of the rows.
-    $("#messages tbody").innerHTML = `<tr><td colspan="9" class="err">${esc(e.message)}</td></tr>`;
+    messagesHtml = `<tr><td colspan="9" class="err">${esc(e.message)}</td></tr>`;
+    $("#messages tbody").innerHTML = messagesHtml;
     $("#next-page").disabled = true;
-    return;
+    return false;
   }
-  if (load !== messagesLoad) return;
-  $("#messages tbody").innerHTML = page.messages.map((m) => `
+  if (load !== messagesLoad) return true;
+  const rows = page.messages.map((m) => `
     <tr class="clickable" data-id="${m.id}">
       <td class="mono">${m.id}</td><td class="mono">${esc(m.partition_key)}</td><td>${esc(m.message_key)}</td>
       <td>${esc(m.exchange || "(default)")} → ${esc(m.routing_key)}</td><td>${time(m.created_at)}</td>
       <td>${m.attempts}</td><td>${messageState(m)}</td><td class="err">${esc(m.last_error || "")}</td>
       <td>${m.failed_at ? `<button class="danger requeue-one" data-id="${m.id}">Requeue</button>` : ""}</td>
     </tr>`).join("") || `<tr><td colspan="9" class="muted">No ${state.view} messages${state.key ? " for " + esc(state.key) : ""}.</td></tr>`;
+  // Rewritten only when it changed: a refresh leaves rows (and the button
+  // under the pointer) alone.
+  if (messagesHtml !== rows) { $("#messages tbody").innerHTML = rows; messagesHtml = rows; }
   $("#next-page").disabled = page.next_cursor == null;
   $("#next-page").dataset.cursor = page.next_cursor ?? "";
+  return true;
 }
 
 async function showDetail(id) {
@@ -306,4 +342,4 @@ $("#first-page").addEventListener("click", () => { state.cursor = null; loadMess
 if (document.body.dataset.auth === "token") $("#logout").hidden = false;
 
 refresh(); loadMessages();
-setInterval(refresh, POLL_MS);
+setInterval(() => { refresh(); refreshMessages(); }, POLL_MS);

@@ -37,8 +37,11 @@ pub struct Throughput {
     pub minutes: Vec<Minute>,
     pub published_last_hour: i64,
     pub failed_last_hour: i64,
-    /// Published in the last complete minute.
+    /// Published in the last complete minute (of the clock).
     pub current_per_minute: i64,
+    /// Published in the last 60 complete seconds (the dashboard's
+    /// "Last 60 s": never 0 while "Publishing now" is above 0).
+    pub published_last_60s: i64,
     /// The last 300 seconds, oldest first.
     pub seconds: Vec<Second>,
     /// Published per second over the last 10 complete seconds.
@@ -104,15 +107,19 @@ pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary
 async fn throughput_of(store: &Store) -> Result<Throughput, StoreError> {
     let (minutes, seconds) = tokio::try_join!(store.last_hour(), store.last_minutes(),)?;
     let current_per_minute = minutes.iter().rev().nth(1).map_or(0, |m| m.published);
-    // The current second is still being counted: the ten before it.
-    let recent: i64 = seconds
-        .iter()
-        .rev()
-        .skip(1)
-        .take(10)
-        .map(|s| s.published)
-        .sum();
+    // The current second is still being counted: the ones before it.
+    let before_now = |n| {
+        seconds
+            .iter()
+            .rev()
+            .skip(1)
+            .take(n)
+            .map(|s| s.published)
+            .sum::<i64>()
+    };
+    let recent = before_now(10);
     Ok(Throughput {
+        published_last_60s: before_now(60),
         published_last_hour: minutes.iter().map(|m| m.published).sum(),
         failed_last_hour: minutes.iter().map(|m| m.failed).sum(),
         current_per_minute,

@@ -26,10 +26,11 @@
 //! (`tests/store.rs`) on it.
 //!
 //! Tables on the contract so far: `outbox_workers` ([`super::workers`]),
-//! the throughput tables ([`super::stats`]), the `outbox` table's
-//! one-statement operations ([`super::lookups`]) and its views
-//! ([`super::views`]).
-//! The others still implement their table trait per backend.
+//! the throughput tables ([`super::stats`]), the one-statement operations
+//! of the `outbox` and partitions tables ([`super::lookups`]) and the
+//! multi-bucket views ([`super::views`]). The rest of those two tables
+//! (claims, records, requeue, purge; acquire, renew, release), the schema
+//! and notifications are still implemented per backend.
 
 use std::time::Duration;
 

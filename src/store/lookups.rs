@@ -10,12 +10,12 @@
 //! Reads run on [`Driver::reads`] (SQLite: its readers, never its one
 //! writer), writes on [`Driver::pool`].
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::StoreError;
 use super::driver::{Arg, Driver, Statements};
-use std::time::Duration;
-
 use super::outbox::{ClaimToken, Fence, MessageDetail, MessageSummary};
 use super::partitions::{LeaseEvent, LeaseRow};
 use super::statements::OutboxLookupsSql;
@@ -183,8 +183,8 @@ pub(crate) fn statements(render: impl Fn(&str) -> super::Sql, number: bool) -> O
             "SELECT {summary}, o.headers, o.content_type, o.payload
              FROM {{outbox}} o WHERE o.id = ?"
         )),
-        // The bucket's parked rows in (partition_key, id) order: the
-        // failed index's order on every backend.
+        // Oldest first: (partition_key, id) is id order within the one
+        // bucket, and lets an index on (partition_key, id) serve it.
         parked_in_bucket: sql(&format!(
             "SELECT {summary} FROM {{outbox}} o
              WHERE o.partition_key = ? AND o.failed_at IS NOT NULL

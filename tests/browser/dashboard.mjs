@@ -6,7 +6,11 @@
 //   DASH_STOP_PID, DASH_STOP_ID  a worker (pid, id) to SIGTERM once the page is
 //                  up: its buckets' takeovers must appear on the lease timeline
 //   DASH_SCREENSHOT  optional PNG path
+//   DASH_SIGNAL    a file to create once the Failed tab shows (the test then
+//                  parks a message with key "parked-later", which must appear
+//                  without a reload or a click)
 // Prints one JSON line of observations; exits non-zero on the first failed check.
+import { writeFileSync } from "node:fs";
 import { check, launch } from "./common.mjs";
 
 const url = process.env.DASH_URL;
@@ -21,7 +25,11 @@ try {
   page.on("dialog", async (d) => { dialogs.push(d.message()); await d.accept(); });
   page.setDefaultTimeout(20000);
 
+  const opened = Date.now();
   await page.goto(url);
+  // The first paint after load shows figures, not dashes, at once.
+  await page.waitForFunction(() => ["#kpi-workers", "#kpi-pending", "#kpi-now", "#kpi-rate"].every((k) => !["–", ""].includes(document.querySelector(k).textContent)), null, { timeout: 3000 });
+  seen.first_figures_ms = Date.now() - opened;
   // Workers: every live worker of the fleet, by id, with its real bucket count.
   await page.waitForFunction((n) => document.querySelectorAll("#workers tbody tr[data-worker]:not(.gone)").length === n, expect.workers.length);
   const rows = await page.$$eval("#workers tbody tr[data-worker]", (trs) => trs.map((tr) => ({ id: tr.dataset.worker, buckets: Number(tr.querySelector(".buckets").textContent) })));
@@ -49,6 +57,13 @@ try {
   // The live per-second rate, and the lease timeline showing today's owners.
   await page.waitForFunction(() => parseFloat(document.querySelector("#kpi-now").textContent) > 0);
   seen.publishing_now = await page.textContent("#kpi-now");
+  // The figures agree: publishing now means the last 60 s and the last hour
+  // are not 0.
+  const figure = (k) => page.$eval(k, (e) => Number(e.textContent.replace(/[^0-9.]/g, "")));
+  seen.last_60s = await figure("#kpi-rate");
+  check(seen.last_60s > 0, `publishing ${seen.publishing_now} but the last 60 s show ${seen.last_60s}`);
+  check(await figure("#kpi-hour") >= seen.last_60s, "the last hour shows less than the last 60 s");
+  check(/\/s$/.test(await page.textContent("#live-max")) && /\/min$/.test(await page.textContent("#chart-max")), "the charts' y-axes have no units");
   check(await page.$$eval("#live rect.bar", (r) => r.length) === 300, "live chart bars");
   const current = await page.$$eval("#timeline rect.held", (rs) => {
     const last = {};
@@ -95,8 +110,20 @@ try {
 
   if (process.env.DASH_SCREENSHOT) await page.screenshot({ path: process.env.DASH_SCREENSHOT, fullPage: false });
 
-  // Requeue the parked message through the UI.
+  // A message parked while the Failed tab is open appears there by itself.
   await page.click('.tabs button[data-state="failed"]');
+  await page.waitForSelector(`#messages tr[data-id="${expect.parkedId}"]`);
+  const keysShown = () => page.$$eval("#messages tbody tr[data-id]", (trs) => trs.map((tr) => tr.children[2].textContent));
+  check(!(await keysShown()).includes("parked-later"), "parked-later was parked before it was asked for");
+  if (process.env.DASH_SIGNAL) {
+    const beforeLater = navigations;
+    writeFileSync(process.env.DASH_SIGNAL, "failed tab open\n");
+    await page.waitForFunction(() => [...document.querySelectorAll("#messages tbody tr[data-id]")].some((tr) => tr.children[2].textContent === "parked-later"), null, { timeout: 40000 });
+    check(navigations === beforeLater, "the page reloaded");
+    seen.parked_later_shown = true;
+  }
+
+  // Requeue the parked message through the UI.
   const button = `button.requeue-one[data-id="${expect.parkedId}"]`;
   await page.waitForSelector(button);
   await page.click(button);
