@@ -167,14 +167,13 @@ impl<D: Driver> PartitionLookups for D {
 /// or, through `number`, `$1, $2, …` (PostgreSQL). `render` is the
 /// backend's template renderer (table names, its time functions).
 pub(crate) fn statements(render: impl Fn(&str) -> super::Sql, number: bool) -> OutboxLookupsSql {
-    let text = |template: &str| {
-        if number {
+    let sql = |template: &str| {
+        render(&if number {
             numbered(template)
         } else {
             template.to_string()
-        }
+        })
     };
-    let sql = |template: &str| render(&text(template));
     let summary = super::views::SUMMARY_COLUMNS;
     OutboxLookupsSql {
         newest_id: sql("SELECT COALESCE(MAX(id), 0) FROM {outbox}"),

@@ -12,6 +12,12 @@ use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
 use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
+/// Milliseconds of a duration, as PostgreSQL's statements take them
+/// (`make_interval(secs => $n::float8 / 1000)`).
+pub(crate) fn millis(d: std::time::Duration) -> f64 {
+    d.as_millis() as f64
+}
+
 impl Binding for Postgres {
     type Args = PgArguments;
 
@@ -24,7 +30,7 @@ impl Binding for Postgres {
                 Arg::Float(v) => bound.add(v)?,
                 Arg::Bool(v) => bound.add(v)?,
                 Arg::Text(v) => bound.add(v)?,
-                Arg::Duration(d) => bound.add(d.as_millis() as f64)?,
+                Arg::Duration(d) => bound.add(millis(d))?,
             }
         }
         Ok(bound)

@@ -9,6 +9,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use super::PgBackend;
+use super::driver::millis;
 use crate::config::TablesConfig;
 use crate::store::partitions::{Acquired, BucketView, PartitionStore};
 use crate::store::statements::PartitionLookupsSql;
@@ -38,10 +39,6 @@ pub struct PartitionsSql {
     release: Sql,
     release_all: Sql,
     overview: Sql,
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_millis() as f64
 }
 
 impl PartitionsSql {
@@ -153,7 +150,7 @@ impl PartitionStore for PgBackend {
         sqlx::query_as(self.partitions.acquire.q())
             .bind(me)
             .bind(wanted)
-            .bind(ms(ttl))
+            .bind(millis(ttl))
             .bind(reason)
             .fetch_all(&self.pool)
             .bounded("acquiring leases")
@@ -171,7 +168,7 @@ impl PartitionStore for PgBackend {
         let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
         sqlx::query_scalar(self.partitions.renew.q())
             .bind(me)
-            .bind(ms(ttl))
+            .bind(millis(ttl))
             .bind(keys)
             .bind(epochs)
             .fetch_all(&self.pool)
