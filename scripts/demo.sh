@@ -82,7 +82,8 @@ for i in $(seq 1 "${DEMO_WORKERS:-3}"); do
   # The first worker also serves the dashboard (it shows the whole fleet).
   ui_flag=()
   [ "$i" = 1 ] && ui_flag=(--ui "$ui")
-  prefixed "worker $i" $bin work --window 5 "${ui_flag[@]}"
+  # Named as its prefix here, so the dashboard and `status` say the same.
+  OUTBOXD_WORKER__NAME="worker-$i" prefixed "worker-$i" $bin work --window 5 "${ui_flag[@]}"
   workers+=($!)
 done
 

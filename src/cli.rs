@@ -140,7 +140,7 @@ pub fn main() -> ExitCode {
         _ => None,
     };
     let silent = matches!(&cli.command, Command::Work(w) if w.silent);
-    init_tracing(silent, config.log.format);
+    crate::logs::init(silent, config.log.format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.worker.threads > 0 {
         runtime.worker_threads(config.worker.threads);
@@ -239,82 +239,6 @@ fn without_server_positions(text: &str) -> String {
     }
     out.push_str(rest);
     out.replace("error returned from database: ", "")
-}
-
-/// Logging to stderr, as text or one JSON object per line, filtered by
-/// [`log_filter`].
-fn init_tracing(silent: bool, format: LogFormat) {
-    let filter = log_filter(silent, std::env::var("OUTBOXD_LOG").ok().as_deref());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // If stderr goes away (a closed log pipe), dropping the line is
-        // right; the default reports the failure with eprintln!, which
-        // panics the logging task — and a panicked signal task meant a
-        // worker that ignored SIGTERM.
-        .log_internal_errors(false);
-    match format {
-        LogFormat::Text => {
-            use std::io::IsTerminal;
-            builder
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_target(false)
-                .init();
-        }
-        // {"timestamp", "level", "target", "message", and the event's
-        // fields}, one object per line.
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .init(),
-    }
-}
-
-/// Dependencies kept quiet unless `OUTBOXD_LOG` names them. lapin logs
-/// every returned message at WARN with its whole content (payload and
-/// headers), and a channel the broker closed as an ERROR with its debug
-/// form; the relay reports each failure itself, once, with the row id and
-/// the broker's reason. sqlx's pool pings a connection released after an
-/// error and warns when that fails too: the same failure said twice (and a
-/// second line after a command's one-line error).
-const QUIETED: [(&str, &str); 3] = [
-    ("sqlx", "warn"),
-    ("sqlx_core::pool::connection", "error"),
-    ("lapin", "off"),
-];
-
-/// The log filter: `info` (`warn` with `--silent`) and [`QUIETED`], with
-/// the directives of `OUTBOXD_LOG` over them — a bare level replaces the
-/// level, a target it names replaces that target's quieting, and a target
-/// it does not name stays quiet.
-fn log_filter(silent: bool, user: Option<&str>) -> tracing_subscriber::EnvFilter {
-    let user: Vec<&str> = user
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .collect();
-    let target_of = |d: &str| d.split(['=', '[']).next().unwrap_or_default().to_string();
-    let names_level = user.iter().any(|d| !d.contains('='));
-    let mut directives: Vec<String> = Vec::new();
-    if !names_level {
-        directives.push(if silent { "warn" } else { "info" }.into());
-    }
-    for (target, level) in QUIETED {
-        if !user
-            .iter()
-            .any(|d| d.contains('=') && target_of(d) == target)
-        {
-            directives.push(format!("{target}={level}"));
-        }
-    }
-    directives.extend(user.iter().map(|d| d.to_string()));
-    tracing_subscriber::EnvFilter::try_new(directives.join(",")).unwrap_or_else(|_| {
-        let quiet: Vec<String> = QUIETED.iter().map(|(t, l)| format!("{t}={l}")).collect();
-        tracing_subscriber::EnvFilter::new(format!("info,{}", quiet.join(",")))
-    })
 }
 
 /// Defaults < file < environment < flags, then validation; and where each
@@ -527,24 +451,6 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn outboxd_log_keeps_dependencies_quiet_unless_it_names_them() {
-        let shown = |f: tracing_subscriber::EnvFilter| f.to_string();
-        let f = shown(log_filter(false, Some("debug")));
-        assert!(
-            f.contains("lapin=off") && f.contains("sqlx=warn") && f.contains("debug"),
-            "{f}"
-        );
-        assert!(!f.contains("info"), "{f}");
-        let f = shown(log_filter(false, Some("lapin=warn,outboxd=trace")));
-        assert!(
-            !f.contains("lapin=off") && f.contains("lapin=warn") && f.contains("info"),
-            "{f}"
-        );
-        let f = shown(log_filter(true, None));
-        assert!(f.contains("warn") && f.contains("lapin=off"), "{f}");
-    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("database error while reading: {source}")]

@@ -32,6 +32,7 @@
 //! - [`producer`]: the Rust API to enqueue inside a caller's transaction.
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
+//! - [`logs`]: log lines (text or JSON, filters), each naming the worker.
 //! - [`jitter`], [`stamp`]: small shared helpers (spread pauses; a
 //!   lock-free "when did this last happen").
 //! - [`ops`]: operator commands (`status`, `failed`, `purge`, `repartition`)
@@ -65,6 +66,7 @@ pub mod dashboard;
 pub mod demo;
 pub mod jitter;
 pub mod lease;
+pub mod logs;
 pub mod net;
 pub mod ops;
 pub mod otel;

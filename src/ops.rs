@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::dashboard::api::{Summary, load_summary};
 use crate::partitioner::Partitioner;
+use crate::store::workers::WorkerView;
 use crate::store::{Store, schema};
 
 #[derive(Debug, Args)]
@@ -279,6 +280,14 @@ fn short(id: Option<uuid::Uuid>) -> String {
     id.map_or("-".into(), |u| u.to_string()[..8].to_string())
 }
 
+/// A bucket owner by its name, or its id's prefix if its row is gone.
+fn owner_name(workers: &[WorkerView], owner: Option<uuid::Uuid>) -> String {
+    match workers.iter().find(|w| Some(w.worker_id) == owner) {
+        Some(w) => w.name.clone(),
+        None => short(owner),
+    }
+}
+
 fn print_status(s: &Summary) {
     let t = &s.totals;
     say!(
@@ -297,10 +306,9 @@ fn print_status(s: &Summary) {
         say!("\nno workers: none has registered (start one with `outboxd work`)");
     } else {
         say!(
-            "\n{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
+            "\n{:<24} {:<10} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
             "WORKER",
-            "HOST",
-            "PID",
+            "ID",
             "MODE",
             "STATE",
             "HB TTL",
@@ -310,10 +318,9 @@ fn print_status(s: &Summary) {
         );
         for w in &s.workers {
             say!(
-                "{:<10} {:<16} {:>7} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
+                "{:<24} {:<10} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
+                w.name,
                 short(Some(w.worker_id)),
-                w.hostname,
-                w.pid,
                 w.mode,
                 match (w.can_publish, &w.broker_error, &w.broker_blocked) {
                     (true, _, Some(_)) => "blocked",
@@ -336,17 +343,17 @@ fn print_status(s: &Summary) {
         match (w.can_publish, &w.broker_error, &w.broker_blocked) {
             (false, Some(error), _) => say!(
                 "worker {} cannot reach RabbitMQ and holds no buckets: {error}",
-                short(Some(w.worker_id)),
+                w.name,
             ),
             (true, _, Some(reason)) => say!(
                 "worker {}: RabbitMQ blocks its connection (a resource alarm), nothing is claimed until it lifts: {reason}",
-                short(Some(w.worker_id)),
+                w.name,
             ),
             _ => {}
         }
     }
     say!(
-        "\n{:<7} {:<10} {:>6} {:>9} {:>9} {:>9} {:>7}  STATUS",
+        "\n{:<7} {:<24} {:>6} {:>9} {:>9} {:>9} {:>7}  STATUS",
         "BUCKET",
         "OWNER",
         "EPOCH",
@@ -364,9 +371,9 @@ fn print_status(s: &Summary) {
             _ => "idle".into(),
         };
         say!(
-            "{:<7} {:<10} {:>6} {:>9} {:>9} {:>9} {:>7}  {}",
+            "{:<7} {:<24} {:>6} {:>9} {:>9} {:>9} {:>7}  {}",
             b.partition_key,
-            short(b.lease_owner),
+            owner_name(&s.workers, b.lease_owner),
             b.lease_epoch,
             if owned {
                 format!("{:.1}s", b.lease_ttl_seconds.unwrap_or(0.0))

@@ -70,6 +70,7 @@ async fn fixture(db: Db) -> Fixture {
     let me = Registration {
         worker_id: worker,
         hostname: "host-a",
+        name: "billing-a",
         mode: WorkerMode::Leasing,
         heartbeat_ttl: Duration::from_secs(60),
         can_publish: true,
@@ -331,7 +332,7 @@ async fn every_endpoint_answers_what_the_database_holds(db: Db) {
             .contains("outboxd_bucket_lag_seconds{bucket=\"p00\"}")
     );
     assert!(m.body.contains(&format!(
-        "outboxd_leases_held{{worker=\"{}\",host=\"host-a\"}} 4",
+        "outboxd_leases_held{{worker=\"{}\",name=\"billing-a\",host=\"host-a\"}} 4",
         f.worker
     )));
 

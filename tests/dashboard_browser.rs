@@ -8,7 +8,9 @@
 //! then published for real. And (tests/browser/stopped_search.mjs): a slow
 //! answer does not overwrite the message view chosen after it, and a search
 //! of published messages by key that the database stops shows why in place
-//! of the rows.
+//! of the rows. And (tests/browser/worker_states.mjs): each worker is shown
+//! by its name, the same as in `outboxd status` and its log lines, with what
+//! it is doing (publishing; waiting on a blocked head until its retry time).
 //!
 //! `scripts/test.sh` installs Chromium, Node.js and the script's package.
 //! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.
@@ -193,6 +195,162 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
 }
 
 on_every_db!(the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_through_the_ui,);
+
+/// Who each worker is and what it is doing, the same in the dashboard,
+/// `outboxd status` and its log lines (tests/browser/worker_states.mjs): two
+/// workers on two buckets, one named by `worker.name` (its only bucket
+/// blocked on a head the broker cannot route, retried in a minute), the
+/// other by host:pid (publishing a steady trickle). The blocked one shows
+/// the blocked state and the database's retry time, the other "publishing";
+/// neither "idle".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
+    let (chromium, _) = prerequisites();
+    let script = repo_dir().join("tests/browser/worker_states.mjs");
+    let env = TestEnv::with(Tuning {
+        partition_count: 2,
+        retry_backoff_initial: "60s",
+        retry_backoff: "60s",
+        ..Tuning::fleet()
+    })
+    .await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut workers = vec![
+        env.spawn_worker_with(
+            None,
+            &env.config_path,
+            &["--silent"],
+            &[("OUTBOXD_WORKER__NAME", "billing-blocked")],
+        ),
+        env.spawn_worker(&["--silent", "--ui", "127.0.0.1:0"]),
+    ];
+    let base = wait_for_dashboard_url(&workers[1]);
+    let named = worker_id_of(&env, &workers[0]).await;
+    let plain = worker_id_of(&env, &workers[1]).await;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let plain_name = format!("{}:{}", host.trim(), workers[1].pid());
+
+    // Each holds one bucket.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (blocked_bucket, open_bucket) = loop {
+        let leases = leases(&env).await;
+        let owner = |b: usize| leases[b].lease_owner.filter(|_| leases[b].valid);
+        if let (Some(a), Some(b)) = (owner(0), owner(1))
+            && a != b
+            && [a, b].contains(&named)
+            && [a, b].contains(&plain)
+        {
+            let (blocked, open) = if a == named { (0, 1) } else { (1, 0) };
+            break (
+                leases[blocked].partition_key.clone(),
+                leases[open].partition_key.clone(),
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the two workers did not split the buckets"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The named worker's bucket: a head nobody can route, retried in 60 s.
+    let p = env.partitioner();
+    let key = &keys_in_bucket(p, &blocked_bucket, 1, "blocked")[0];
+    let head = env
+        .db
+        .enqueue(Message::new(key, "", unique("missing"), "x"))
+        .await;
+    let retry_at = loop {
+        let at: Vec<chrono::DateTime<chrono::Utc>> = env
+            .db
+            .column(&format!(
+                "SELECT available_at FROM outbox WHERE id = {head} AND attempts > 0"
+            ))
+            .await;
+        if let Some(at) = at.first() {
+            break *at;
+        }
+        assert!(Instant::now() < deadline, "the head was never tried");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The other's: a steady trickle.
+    let keys = keys_in_bucket(p, &open_bucket, 10, "open");
+    let (db, q) = (env.db.clone(), queue.clone());
+    let traffic = tokio::spawn(async move {
+        for i in 0..6000 {
+            db.enqueue(Message::new(&keys[i % 10], "", q.as_str(), "x"))
+                .await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let draining = tokio::spawn(async move {
+        let _ = reader.read_until(Duration::from_secs(120), |_| false).await;
+    });
+
+    let expect = serde_json::json!({
+        "names": { named.to_string(): "billing-blocked", plain.to_string(): plain_name },
+        "blocked": named,
+        "publishing": plain,
+        "retryAt": retry_at.to_rfc3339(),
+    });
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(&script)
+            .env("DASH_URL", format!("{base}/outbox/"))
+            .env("DASH_EXPECT", expect.to_string())
+            .env("CHROMIUM", &chromium)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("browser: {stdout}");
+    assert!(
+        out.status.success(),
+        "browser checks failed:\n{}\n{stdout}\nworker log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        workers[1].log_text()
+    );
+
+    // `outboxd status`: the same names, as workers and as bucket owners.
+    let status = env.command(&["status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{text}");
+    for name in ["billing-blocked", plain_name.as_str()] {
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "no worker line for {name}:\n{text}"
+        );
+    }
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&blocked_bucket))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("billing-blocked") && line.contains("BLOCKED"),
+        "{line}"
+    );
+
+    // Its log lines: from registration on, each names it.
+    let log = workers[0].log_text();
+    let from = log.find("worker registered").expect("registered");
+    let lines: Vec<&str> = log[from..].lines().filter(|l| !l.is_empty()).collect();
+    assert!(lines.len() > 1, "{log}");
+    for line in lines {
+        assert!(line.ends_with(" worker=billing-blocked"), "{line}");
+    }
+
+    traffic.abort();
+    draining.abort();
+    for w in &mut workers {
+        assert!(
+            w.terminate(Duration::from_secs(15)).success(),
+            "{}",
+            w.log_text()
+        );
+    }
+}
 
 /// A search of published messages by key reads the table (no index serves
 /// it unless README's is built) and is stopped after 5 s; the page must say

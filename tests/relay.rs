@@ -707,7 +707,8 @@ async fn a_worker_configured_only_by_the_environment_relays() {
 /// `log.format = "json"`: every line of a
 /// fleet's run — start-up, leases, a row's failure warnings and parking, a
 /// worker killed and its buckets taken over by a new one, the hand-over at
-/// SIGTERM — is one JSON object with timestamp, level, target and message.
+/// SIGTERM — is one JSON object with timestamp, level, target and message,
+/// and from its registration on names the worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_are_one_object_per_line_with_the_named_fields() {
     let env = TestEnv::with(Tuning {
@@ -751,12 +752,20 @@ async fn json_logs_are_one_object_per_line_with_the_named_fields() {
     workers.push(killed);
     let mut levels = std::collections::BTreeSet::new();
     let mut lines = 0;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     for w in &workers {
+        // From its registration on, each line names the worker (host:pid).
+        let name = format!("{}:{}", host.trim(), w.pid());
+        let mut registered = false;
         for line in w.log_text().lines() {
             let v: serde_json::Value =
                 serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
             for field in ["timestamp", "level", "target", "message"] {
                 assert!(v.get(field).is_some(), "no {field}: {line}");
+            }
+            registered |= v["message"] == "worker registered";
+            if registered {
+                assert_eq!(v["worker"], name.as_str(), "{line}");
             }
             levels.insert(v["level"].as_str().unwrap().to_string());
             lines += 1;

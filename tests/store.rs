@@ -337,6 +337,11 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     let registration = |worker_id| Registration {
         worker_id,
         hostname: "host-1",
+        name: if worker_id == a {
+            "billing-1"
+        } else {
+            "host-1:7"
+        },
         mode: WorkerMode::Leasing,
         heartbeat_ttl: Duration::from_secs(30),
         can_publish: true,
@@ -352,6 +357,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             assert_eq!(live.len(), 1);
             assert_eq!(live[0].worker_id, a);
             assert_eq!(live[0].hostname, "host-1");
+            assert_eq!(live[0].name, "billing-1");
         }
         Joined::Registered => panic!("admission saw no live worker"),
     }
@@ -393,6 +399,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     let view = store.list_workers().await.unwrap();
     let va = view.iter().find(|w| w.worker_id == a).unwrap();
     assert_eq!(va.mode, "leasing");
+    assert_eq!(va.name, "billing-1");
     assert!(
         va.heartbeat_ttl_seconds > 20.0,
         "{}",
@@ -442,6 +449,7 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
     let registration = Registration {
         worker_id: w,
         hostname: "h",
+        name: "h:1",
         mode: WorkerMode::Leasing,
         heartbeat_ttl: Duration::from_secs(30),
         can_publish: true,

@@ -104,6 +104,11 @@ function assignColours(workers) {
   const ids = workers.filter((w) => w.live).map((w) => w.worker_id).sort();
   palette.live = new Map(ids.map((id, i) => [id, `hsl(${(25 + ((i * 0.6180339887) % 1) * 300).toFixed(1)} 62% 48%)`]));
 }
+// Each worker by its name (`worker.name`, or host:pid), remembered after it
+// is gone so the timeline still names it; its id's prefix if never seen.
+const names = new Map();
+function learnNames(workers) { for (const w of workers) names.set(w.worker_id, w.name); }
+const nameOf = (id) => names.get(id) || short(id);
 const colour = (id) => palette.live.get(id) ||
   `hsl(${210 + (parseInt(String(id).replace(/-/g, "").slice(0, 6), 16) % 40)} 12% 70%)`;
 
@@ -136,7 +141,7 @@ function renderTimeline(s) {
     const stretch = (from, to, who) => {
       if (!who || to <= from) return;
       owners.add(who);
-      out += `<rect class="held" data-bucket="${esc(b)}" data-owner="${esc(who)}" x="${x(from)}" y="${y + 2}" width="${Math.max(0.5, x(to) - x(from))}" height="${rowH - 4}" fill="${colour(who)}"><title>${esc(b)}: ${short(who)}</title></rect>`;
+      out += `<rect class="held" data-bucket="${esc(b)}" data-owner="${esc(who)}" x="${x(from)}" y="${y + 2}" width="${Math.max(0.5, x(to) - x(from))}" height="${rowH - 4}" fill="${colour(who)}"><title>${esc(b)}: ${esc(nameOf(who))}</title></rect>`;
     };
     for (let i = evs.length - 1; i >= 0; i--) {
       const e = evs[i], at = Date.parse(e.at);
@@ -148,14 +153,14 @@ function renderTimeline(s) {
     for (const e of evs) {
       const takeover = e.action === "acquire" && e.old_owner && e.old_owner !== e.worker_id;
       const cls = e.action === "release" ? "release" : takeover ? "acquire takeover" : "acquire";
-      out += `<rect class="ev ${cls}" data-action="${e.action}" data-bucket="${esc(b)}" data-worker="${esc(e.worker_id)}" data-at="${Date.parse(e.at)}" x="${x(Date.parse(e.at)) - 1}" y="${y}" width="2" height="${rowH}"><title>${time(e.at)} ${esc(b)} ${e.action} by ${short(e.worker_id)} (epoch ${e.new_epoch}): ${esc(e.reason)}</title></rect>`;
+      out += `<rect class="ev ${cls}" data-action="${e.action}" data-bucket="${esc(b)}" data-worker="${esc(e.worker_id)}" data-at="${Date.parse(e.at)}" x="${x(Date.parse(e.at)) - 1}" y="${y}" width="2" height="${rowH}"><title>${time(e.at)} ${esc(b)} ${e.action} by ${esc(nameOf(e.worker_id))} (epoch ${e.new_epoch}): ${esc(e.reason)}</title></rect>`;
     }
   });
   svg.innerHTML = out;
   $("#tl-labels").innerHTML = buckets.map((b) => `<div>${esc(b)}</div>`).join("");
   const live = new Set(s.workers.filter((w) => w.live).map((w) => w.worker_id));
   $("#tl-legend").innerHTML = [...new Set([...live, ...owners])].map((id) =>
-    `<span class="${live.has(id) ? "" : "gone"}" data-worker="${esc(id)}"><span class="swatch" data-colour="${esc(colour(id))}"></span><span class="mono">${short(id)}</span></span>`).join("");
+    `<span class="${live.has(id) ? "" : "gone"}" data-worker="${esc(id)}"><span class="swatch" data-colour="${esc(colour(id))}"></span><span class="mono" title="${esc(id)}">${esc(nameOf(id))}</span></span>`).join("");
   // Colours through the CSSOM: the content security policy refuses style attributes.
   for (const el of document.querySelectorAll("#tl-legend .swatch")) el.style.background = el.dataset.colour;
 }
@@ -185,14 +190,14 @@ function workerState(w, parts) {
 function renderWorkers(workers, parts) {
   $("#workers tbody").innerHTML = workers.map((w) => `
     <tr class="${w.live ? "" : "gone"}" data-worker="${esc(w.worker_id)}">
-      <td class="mono" title="${esc(w.worker_id)}">${short(w.worker_id)}</td>
-      <td>${esc(w.hostname)}</td><td>${w.pid}</td><td>${esc(w.mode)}</td>
+      <td class="mono name" title="${esc(w.hostname)} pid ${w.pid}">${esc(w.name)}</td>
+      <td class="mono" title="${esc(w.worker_id)}">${short(w.worker_id)}</td><td>${esc(w.mode)}</td>
       <td class="state">${workerState(w, parts)}</td>
       <td>${time(w.started_at)}</td>
       <td>${w.live ? secs(w.heartbeat_ttl_seconds) : "gone"}</td>
       <td class="buckets">${w.buckets}</td>
-      <td>${w.published_rate.toFixed(1)}/s</td><td>${num(w.published_total)}</td>
-    </tr>`).join("") || `<tr><td colspan="10" class="muted">No workers.</td></tr>`;
+      <td class="rate">${w.published_rate.toFixed(1)}/s</td><td>${num(w.published_total)}</td>
+    </tr>`).join("") || `<tr><td colspan="9" class="muted">No workers.</td></tr>`;
 }
 
 function bucketStatus(p) {
@@ -206,7 +211,7 @@ function renderPartitions(parts) {
   $("#partitions tbody").innerHTML = parts.map((p) => `
     <tr data-bucket="${esc(p.partition_key)}">
       <td class="mono">${esc(p.partition_key)}</td>
-      <td class="mono" title="${esc(p.lease_owner)}">${short(p.lease_owner)}</td>
+      <td class="mono" title="${esc(p.lease_owner)}">${esc(nameOf(p.lease_owner))}</td>
       <td>${p.lease_epoch}</td>
       <td>${p.lease_owner && p.lease_ttl_seconds > 0 ? secs(p.lease_ttl_seconds) : "—"}</td>
       <td class="pending">${num(p.pending)}${p.pending_capped ? "+" : ""}</td>
@@ -222,6 +227,7 @@ async function refresh() {
     // events are too.
     const events = loadEvents();
     const s = await api("/summary");
+    learnNames(s.workers);
     renderKpis(s); renderCharts(s.throughput); renderWorkers(s.workers, s.partitions); renderPartitions(s.partitions);
     await events;
     renderTimeline(s);

@@ -319,6 +319,9 @@ pub struct OutboxConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
+    /// The name this worker is shown by in its log lines, `outboxd status`
+    /// and the dashboard; empty: `host:pid`.
+    pub name: String,
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub lease_ttl: Duration,
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
@@ -417,6 +420,7 @@ impl Default for OutboxConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
+            name: String::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
             lease_renew: DEFAULT_LEASE_RENEW,
             heartbeat_ttl: DEFAULT_HEARTBEAT_TTL,
@@ -661,6 +665,12 @@ impl Config {
     /// `[worker]`.
     fn validate_worker(&self) -> Result<(), ConfigError> {
         let w = &self.worker;
+        if w.name.chars().count() > 100 || w.name.chars().any(char::is_control) {
+            return Err(invalid(
+                "worker.name",
+                "must be at most 100 characters, none of them a control character",
+            ));
+        }
         positive("worker.lease_ttl", w.lease_ttl)?;
         positive("worker.lease_renew", w.lease_renew)?;
         if w.lease_renew >= w.lease_ttl {
@@ -1075,6 +1085,7 @@ mod tests {
             )
         );
         assert!(problem("[outbox]\nbatch_size = 0").starts_with("outbox.batch_size"));
+        assert!(problem("[worker]\nname = \"a\\nb\"").starts_with("worker.name"));
         assert!(problem("[outbox]\npartition_count = 0").starts_with("outbox.partition_count"));
         assert!(problem("[tables]\noutbox = \"drop table x;\"").starts_with("tables.outbox"));
         assert!(problem("[tables]\nworkers = \"Outbox\"").starts_with("tables.workers"));

@@ -49,8 +49,8 @@ fn refusal(mode: WorkerMode, others: &[LiveWorker]) -> Option<JoinError> {
             .find(|w| w.mode == WorkerMode::NoLeasing.as_str())
             .map(|w| {
                 JoinError::NoLeasingLive(format!(
-                    "{} pid {} on {}, heartbeat expires in {:.0}s",
-                    w.worker_id, w.pid, w.hostname, w.expires_in
+                    "{} ({}), heartbeat expires in {:.0}s",
+                    w.name, w.worker_id, w.expires_in
                 ))
             }),
         WorkerMode::NoLeasing if others.is_empty() => None,
@@ -59,8 +59,8 @@ fn refusal(mode: WorkerMode, others: &[LiveWorker]) -> Option<JoinError> {
                 .iter()
                 .map(|w| {
                     format!(
-                        "{} pid {} on {}, {}, heartbeat expires in {:.0}s",
-                        w.worker_id, w.pid, w.hostname, w.mode, w.expires_in
+                        "{} ({}), {}, heartbeat expires in {:.0}s",
+                        w.name, w.worker_id, w.mode, w.expires_in
                     )
                 })
                 .collect::<Vec<_>>()
@@ -75,15 +75,25 @@ fn refusal(mode: WorkerMode, others: &[LiveWorker]) -> Option<JoinError> {
 pub struct Membership {
     pub worker_id: Uuid,
     pub hostname: String,
+    /// The name it is shown by in logs, `status` and the dashboard:
+    /// `worker.name`, or `host:pid`.
+    pub name: String,
     pub mode: WorkerMode,
     pub heartbeat_ttl: Duration,
 }
 
 impl Membership {
-    pub fn new(mode: WorkerMode, heartbeat_ttl: Duration) -> Self {
+    /// A new identity; `name` empty means `host:pid`.
+    pub fn new(name: &str, mode: WorkerMode, heartbeat_ttl: Duration) -> Self {
+        let hostname = hostname();
+        let name = match name {
+            "" => format!("{hostname}:{}", std::process::id()),
+            name => name.to_string(),
+        };
         Self {
             worker_id: Uuid::new_v4(),
-            hostname: hostname(),
+            hostname,
+            name,
             mode,
             heartbeat_ttl,
         }
@@ -114,6 +124,7 @@ impl Membership {
         Registration {
             worker_id: self.worker_id,
             hostname: &self.hostname,
+            name: &self.name,
             mode: self.mode,
             heartbeat_ttl: self.heartbeat_ttl,
             can_publish,

@@ -85,8 +85,9 @@ fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]
         .map(|w| {
             (
                 format!(
-                    "worker=\"{}\",host=\"{}\"",
+                    "worker=\"{}\",name=\"{}\",host=\"{}\"",
                     w.worker_id,
+                    escape(&w.name),
                     escape(&w.hostname)
                 ),
                 w.buckets as f64,

@@ -14,7 +14,8 @@ pub struct WorkersSql {
     pub lock_registrations: Sql,
     /// Every worker row, as `WorkerView`. No parameters.
     pub list: Sql,
-    /// worker_id, hostname, pid, version, mode, heartbeat TTL, can_publish.
+    /// worker_id, hostname, pid, version, mode, heartbeat TTL, can_publish,
+    /// name.
     pub register: Sql,
     /// heartbeat TTL, published_total, failed_total, published_rate,
     /// worker_id.

@@ -44,6 +44,8 @@ impl WorkerMode {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct LiveWorker {
     pub worker_id: Uuid,
+    /// The name it is shown by: `worker.name`, or `host:pid`.
+    pub name: String,
     pub hostname: String,
     pub pid: i32,
     pub mode: String,
@@ -55,6 +57,8 @@ pub struct LiveWorker {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct WorkerView {
     pub worker_id: Uuid,
+    /// The name it is shown by: `worker.name`, or `host:pid`.
+    pub name: String,
     pub hostname: String,
     pub pid: i32,
     pub version: String,
@@ -93,6 +97,8 @@ pub struct WorkerCounts {
 pub struct Registration<'a> {
     pub worker_id: Uuid,
     pub hostname: &'a str,
+    /// `worker.name`, or `host:pid`.
+    pub name: &'a str,
     pub mode: WorkerMode,
     pub heartbeat_ttl: Duration,
     /// A fleet worker joins with `false`: its coordinator sets it once it
@@ -201,6 +207,7 @@ impl<D: Driver> WorkerStore for D {
                 Arg::Text(Some(me.mode.as_str())),
                 Arg::Duration(me.heartbeat_ttl),
                 Arg::Bool(me.can_publish),
+                Arg::Text(Some(me.name)),
             ];
             tx.execute(&sql.register, &args, "registering the worker")
                 .await?;

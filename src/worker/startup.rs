@@ -53,7 +53,8 @@ pub(super) async fn start(config: &Config, opts: &WorkOptions) -> Result<Started
     } else {
         WorkerMode::Leasing
     };
-    let membership = Membership::new(mode, config.worker.heartbeat_ttl);
+    let membership = Membership::new(&config.worker.name, mode, config.worker.heartbeat_ttl);
+    crate::logs::name_this_process(&membership.name);
     // Joining first: a refusal (another worker is live) is the only thing
     // said. Peers hand buckets over only once this worker's coordinator
     // says it can publish (coordinator::fleet).
@@ -66,7 +67,7 @@ pub(super) async fn start(config: &Config, opts: &WorkOptions) -> Result<Started
     .await??;
     let broker = Arc::new(Broker::new(
         &config.amqp,
-        format!("outboxd {} {}", membership.hostname, membership.worker_id),
+        format!("outboxd {} {}", membership.name, membership.worker_id),
     ));
     if let Err(e) = broker.connect_once().await {
         if opts.once {

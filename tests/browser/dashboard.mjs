@@ -89,8 +89,8 @@ try {
   seen.legend = swatches;
 
   // A worker publishing (its rate above 0) is shown as publishing, never idle.
-  await page.waitForFunction(() => [...document.querySelectorAll("#workers tbody tr[data-worker]:not(.gone)")].some((tr) => parseFloat(tr.children[8].textContent) > 0));
-  const states = await page.$$eval("#workers tbody tr[data-worker]:not(.gone)", (trs) => trs.map((tr) => ({ rate: parseFloat(tr.children[8].textContent), state: tr.querySelector(".state").textContent })));
+  await page.waitForFunction(() => [...document.querySelectorAll("#workers tbody tr[data-worker]:not(.gone)")].some((tr) => parseFloat(tr.querySelector(".rate").textContent) > 0));
+  const states = await page.$$eval("#workers tbody tr[data-worker]:not(.gone)", (trs) => trs.map((tr) => ({ rate: parseFloat(tr.querySelector(".rate").textContent), state: tr.querySelector(".state").textContent })));
   for (const w of states) if (w.rate > 0) check(w.state === "publishing", `a worker at ${w.rate}/s is shown as ${w.state}`);
   seen.states = states;
 

@@ -20,8 +20,8 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         register: Sql::render(
             t,
-            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
-             VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)",
+            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish, name)
+             VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)",
         ),
         heartbeat: Sql::render(
             t,
@@ -32,7 +32,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         list: Sql::render(
             t,
-            "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
+            "SELECT w.worker_id, COALESCE(w.name, CONCAT(w.hostname, ':', w.pid)) AS name, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
                     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.heartbeat_until) / 1e6
                         AS heartbeat_ttl_seconds,
                     w.heartbeat_until > UTC_TIMESTAMP(6) AS live,
@@ -64,7 +64,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         live_others: Sql::render(
             t,
-            "SELECT worker_id, hostname, pid, mode,
+            "SELECT worker_id, COALESCE(name, CONCAT(hostname, ':', pid)) AS name, hostname, pid, mode,
                     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), heartbeat_until) / 1e6 AS expires_in
              FROM {workers}
              WHERE heartbeat_until > UTC_TIMESTAMP(6) AND worker_id <> ? ORDER BY worker_id",

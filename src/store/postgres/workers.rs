@@ -19,8 +19,8 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         register: Sql::render(
             t,
-            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
-             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7)",
+            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish, name)
+             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::float8 / 1000), $7, $8)",
         ),
         heartbeat: Sql::render(
             t,
@@ -31,7 +31,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         list: Sql::render(
             t,
-            "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
+            "SELECT w.worker_id, COALESCE(w.name, w.hostname || ':' || w.pid) AS name, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
                     extract(epoch FROM w.heartbeat_until - now())::float8 AS heartbeat_ttl_seconds,
                     w.heartbeat_until > now() AS live,
                     (SELECT count(*) FROM {partitions} p
@@ -61,7 +61,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         ),
         live_others: Sql::render(
             t,
-            "SELECT worker_id, hostname, pid, mode,
+            "SELECT worker_id, COALESCE(name, hostname || ':' || pid) AS name, hostname, pid, mode,
                     extract(epoch FROM heartbeat_until - now())::float8 AS expires_in
              FROM {workers}
              WHERE heartbeat_until > now() AND worker_id <> $1 ORDER BY worker_id",

@@ -15,8 +15,8 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         lock_registrations: sql(t, "SELECT 1"),
         register: sql(
             t,
-            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish)
-             VALUES (?, ?, ?, ?, ?, {now+?}, ?)",
+            "INSERT INTO {workers} (worker_id, hostname, pid, version, mode, heartbeat_until, can_publish, name)
+             VALUES (?, ?, ?, ?, ?, {now+?}, ?, ?)",
         ),
         heartbeat: sql(
             t,
@@ -27,7 +27,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         list: sql(
             t,
             &format!(
-                "SELECT w.worker_id, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
+                "SELECT w.worker_id, COALESCE(w.name, w.hostname || ':' || w.pid) AS name, w.hostname, w.pid, w.version, w.mode, w.started_at, w.heartbeat_at,
                         {} AS heartbeat_ttl_seconds,
                         w.heartbeat_until > {{now}} AS live,
                         (SELECT count(*) FROM {{partitions}} p
@@ -61,7 +61,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         live_others: sql(
             t,
             &format!(
-                "SELECT worker_id, hostname, pid, mode, {} AS expires_in
+                "SELECT worker_id, COALESCE(name, hostname || ':' || pid) AS name, hostname, pid, mode, {} AS expires_in
                  FROM {{workers}}
                  WHERE heartbeat_until > {{now}} AND worker_id <> ? ORDER BY worker_id",
                 seconds_between("{now}", "heartbeat_until")
