@@ -30,6 +30,9 @@ pub struct Cli {
     /// RabbitMQ URL: amqp:// or amqps://, several separated by commas (overrides AMQP_URL and the file)
     #[arg(long, global = true, value_name = "URL")]
     pub amqp_url: Option<String>,
+    /// The source (a `[[source]]` name) the command acts on; `work` serves every source without it
+    #[arg(long, global = true, value_name = "NAME")]
+    pub source: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -37,7 +40,11 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create or upgrade the outbox schema (tables, indexes, SQL functions)
-    Migrate,
+    Migrate {
+        /// Every configured source's database, one after the other
+        #[arg(long)]
+        all_sources: bool,
+    },
     /// Relay outbox rows to RabbitMQ
     Work(WorkArgs),
     /// Serve the web dashboard (reads the database: shows the whole fleet)
@@ -121,7 +128,8 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (config, provenance) = match load_config(&cli) {
+    let (config, provenance) = match load_config(&cli).and_then(|(c, p)| Ok((scoped(&cli, c)?, p)))
+    {
         Ok(c) => c,
         Err(e) => {
             crate::complain!("outboxd: config: {e}");
@@ -281,6 +289,32 @@ pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
     Ok((config, provenance))
 }
 
+/// The configuration a command runs with: `config` shows every source,
+/// `work` serves every source (one with `--source`), every other command
+/// acts on one source — the one `--source` names, or the only one.
+fn scoped(cli: &Cli, mut config: Config) -> Result<Config, ConfigError> {
+    let every_source = match &cli.command {
+        Command::Migrate { all_sources } => *all_sources,
+        Command::Status(args) => args.all_sources,
+        _ => false,
+    };
+    if every_source && cli.source.is_some() {
+        return Err(ConfigError::Env(
+            "--all-sources and --source: give one of them".into(),
+        ));
+    }
+    match (&cli.command, cli.source.as_deref()) {
+        _ if every_source => Ok(config),
+        (Command::Config, _) | (Command::Work(_), None) => Ok(config),
+        (Command::Work(_), Some(name)) if !config.source.is_empty() => {
+            config.for_source(Some(name))?;
+            config.source.retain(|s| s.name == name);
+            Ok(config)
+        }
+        (_, name) => config.for_source(name),
+    }
+}
+
 async fn dispatch(
     command: Command,
     config: Config,
@@ -289,24 +323,14 @@ async fn dispatch(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     match command {
-        Command::Migrate => {
-            let partitioner = Partitioner::new(config.outbox.partition_count);
-            let store = Store::connect_for_session(&config, "outboxd migrate").await?;
-            let report = store.migrate(partitioner).await?;
-            for index in &report.rebuilt {
-                crate::say!("rebuilt index {index}, which an interrupted build had left invalid");
+        Command::Migrate { all_sources: false } => migrate(&config).await,
+        Command::Migrate { all_sources: true } => {
+            for source in config.sources()? {
+                crate::say!("source {}:", source.name);
+                migrate(&source.config)
+                    .await
+                    .with_context(|| format!("source {}", source.name))?;
             }
-            crate::say!(
-                "schema at version {} ({} migration(s) applied); partition_count {}{}",
-                report.version,
-                report.applied,
-                partitioner.count(),
-                if report.partition_count_recorded {
-                    " recorded"
-                } else {
-                    ""
-                }
-            );
             Ok(())
         }
         Command::Work(args) => {
@@ -319,9 +343,14 @@ async fn dispatch(
                 window: Duration::from_secs(args.window),
                 ui: args.ui.is_some(),
                 traces,
+                source: None,
             };
             let cancel = shutdown_on_signals();
-            worker::run(&config, &opts, cancel).await?;
+            if config.source.is_empty() {
+                worker::run(&config, &opts, cancel).await?;
+            } else {
+                worker::sources::run(&config, &opts, cancel).await?;
+            }
             Ok(())
         }
         Command::Ui { .. } => {
@@ -331,6 +360,34 @@ async fn dispatch(
             let state = crate::dashboard::DashboardState::new(&config, store, None);
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())
+        }
+        Command::Status(args) if args.all_sources && args.json => {
+            // A source that cannot be read is an `error` in its place.
+            let (mut all, mut failed) = (serde_json::Map::new(), Vec::new());
+            for source in config.sources()? {
+                let value = match crate::ops::summary(&source.config).await {
+                    Ok(summary) => serde_json::to_value(summary)?,
+                    Err(e) => {
+                        failed.push(source.name.clone());
+                        serde_json::json!({ "error": error_line(&e) })
+                    }
+                };
+                all.insert(source.name, value);
+            }
+            crate::say!("{}", serde_json::to_string_pretty(&all)?);
+            unread(&failed)
+        }
+        Command::Status(args) if args.all_sources => {
+            let mut failed = Vec::new();
+            for source in config.sources()? {
+                crate::say!("== source {} ==", source.name);
+                if let Err(e) = crate::ops::status(&source.config, &args).await {
+                    crate::say!("cannot read it: {}", error_line(&e));
+                    failed.push(source.name);
+                }
+                crate::say!();
+            }
+            unread(&failed)
         }
         Command::Status(args) => crate::ops::status(&config, &args).await,
         Command::Purge(args) => crate::ops::purge(&config, &args).await,
@@ -372,6 +429,36 @@ async fn dispatch(
     }
 }
 
+/// The error of `status --all-sources` when some sources could not be read.
+fn unread(failed: &[String]) -> anyhow::Result<()> {
+    match failed {
+        [] => Ok(()),
+        names => anyhow::bail!("could not read source(s) {}", names.join(", ")),
+    }
+}
+
+/// `outboxd migrate` of one source's database.
+async fn migrate(config: &Config) -> anyhow::Result<()> {
+    let partitioner = Partitioner::new(config.outbox.partition_count);
+    let store = Store::connect_for_session(config, "outboxd migrate").await?;
+    let report = store.migrate(partitioner).await?;
+    for index in &report.rebuilt {
+        crate::say!("rebuilt index {index}, which an interrupted build had left invalid");
+    }
+    crate::say!(
+        "schema at version {} ({} migration(s) applied); partition_count {}{}",
+        report.version,
+        report.applied,
+        partitioner.count(),
+        if report.partition_count_recorded {
+            " recorded"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
 /// The TOML text of a configuration with each key's source after it
 /// (`batch_size = 500  # environment (OUTBOXD_OUTBOX__BATCH_SIZE)`).
 fn with_sources(text: &str, provenance: &Provenance) -> String {
@@ -388,7 +475,13 @@ fn with_sources(text: &str, provenance: &Provenance) -> String {
             } else {
                 format!("{section}.{key}")
             };
-            out.push_str(&format!("{line}  # {}", provenance.source(&dotted)));
+            // `[[source]]` entries (and their tables) come from the file only.
+            let from = if section.starts_with("[source") || section.starts_with("source.") {
+                "file".to_string()
+            } else {
+                provenance.source(&dotted).to_string()
+            };
+            out.push_str(&format!("{line}  # {from}"));
         } else {
             out.push_str(line);
         }
@@ -407,6 +500,26 @@ fn redacted(c: &Config) -> Config {
     }
     if !c.dashboard.token.is_empty() {
         c.dashboard.token = "***".into();
+    }
+    for s in &mut c.source {
+        s.url = Redacted(&s.url).to_string();
+        if !s.listen_url.is_empty() {
+            s.listen_url = Redacted(&s.listen_url).to_string();
+        }
+        for (section, key) in [
+            ("database", "listen_url"),
+            ("database", "url"),
+            ("amqp", "url"),
+        ] {
+            let table = if section == "amqp" {
+                &mut s.amqp
+            } else {
+                &mut s.database
+            };
+            if let Some(toml::Value::String(url)) = table.get_mut(key) {
+                *url = Redacted(url).to_string();
+            }
+        }
     }
     c
 }

@@ -53,7 +53,7 @@ pub fn init(silent: bool, format: LogFormat) {
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
-            .with_current_span(false)
+            .with_current_span(true)
             .with_span_list(false)
             .init(),
     }

@@ -20,6 +20,9 @@ pub struct StatusArgs {
     /// Print the summary as JSON (the dashboard's api/summary)
     #[arg(long)]
     pub json: bool,
+    /// Every configured source, one after the other
+    #[arg(long)]
+    pub all_sources: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,14 +269,19 @@ fn actor() -> String {
 }
 
 pub async fn status(config: &Config, args: &StatusArgs) -> anyhow::Result<()> {
-    let (store, p) = open(config, "outboxd status").await?;
-    let s = load_summary(&store, p.count()).await?;
+    let s = summary(config).await?;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         print_status(&s);
     }
     Ok(())
+}
+
+/// What `outboxd status` shows of one source.
+pub async fn summary(config: &Config) -> anyhow::Result<Summary> {
+    let (store, p) = open(config, "outboxd status").await?;
+    Ok(load_summary(&store, p.count()).await?)
 }
 
 fn short(id: Option<uuid::Uuid>) -> String {

@@ -41,6 +41,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
+use tracing::Instrument;
 
 use futures_util::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -499,7 +500,7 @@ impl Broker {
         let reach = self.reach_tx.clone();
         let mut events = conn.events_listener();
         blocked.send_replace(None);
-        tokio::spawn(async move {
+        let watching = async move {
             while let Some(event) = events.next().await {
                 match event {
                     Event::ConnectionBlocked(reason) => {
@@ -524,7 +525,8 @@ impl Broker {
                     _ => {}
                 }
             }
-        });
+        };
+        tokio::spawn(watching.in_current_span());
     }
 }
 

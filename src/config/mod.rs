@@ -12,6 +12,7 @@
 //! `"1h"`, `"7d"`.
 
 pub mod env;
+pub mod sources;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -75,6 +76,11 @@ pub enum ConfigError {
     Invalid { key: &'static str, problem: String },
     #[error("{0}")]
     Env(String),
+    #[error("source {name}: {error}")]
+    Source {
+        name: String,
+        error: Box<ConfigError>,
+    },
 }
 
 fn invalid(key: &'static str, problem: impl Into<String>) -> ConfigError {
@@ -95,6 +101,10 @@ pub struct Config {
     pub tables: TablesConfig,
     pub dashboard: DashboardConfig,
     pub log: LogConfig,
+    /// `[[source]]`: several outboxes ([`sources`]); none: the top level is
+    /// the one source.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub source: Vec<sources::SourceConfig>,
 }
 
 /// `[log]`: how the process logs (to stderr). Which lines is `OUTBOXD_LOG`
@@ -546,8 +556,15 @@ impl Config {
             .map_err(|e: toml::de::Error| e.message().trim().replace('\n', " "))
     }
 
-    /// Checks every value; the first problem found is returned.
+    /// Checks every value, every source's too; the first problem found is
+    /// returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_one()?;
+        self.sources().map(drop)
+    }
+
+    /// Checks the values of this configuration, its sources aside.
+    fn validate_one(&self) -> Result<(), ConfigError> {
         self.validate_connections()?;
         self.validate_outbox()?;
         self.validate_worker()?;

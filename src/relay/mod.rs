@@ -20,6 +20,7 @@ pub mod wakeups;
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -111,7 +112,7 @@ impl Relay {
             self.wakeups.of(label),
             cancel,
         );
-        self.tracker.spawn(drainer.run(drain))
+        self.tracker.spawn(drainer.run(drain).in_current_span())
     }
 
     /// Waits for every drainer to finish, at most `timeout`; true when all

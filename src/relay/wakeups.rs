@@ -45,6 +45,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -171,18 +172,18 @@ impl Wakeups {
                 );
             }
             let polling = Polling::new(db, Some(idle_backoff), idle_backoff);
-            return vec![tokio::spawn(self.clone().poll(
-                store.clone(),
-                polling,
-                cancel.clone(),
-            ))];
+            return vec![tokio::spawn(
+                self.clone()
+                    .poll(store.clone(), polling, cancel.clone())
+                    .in_current_span(),
+            )];
         }
         let polling = Polling::new(db, None, idle_backoff);
-        let mut tasks = vec![tokio::spawn(self.clone().poll(
-            store.clone(),
-            polling,
-            cancel.clone(),
-        ))];
+        let mut tasks = vec![tokio::spawn(
+            self.clone()
+                .poll(store.clone(), polling, cancel.clone())
+                .in_current_span(),
+        )];
         match (db.pooler, db.listen_url()) {
             (Pooler::Transaction, None) => tracing::info!(
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
@@ -191,12 +192,13 @@ impl Wakeups {
                 finding_rows(db)
             ),
             (_, direct) => {
-                tasks.push(tokio::spawn(self.clone().listen(
+                let listen = self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
                     finding_rows(db),
                     cancel.clone(),
-                )));
+                );
+                tasks.push(tokio::spawn(listen.in_current_span()));
             }
         }
         tasks

@@ -20,11 +20,13 @@
 
 mod probes;
 mod report;
+pub mod sources;
 mod startup;
 mod supervisor;
 
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -62,6 +64,8 @@ pub struct WorkOptions {
     pub ui: bool,
     /// Export spans (an `OTEL_*` endpoint is set).
     pub traces: Option<ExportConfig>,
+    /// The source served, named in the report, when there are several.
+    pub source: Option<String>,
 }
 
 /// Why a worker stopped with an error.
@@ -75,6 +79,8 @@ pub enum WorkError {
     Broker(String),
     #[error(transparent)]
     Dashboard(#[from] crate::dashboard::DashboardError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Runs a worker until `cancel` fires (or, with `--once`, until the ready
@@ -285,7 +291,7 @@ fn start_draining(
             }
             tracing::info!(buckets = labels.len(), mode = "no-leasing", "draining");
             let (relay, cancel) = (relay.clone(), cancel.clone());
-            let coordination = tokio::spawn(async move {
+            let coordination = async move {
                 if drain == Drain::Forever {
                     cancel.cancelled().await;
                     tracing::info!("shutting down: finishing in-flight batches");
@@ -297,7 +303,8 @@ fn start_draining(
                         "in-flight batches did not finish in time; abandoned (their rows are published again later)"
                     );
                 }
-            });
+            };
+            let coordination = tokio::spawn(coordination.in_current_span());
             Draining {
                 owned: watch::channel(labels.to_vec()).1,
                 publishing: None,
@@ -323,7 +330,11 @@ fn start_draining(
             Draining {
                 owned: fleet.owned(),
                 publishing: Some(fleet.publishing()),
-                coordination: tokio::spawn(fleet.run(drain, cancel.clone(), shutdown_timeout)),
+                coordination: tokio::spawn(
+                    fleet
+                        .run(drain, cancel.clone(), shutdown_timeout)
+                        .in_current_span(),
+                ),
             }
         }
     }

@@ -106,6 +106,9 @@ impl Report {
 #[derive(Debug, Serialize)]
 struct Tick {
     pub ts: chrono::DateTime<chrono::Utc>,
+    /// The source (`[[source]]`) this worker serves, when there are several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     pub worker_id: uuid::Uuid,
     pub mode: &'static str,
     /// Buckets this worker drains.
@@ -181,6 +184,7 @@ struct Reporter {
     tty: bool,
     worker_id: uuid::Uuid,
     mode: &'static str,
+    source: Option<String>,
     last: StatsSnapshot,
     last_at: Instant,
     window: Duration,
@@ -197,6 +201,7 @@ impl Reporter {
             tty: std::io::stdout().is_terminal(),
             worker_id,
             mode: mode.as_str(),
+            source: opts.source.clone(),
             last: StatsSnapshot::default(),
             last_at: now,
             window: opts.window,
@@ -226,6 +231,7 @@ impl Reporter {
         let now = Instant::now();
         let tick = Tick {
             ts: chrono::Utc::now(),
+            source: self.source.clone(),
             worker_id: self.worker_id,
             mode: self.mode,
             buckets: labels.len(),
@@ -255,8 +261,11 @@ impl Reporter {
             let d = now_stats.since(&self.window_start);
             let secs = now.duration_since(self.window_at).as_secs_f64().max(1e-3);
             let line = format!(
-                "{} last {:.0}s: published {} ({:.0}/s) failed {} parked {} | now: lag {} buckets {} ({} with pending rows)",
+                "{}{} last {:.0}s: published {} ({:.0}/s) failed {} parked {} | now: lag {} buckets {} ({} with pending rows)",
                 tick.ts.format("%H:%M:%S"),
+                self.source
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(" [{s}]")),
                 secs,
                 d.published,
                 d.published as f64 / secs,

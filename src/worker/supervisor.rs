@@ -8,6 +8,7 @@
 //! (the first such error is returned).
 
 use std::future::Future;
+use tracing::Instrument;
 
 use futures_util::future::BoxFuture;
 use tokio::task::{AbortHandle, JoinHandle};
@@ -48,7 +49,7 @@ impl Supervisor {
         name: &'static str,
         task: impl Future<Output = Result<(), WorkError>> + Send + 'static,
     ) {
-        let handle = tokio::spawn(task);
+        let handle = tokio::spawn(task.in_current_span());
         self.adopt_with(name, handle, |r| r.err());
     }
 
@@ -58,7 +59,7 @@ impl Supervisor {
         name: &'static str,
         task: impl Future<Output = ()> + Send + 'static,
     ) {
-        self.adopt(name, tokio::spawn(task));
+        self.adopt(name, tokio::spawn(task.in_current_span()));
     }
 
     /// Takes over a task started elsewhere (it must stop on [`Self::token`]).
