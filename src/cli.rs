@@ -18,7 +18,7 @@ use crate::store::{Store, schema};
 use crate::{demo, worker};
 
 /// outboxd: relays a transactional outbox (PostgreSQL, MySQL/MariaDB, SQLite) to RabbitMQ, in order.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "outboxd", version, about, long_about = None)]
 pub struct Cli {
     /// Configuration file [default: config/outboxd.toml if it exists, else built-in defaults]
@@ -37,7 +37,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Create or upgrade the outbox schema (tables, indexes, SQL functions)
     Migrate {
@@ -78,7 +78,7 @@ pub enum Command {
     Config,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct WorkArgs {
     /// Single-worker development mode: drain every bucket without leases.
     /// Refuses to start while other workers are live.
@@ -161,7 +161,7 @@ pub fn main() -> ExitCode {
         }
     };
     let format = config.log.format;
-    match runtime.block_on(dispatch(cli.command, config, provenance, traces)) {
+    match runtime.block_on(dispatch(&cli, config, provenance, traces)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             match format {
@@ -316,12 +316,13 @@ fn scoped(cli: &Cli, mut config: Config) -> Result<Config, ConfigError> {
 }
 
 async fn dispatch(
-    command: Command,
+    cli: &Cli,
     config: Config,
     provenance: Provenance,
     traces: Option<crate::otel::ExportConfig>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
+    let command = cli.command.clone();
     match command {
         Command::Migrate { all_sources: false } => migrate(&config).await,
         Command::Migrate { all_sources: true } => {
@@ -347,9 +348,15 @@ async fn dispatch(
             };
             let cancel = shutdown_on_signals();
             if config.source.is_empty() {
+                ignore_hangups();
                 worker::run(&config, &opts, cancel).await?;
             } else {
-                worker::sources::run(&config, &opts, cancel).await?;
+                let cli = cli.clone();
+                let reload = Box::new(move || {
+                    let (config, _) = load_config(&cli)?;
+                    scoped(&cli, config)
+                });
+                worker::sources::run(&config, &opts, cancel, reload).await?;
             }
             Ok(())
         }
@@ -522,6 +529,24 @@ fn redacted(c: &Config) -> Config {
         }
     }
     c
+}
+
+/// SIGHUP reloads the sources of a worker with `[[source]]` entries; a
+/// worker without says so instead of dying of it (the default action).
+fn ignore_hangups() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut hup) = signal(SignalKind::hangup()) {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::warn!(
+                        "SIGHUP: a configuration without [[source]] entries is not reloaded; restart the worker to apply changes"
+                    );
+                }
+            });
+        }
+    }
 }
 
 /// A token cancelled by SIGTERM or Ctrl-C; a second signal exits at once.

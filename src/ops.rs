@@ -15,7 +15,7 @@ use crate::partitioner::Partitioner;
 use crate::store::workers::WorkerView;
 use crate::store::{Store, schema};
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
     /// Print the summary as JSON (the dashboard's api/summary)
     #[arg(long)]
@@ -25,7 +25,7 @@ pub struct StatusArgs {
     pub all_sources: bool,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum FailedCommand {
     /// List parked messages, newest first (or a bucket's, oldest first)
     List {
@@ -62,7 +62,7 @@ pub enum FailedCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct PurgeArgs {
     /// Delete published rows older than this, e.g. 7d, 12h
     #[arg(long, value_name = "DURATION", value_parser = crate::config::parse_duration)]
@@ -72,7 +72,7 @@ pub struct PurgeArgs {
     pub dry_run: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RepartitionArgs {
     /// The new bucket count (1–1024)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]

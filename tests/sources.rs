@@ -274,3 +274,142 @@ async fn a_source_that_cannot_be_served_leaves_the_others_running() {
     );
     draining.abort();
 }
+
+/// SIGHUP: a source added to the file is joined and drains (200 rows
+/// waiting for it), a source removed from one worker's file is left — its
+/// leases released and taken by the other worker, nothing lost — and a file
+/// that does not parse is one line while every source runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_joins_added_sources_leaves_removed_ones_and_keeps_running_on_a_bad_file() {
+    let a = TestEnv::with(Tuning::fleet()).await;
+    let b = TestEnv::with(Tuning::fleet()).await;
+    let c = TestEnv::with(Tuning::fleet()).await;
+    let base = std::fs::read_to_string(&a.config_path).unwrap();
+    let (sa, sb, sc) = (
+        source("a", &a, ""),
+        source("b", &b, ""),
+        source("c", &c, ""),
+    );
+    let write = |path: &PathBuf, sources: &[&String]| {
+        let text = sources.iter().map(|s| s.as_str()).collect::<String>();
+        std::fs::write(path, format!("{base}{text}")).unwrap();
+    };
+    let files = [a.dir.join("w1.toml"), a.dir.join("w2.toml")];
+    for f in &files {
+        write(f, &[&sa, &sb]);
+    }
+    let queues = [unique("q"), unique("q"), unique("q")];
+    let mut reader_a = QueueReader::open(&amqp_url(), &queues[0]).await.unwrap();
+    let mut others = Vec::new();
+    for q in &queues[1..] {
+        let mut r = QueueReader::open(&amqp_url(), q).await.unwrap();
+        others.push(tokio::spawn(async move {
+            let _ = r.read_until(Duration::from_secs(120), |_| false).await;
+        }));
+    }
+    let mut workers: Vec<WorkerProcess> = files
+        .iter()
+        .map(|f| a.spawn_worker_on(None, f, &["--silent"]))
+        .collect();
+    let second = worker_id_of(&a, &workers[1]).await;
+    let producing: Vec<_> = [(&a, &queues[0]), (&b, &queues[1])]
+        .into_iter()
+        .map(|(env, q)| {
+            tokio::spawn(produce_evenly(
+                env.db.clone(),
+                q.clone(),
+                1_200,
+                30,
+                Duration::from_secs(12),
+            ))
+        })
+        .collect();
+    let settled = Instant::now() + Duration::from_secs(30);
+    while live(&a).await.len() < 2 || leases(&a).await.iter().any(|l| !l.valid) {
+        assert!(
+            Instant::now() < settled,
+            "source a never settled on 2 workers"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Added: c, with rows waiting.
+    for i in 0..200 {
+        c.db.enqueue(Message::new(
+            format!("k{}", i % 10),
+            "",
+            queues[2].as_str(),
+            "x",
+        ))
+        .await;
+    }
+    for f in &files {
+        write(f, &[&sa, &sb, &sc]);
+    }
+    let hup = Instant::now();
+    for w in &workers {
+        w.signal("HUP");
+    }
+    c.wait_count("published_at IS NOT NULL", 1, Duration::from_secs(20))
+        .await;
+    let joined = hup.elapsed();
+    let all = c
+        .wait_count("published_at IS NOT NULL", 200, Duration::from_secs(20))
+        .await;
+    println!("added source c: first row published {joined:?} after SIGHUP");
+    assert_eq!(all, 200, "{}", workers[0].log_text());
+    assert!(joined < Duration::from_secs(5), "c joined after {joined:?}");
+
+    // Removed from the first worker: its buckets of a go to the second.
+    write(&files[0], &[&sb, &sc]);
+    let hup = Instant::now();
+    workers[0].signal("HUP");
+    let deadline = hup + Duration::from_secs(20);
+    loop {
+        let held = leases(&a).await;
+        if held
+            .iter()
+            .all(|l| l.valid && l.lease_owner == Some(second))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a's buckets did not move: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let moved = hup.elapsed();
+    println!(
+        "removed source a from worker 1: every bucket held by worker 2 {moved:?} after SIGHUP"
+    );
+    assert!(moved < Duration::from_secs(5), "moved after {moved:?}");
+    assert_eq!(live(&a).await, [second]);
+
+    // A file that does not parse: one line, everything runs on.
+    std::fs::write(&files[1], "[outbox\nbatch_size = ").unwrap();
+    workers[1].signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !workers[1]
+        .log_text()
+        .contains("configuration not reloaded, the running one is kept")
+    {
+        assert!(Instant::now() < deadline, "{}", workers[1].log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for p in producing {
+        p.await.unwrap();
+    }
+    let (complete, verdict) =
+        read_and_judge(&mut reader_a, &a, 1_200, Duration::from_secs(60)).await;
+    println!("a: {}", verdict.summary());
+    assert!(complete && verdict.is_clean(), "a: {}", verdict.summary());
+    let published_b = b
+        .wait_count("published_at IS NOT NULL", 1_200, Duration::from_secs(30))
+        .await;
+    assert_eq!(published_b, 1_200);
+    terminate_all(&mut workers);
+    for o in others {
+        o.abort();
+    }
+}

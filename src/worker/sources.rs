@@ -10,12 +10,16 @@
 //! doubling to 1 min), while the others run on untouched. Every log line
 //! of a source's worker carries its name (a `source` span).
 //!
+//! Reload: on SIGHUP the configuration is read again and the served
+//! sources made to match it ([`run`]).
+//!
 //! Not yet for several sources: the dashboard (`--ui`; `outboxd ui
 //! --source NAME` serves one) and `worker.health_listen`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::task::JoinSet;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -28,17 +32,74 @@ use crate::config::{Config, ConfigError};
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
+/// Reads the configuration again (file and environment, as at start-up),
+/// for SIGHUP.
+pub type Reload = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
+
 /// Serves every source of `config` until `cancel` fires (with `--once`,
-/// until each has drained what was ready).
+/// until each has drained what was ready). On SIGHUP, `reload` gives the
+/// new configuration: sources added are joined, removed ones left (after
+/// their in-flight batches, leases released), changed ones left and joined
+/// again, unchanged ones not touched; a configuration that cannot be read
+/// or is invalid is one line and the running one is kept.
 pub async fn run(
     config: &Config,
     opts: &WorkOptions,
     cancel: CancellationToken,
+    reload: Reload,
 ) -> Result<(), WorkError> {
+    refuse_what_is_not_served_yet(config, opts)?;
+    let mut served = Served::default();
+    served.apply(config.sources()?, opts, &cancel).await;
+    if opts.once {
+        return served.finish().await;
+    }
+    let mut hangups = hangups();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(()) = hangups.recv() => {
+                tracing::info!("SIGHUP: reading the configuration again");
+                match reload().and_then(|new| {
+                    refuse_what_is_not_served_yet(&new, opts)?;
+                    new.sources()
+                }) {
+                    Ok(sources) => served.apply(sources, opts, &cancel).await,
+                    Err(e) => tracing::error!(
+                        "configuration not reloaded, the running one is kept: {e}"
+                    ),
+                }
+            }
+        }
+    }
+    served.finish().await
+}
+
+/// SIGHUPs, as a channel (empty if the handler cannot be installed).
+fn hangups() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        let _ = tx.try_send(());
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot handle SIGHUP: no reloads"),
+        }
+    }
+    rx
+}
+
+fn refuse_what_is_not_served_yet(config: &Config, opts: &WorkOptions) -> Result<(), ConfigError> {
     let not_yet = |what: &str| {
-        Err(WorkError::Config(ConfigError::Env(format!(
+        Err(ConfigError::Env(format!(
             "{what} is not served for several sources yet: serve one source's dashboard with `outboxd ui --source NAME`"
-        ))))
+        )))
     };
     if opts.ui {
         return not_yet("the dashboard (--ui)");
@@ -46,22 +107,93 @@ pub async fn run(
     if config.worker.health_listen.is_some() {
         return not_yet("worker.health_listen");
     }
-    let sources = config.sources()?;
-    tracing::info!(
-        sources = %sources.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(","),
-        "serving {} sources", sources.len()
-    );
-    let mut served = JoinSet::new();
-    for source in sources {
-        served.spawn(serve(source, opts.clone(), cancel.clone()));
-    }
-    let mut failed = None;
-    while let Some(done) = served.join_next().await {
-        if let Ok(Err(e)) = done {
-            failed.get_or_insert(e);
+    Ok(())
+}
+
+/// The sources being served: each its configuration (as TOML, to tell a
+/// change), its stop token and its task.
+#[derive(Default)]
+struct Served(BTreeMap<String, Serving>);
+
+struct Serving {
+    fingerprint: String,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), WorkError>>,
+}
+
+impl Served {
+    /// Makes the served sources `sources`: leaves the removed and the
+    /// changed ones (each finishing its in-flight batches and releasing its
+    /// leases), then joins the added and the changed ones.
+    async fn apply(
+        &mut self,
+        sources: Vec<Source>,
+        opts: &WorkOptions,
+        cancel: &CancellationToken,
+    ) {
+        let fingerprint = |s: &Source| toml::to_string(&s.config).unwrap_or_default();
+        let (mut added, mut changed, mut removed, mut unchanged) = (vec![], vec![], vec![], 0);
+        let leaving: Vec<String> = self
+            .0
+            .iter()
+            .filter(|(name, serving)| {
+                sources
+                    .iter()
+                    .find(|s| &s.name == *name)
+                    .is_none_or(|s| fingerprint(s) != serving.fingerprint)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        let mut stopping = Vec::new();
+        for name in &leaving {
+            let serving = self.0.remove(name).expect("listed");
+            serving.stop.cancel();
+            stopping.push((name.clone(), serving.task));
         }
+        for (name, task) in stopping {
+            match task.await {
+                Ok(Err(e)) => tracing::warn!(source = %name, "left with an error: {e}"),
+                Err(e) => tracing::warn!(source = %name, "its task ended abnormally: {e}"),
+                Ok(Ok(())) => {}
+            }
+            if sources.iter().any(|s| s.name == name) {
+                changed.push(name);
+            } else {
+                removed.push(name);
+            }
+        }
+        for source in sources {
+            if self.0.contains_key(&source.name) {
+                unchanged += 1;
+                continue;
+            }
+            if !changed.contains(&source.name) {
+                added.push(source.name.clone());
+            }
+            let stop = cancel.child_token();
+            let serving = Serving {
+                fingerprint: fingerprint(&source),
+                task: tokio::spawn(serve(source.clone(), opts.clone(), stop.clone())),
+                stop,
+            };
+            self.0.insert(source.name, serving);
+        }
+        tracing::info!(
+            added = ?added, removed = ?removed, changed = ?changed, unchanged,
+            "serving {} source(s)", self.0.len()
+        );
     }
-    failed.map_or(Ok(()), Err)
+
+    /// Waits for every source's worker to stop; the first error, if any.
+    async fn finish(self) -> Result<(), WorkError> {
+        let mut failed = None;
+        for (_, serving) in self.0 {
+            if let Ok(Err(e)) = serving.task.await {
+                failed.get_or_insert(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
 }
 
 /// One source's worker, started again after an error until `cancel`
