@@ -42,9 +42,10 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
-//! plaintext; traces: `relay/traces.rs`, span export on against off).
+//! plaintext; traces: `relay/traces.rs`, span export on against off;
+//! sources: `relay/sources.rs`, one worker with 50 idle sources against one).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,8 @@ use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 mod otlp;
 #[path = "../tests/common/readme.rs"]
 mod readme;
+#[path = "relay/sources.rs"]
+mod sources;
 #[path = "relay/tls.rs"]
 mod tls;
 #[path = "../tests/common/tls.rs"]
@@ -186,6 +189,9 @@ async fn main() {
     }
     if run("traces") {
         b.traces().await;
+    }
+    if run("sources") {
+        b.sources().await;
     }
 
     println!(

@@ -8,7 +8,8 @@
 //! naming the source. Without `[[source]]` entries the top level is the one
 //! source, named [`DEFAULT_SOURCE`]. What belongs to the process and not to
 //! a source (`worker.name`, `worker.threads`, `worker.health_listen`,
-//! `[dashboard]`, `[log]`) is refused inside a source.
+//! `[dashboard]`, `[log]`) is refused inside a source, and so, for now, is
+//! a `database.query_timeout` of its own (the bound is process-wide).
 
 use serde::{Deserialize, Serialize};
 
@@ -161,6 +162,12 @@ impl Config {
         }
         let config = Config::deserialize_table(table).map_err(ConfigError::Env)?;
         config.validate_one()?;
+        // Bounded once per process for now (store::query_timeout).
+        if config.database.query_timeout != self.database.query_timeout {
+            return Err(ConfigError::Env(
+                "database.query_timeout is one for the whole process (for now): set it in the top-level [database]".into(),
+            ));
+        }
         Ok(config)
     }
 }
@@ -275,6 +282,13 @@ outbox = "shop_outbox"
         );
         let e = bad("name = \"billing\"\nurl = \"postgres://h/d\"");
         assert!(e.contains("named twice"), "{e}");
+        let e = bad(
+            "name = \"x\"\nurl = \"postgres://h/d\"\n[source.database]\nquery_timeout = \"3s\"",
+        );
+        assert!(
+            e.contains("query_timeout is one for the whole process"),
+            "{e}"
+        );
         let e = bad("name = \"x\"\nurl = \"postgres://h/d\"\n[source.worker]\nthreads = 2");
         assert!(e.contains("worker.threads belongs to the process"), "{e}");
         let e = bad(

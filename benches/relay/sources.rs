@@ -1,0 +1,172 @@
+//! Section 10: one worker serving many sources (`[[source]]`, issue 29) —
+//! 50 PostgreSQL databases on the one server (10 with `--quick`), each
+//! migrated and idle — against the same worker serving one of them (the
+//! baseline, same run). Per added idle source: memory (the worker's RSS),
+//! CPU (share of one core), connections its database holds from the
+//! worker, and transactions per second its database runs (PostgreSQL's
+//! `xact_commit + xact_rollback`: one per statement outside a transaction);
+//! then the commit-to-queue latency of a trickle (50 msg/s) into one of the
+//! 50 while the others idle. Targets: ≤ 5 MB, ≤ 3 connections and ≤ 0.2 %
+//! of a core per idle source; trickle p99 ≤ 5 ms.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Bench, clock_ticks, cpu_ticks, ms, pct, terminate, trickle, with_path};
+
+/// What a worker costs while its sources idle.
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    rss_kb: f64,
+    cpu_share: f64,
+    connections: f64,
+    transactions_per_s: f64,
+}
+
+impl Bench {
+    pub(super) async fn sources(&mut self) {
+        let n = if self.quick { 10 } else { 50 };
+        let over = Duration::from_secs(if self.quick { 10 } else { 30 });
+        println!("sources: one worker with 1 and with {n} idle PostgreSQL sources, {over:?} each");
+        let names: Vec<String> = (0..n).map(|i| format!("outboxd_bench_src{i:02}")).collect();
+        let mut urls = Vec::new();
+        for name in &names {
+            let (store, _, url) = self.fresh(name, "").await;
+            store.close().await;
+            urls.push(url);
+        }
+        let one = self
+            .idle(&self.sources_config(&urls[..1]), &names[..1], over)
+            .await;
+        let many_config = self.sources_config(&urls);
+        let many = self.idle(&many_config, &names, over).await;
+        let per = |f: fn(&Idle) -> f64| (f(&many) - f(&one)) / (n - 1) as f64;
+        let mb = per(|i| i.rss_kb) / 1024.0;
+        let cpu = per(|i| i.cpu_share) * 100.0;
+        // Connections and transactions belong to each source's database:
+        // the average over the n (the one-source run's own figure beside).
+        let connections = many.connections / n as f64;
+        let transactions = many.transactions_per_s / n as f64;
+        self.row(
+            &format!("memory per added idle source ({n} vs 1)"),
+            format!("{mb:.2} MB"),
+            format!("1 source {:.1} MB; target <= 5 MB", one.rss_kb / 1024.0),
+        );
+        self.row(
+            "CPU per added idle source",
+            format!("{cpu:.3} % of a core"),
+            format!("1 source {:.2} %; target <= 0.2 %", one.cpu_share * 100.0),
+        );
+        self.row(
+            "connections per idle source",
+            format!("{connections:.1}"),
+            format!("1 source {:.0}; target <= 3", one.connections),
+        );
+        self.row(
+            "transactions per second per idle source",
+            format!("{transactions:.1}/s"),
+            format!("1 source {:.1}/s", one.transactions_per_s),
+        );
+
+        // A trickle into one source while the others idle.
+        let queue = "bench-sources";
+        self.declare_purged(queue).await;
+        let mut worker = self.spawn(&many_config, &["--silent"]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let target = &urls[n / 3];
+        let lat = trickle(target, &self.amqp_url, queue, 50, Duration::from_secs(10)).await;
+        terminate(&mut worker);
+        let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+        self.row(
+            &format!("trickle into 1 of {n} sources, 50 msg/s (p50 / p99 / max)"),
+            format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
+            "target p99 <= 5 ms".into(),
+        );
+        for name in &names {
+            self.drop_database(name).await;
+        }
+        let figures = |i: &Idle| {
+            json!({ "rss_kb": i.rss_kb, "cpu_share": i.cpu_share, "connections": i.connections,
+                    "transactions_per_s": i.transactions_per_s })
+        };
+        self.results.insert(
+            "sources".into(),
+            json!({
+                "sources": n, "idle_seconds": over.as_secs(),
+                "one": figures(&one), "many": figures(&many),
+                "per_added_source": { "rss_mb": mb, "cpu_percent": cpu },
+                "per_source": { "connections": connections, "transactions_per_s": transactions },
+                "trickle_50_per_s": { "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) },
+            }),
+        );
+    }
+
+    /// A config file serving the databases `urls` as sources.
+    fn sources_config(&self, urls: &[String]) -> PathBuf {
+        let mut toml = format!("[amqp]\nurl = \"{}\"\n", self.amqp_url);
+        for (i, url) in urls.iter().enumerate() {
+            toml.push_str(&format!(
+                "\n[[source]]\nname = \"s{i:02}\"\nurl = \"{url}\"\n"
+            ));
+        }
+        let path = self.dir.join(format!("sources-{}.toml", urls.len()));
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    /// A worker serving `config` (the databases `names`), measured over
+    /// `over` once it has settled.
+    async fn idle(&self, config: &Path, names: &[String], over: Duration) -> Idle {
+        let mut worker = self.spawn(config, &["--silent"]);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let admin = with_path(&self.admin_url, "postgres");
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+            .await
+            .unwrap();
+        let transactions = async |conn: &mut sqlx::PgConnection| -> i64 {
+            sqlx::query_scalar(
+                "SELECT coalesce(sum(xact_commit + xact_rollback), 0)::int8
+                 FROM pg_stat_database WHERE datname = ANY($1)",
+            )
+            .bind(names)
+            .fetch_one(conn)
+            .await
+            .unwrap()
+        };
+        let (ticks0, tx0) = (
+            cpu_ticks(worker.id()).unwrap_or(0),
+            transactions(&mut conn).await,
+        );
+        tokio::time::sleep(over).await;
+        let (ticks1, tx1) = (
+            cpu_ticks(worker.id()).unwrap_or(0),
+            transactions(&mut conn).await,
+        );
+        let connections: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1)")
+                .bind(names)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        let rss_kb = vm_rss_kb(worker.id());
+        terminate(&mut worker);
+        let secs = over.as_secs_f64();
+        Idle {
+            rss_kb: rss_kb as f64,
+            cpu_share: (ticks1 - ticks0) as f64 / clock_ticks() as f64 / secs,
+            connections: connections as f64,
+            transactions_per_s: (tx1 - tx0) as f64 / secs,
+        }
+    }
+}
+
+fn vm_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
