@@ -1,7 +1,7 @@
 //! Section 10: one worker serving many sources (`[[source]]`, issue 29) —
 //! 50 PostgreSQL databases on the one server (10 with `--quick`), each
 //! migrated and idle — against the same worker serving one of them (the
-//! baseline, same run). Per added idle source: memory (the worker's RSS),
+//! baseline, same run), each measured after 45 s of settling. Per added idle source: memory (the worker's RSS),
 //! CPU (share of one core), connections its database holds from the
 //! worker, and transactions per second its database runs (PostgreSQL's
 //! `xact_commit + xact_rollback`: one per statement outside a transaction);
@@ -15,6 +15,9 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{Bench, clock_ticks, cpu_ticks, ms, pct, terminate, trickle, with_path};
+
+/// How long a worker runs before it is measured idle (see [`Bench::idle`]).
+const SETTLE: Duration = Duration::from_secs(45);
 
 /// What a worker costs while its sources idle.
 #[derive(Debug, Clone, Copy)]
@@ -117,10 +120,12 @@ impl Bench {
     }
 
     /// A worker serving `config` (the databases `names`), measured over
-    /// `over` once it has settled.
+    /// `over` once it has settled: its pools grew at start-up (every bucket
+    /// claims at once) and shrink only after `store::trim::QUIET` (30 s),
+    /// one connection a second.
     async fn idle(&self, config: &Path, names: &[String], over: Duration) -> Idle {
         let mut worker = self.spawn(config, &["--silent"]);
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(SETTLE).await;
         let admin = with_path(&self.admin_url, "postgres");
         let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
             .await
