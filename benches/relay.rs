@@ -1689,10 +1689,15 @@ fn pin_services(on: bool) -> bool {
 }
 
 fn vm_hwm_kb(pid: u32) -> u64 {
+    status_kb(pid, "VmHWM:")
+}
+
+/// A kB figure of `/proc/<pid>/status` (`VmHWM:`, `VmRSS:`…); 0 if absent.
+fn status_kb(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         .unwrap_or(0)
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Bench, clock_ticks, cpu_ticks, ms, pct, terminate, trickle, with_path};
+use super::{Bench, clock_ticks, cpu_ticks, ms, pct, status_kb, terminate, trickle, with_path};
 
 /// How long a worker runs before it is measured idle (see [`Bench::idle`]).
 const SETTLE: Duration = Duration::from_secs(45);
@@ -76,8 +76,10 @@ impl Bench {
         // A trickle into one source while the others idle.
         let queue = "bench-sources";
         self.declare_purged(queue).await;
+        // Once settled: the start-up burst of n pools can take every
+        // connection the server allows (BENCHMARKS.md, issue 29).
         let mut worker = self.spawn(&many_config, &["--silent"]);
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(SETTLE).await;
         let target = &urls[n / 3];
         let lat = trickle(target, &self.amqp_url, queue, 50, Duration::from_secs(10)).await;
         terminate(&mut worker);
@@ -155,7 +157,7 @@ impl Bench {
                 .fetch_one(&mut conn)
                 .await
                 .unwrap();
-        let rss_kb = vm_rss_kb(worker.id());
+        let rss_kb = status_kb(worker.id(), "VmRSS:");
         terminate(&mut worker);
         let secs = over.as_secs_f64();
         Idle {
@@ -165,13 +167,4 @@ impl Bench {
             transactions_per_s: (tx1 - tx0) as f64 / secs,
         }
     }
-}
-
-fn vm_rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
