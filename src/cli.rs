@@ -173,14 +173,16 @@ pub fn main() -> ExitCode {
             // configuration problem (one found only against the database
             // included).
             use crate::store::StoreError;
+            use crate::worker::WorkError;
             let config_problem = e.chain().any(|c| {
-                let store = c.downcast_ref::<StoreError>().or_else(|| match c
-                    .downcast_ref::<crate::worker::WorkError>(
-                ) {
-                    Some(crate::worker::WorkError::Store(s)) => Some(s),
+                let work = c.downcast_ref::<WorkError>();
+                let store = c.downcast_ref::<StoreError>().or(match work {
+                    Some(WorkError::Store(s)) => Some(s),
                     _ => None,
                 });
                 matches!(store, Some(StoreError::Config(_)))
+                    || matches!(work, Some(WorkError::Config(_)))
+                    || c.downcast_ref::<ConfigError>().is_some()
             });
             if config_problem {
                 ExitCode::from(2)

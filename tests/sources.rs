@@ -7,7 +7,10 @@
 //!   per source (each database has its own workers' rows and leases);
 //! - a source that cannot be served (schema not migrated, wrong password)
 //!   is reported in one line naming it while the others drain at once; once
-//!   migrated, it is served without a restart.
+//!   migrated, it is served without a restart;
+//! - SIGHUP joins a source added to the file, leaves one removed from it
+//!   (its buckets move to the other worker, nothing lost), and keeps
+//!   running on a file that does not parse.
 
 mod common;
 
@@ -245,6 +248,18 @@ async fn a_source_that_cannot_be_served_leaves_the_others_running() {
     assert!(
         text.contains("cannot read it: ") && !text.contains("not-the-password"),
         "{text}"
+    );
+    // What is not served for several sources yet is refused as a
+    // configuration problem.
+    let out = good
+        .command_with(&config, &["work", "--ui", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not served for several sources yet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     // A command acting on one source must be told which.
     let out = good.command_with(&config, &["status"]).output().unwrap();

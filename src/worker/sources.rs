@@ -96,16 +96,15 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
 }
 
 fn refuse_what_is_not_served_yet(config: &Config, opts: &WorkOptions) -> Result<(), ConfigError> {
-    let not_yet = |what: &str| {
-        Err(ConfigError::Env(format!(
-            "{what} is not served for several sources yet: serve one source's dashboard with `outboxd ui --source NAME`"
-        )))
-    };
     if opts.ui {
-        return not_yet("the dashboard (--ui)");
+        return Err(ConfigError::Env(
+            "the dashboard (--ui) is not served for several sources yet: serve one source's with `outboxd ui --source NAME`".into(),
+        ));
     }
     if config.worker.health_listen.is_some() {
-        return not_yet("worker.health_listen");
+        return Err(ConfigError::Env(
+            "worker.health_listen is not served for several sources yet".into(),
+        ));
     }
     Ok(())
 }
