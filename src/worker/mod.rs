@@ -8,7 +8,9 @@
 //!   `--no-leasing`, one drainer per bucket, under the process's
 //!   [`CancellationToken`];
 //! - [`report`]: the periodic report while it drains;
-//! - [`probes`]: `/livez`, `/readyz` and `/metrics` (`worker.health_listen`).
+//! - [`probes`]: `/livez`, `/readyz` and `/metrics` (`worker.health_listen`);
+//! - [`sources`]: several outboxes (`[[source]]`) — one such worker per
+//!   source in this process, each retried on its own, reloaded on SIGHUP.
 //!
 //! Shutdown (SIGTERM / Ctrl-C cancels the token): the probes say "not
 //! ready" at once; drainers finish their in-flight batch — published rows
