@@ -41,6 +41,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::spans::{self, BatchTimes};
@@ -74,6 +75,11 @@ pub(crate) struct BucketDrainer {
     next: Option<Vec<ClaimedMessage>>,
     /// Ids of the last confirmed batch, recorded during the next round.
     unrecorded: Option<Vec<i64>>,
+    /// The relay's start gate (`super::STARTING_AT_ONCE`).
+    gate: Arc<Semaphore>,
+    /// Held from before this drainer's first statement until its first
+    /// claim has answered.
+    starting: Option<OwnedSemaphorePermit>,
 }
 
 impl BucketDrainer {
@@ -83,6 +89,7 @@ impl BucketDrainer {
         ctx: Arc<RelayContext>,
         wake: BucketWakeup,
         cancel: CancellationToken,
+        gate: Arc<Semaphore>,
     ) -> Self {
         Self {
             partition_key,
@@ -96,11 +103,17 @@ impl BucketDrainer {
             token: ClaimToken::new(),
             next: None,
             unrecorded: None,
+            gate,
+            starting: None,
         }
     }
 
     pub async fn run(mut self, drain: Drain) {
         let mut db_backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        self.starting = tokio::select! {
+            permit = self.gate.clone().acquire_owned() => permit.ok(),
+            () = self.cancel.cancelled() => return,
+        };
         if !self.clear_earlier_claims().await {
             return;
         }
@@ -375,6 +388,7 @@ impl BucketDrainer {
         let previous = self.unrecorded.take().unwrap_or_default();
         let record = async { self.record_published(&previous).await };
         let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
+        self.starting = None;
         match claimed {
             Ok(_) if !recorded => self.claim(limit, &[]).await,
             claimed => claimed,

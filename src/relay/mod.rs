@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -81,7 +82,21 @@ pub struct Relay {
     ctx: Arc<RelayContext>,
     wakeups: Wakeups,
     tracker: TaskTracker,
+    /// One drainer at a time runs its first statements (see
+    /// [`STARTING_AT_ONCE`]).
+    starting: Arc<Semaphore>,
 }
+
+/// How many drainers run their first statements (clearing an earlier
+/// lease's claims, the first claim) at the same moment. When a worker
+/// joins, every bucket it leases starts at once; unthrottled, their first
+/// statements overlapped and the pool opened `database.max_connections`
+/// connections for a moment's work — per source, so a worker starting
+/// with 50 sources took 500 connections from one server. One at a time,
+/// each start costs about a round trip, and a start-up opens two or three.
+/// Publishing is not held back: the permit is returned as soon as the
+/// first claim has answered.
+pub const STARTING_AT_ONCE: usize = 1;
 
 impl Relay {
     pub fn new(ctx: Arc<RelayContext>, wakeups: Wakeups) -> Self {
@@ -89,6 +104,7 @@ impl Relay {
             ctx,
             wakeups,
             tracker: TaskTracker::new(),
+            starting: Arc::new(Semaphore::new(STARTING_AT_ONCE)),
         }
     }
 
@@ -111,6 +127,7 @@ impl Relay {
             self.ctx.clone(),
             self.wakeups.of(label),
             cancel,
+            self.starting.clone(),
         );
         self.tracker.spawn(drainer.run(drain).in_current_span())
     }
