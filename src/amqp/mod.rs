@@ -71,6 +71,14 @@ pub const HEADER_LEASE_EPOCH: &str = "outbox-lease-epoch";
 /// Deepest nesting of JSON headers converted to AMQP tables.
 const MAX_HEADER_DEPTH: usize = 16;
 
+/// The largest AMQP frame this client asks for, unless the URL sets its
+/// own `frame_max`. lapin keeps a send and a receive buffer of 32 frames
+/// per connection, zeroed when allocated: at RabbitMQ's default 128 KiB
+/// that was 8 MiB per connection — most of what a source cost a worker
+/// (issue 29). At 16 KiB they are 1 MiB; a body longer than a frame is
+/// sent as several body frames, 8 bytes of framing each.
+pub const FRAME_MAX: u32 = 16 * 1024;
+
 /// Why a publish did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PublishError {
@@ -427,8 +435,13 @@ impl Broker {
     /// certificate, the EXTERNAL mechanism (the certificate is the login).
     fn secure(&self, url: &str) -> Result<(String, Option<gate::TlsTarget>), String> {
         let mut parsed = url::Url::parse(url).map_err(|e| format!("{}: {e}", Redacted(url)))?;
+        if !parsed.query_pairs().any(|(k, _)| k == "frame_max") {
+            parsed
+                .query_pairs_mut()
+                .append_pair("frame_max", &FRAME_MAX.to_string());
+        }
         if parsed.scheme() != "amqps" {
-            return Ok((url.to_string(), None));
+            return Ok((parsed.to_string(), None));
         }
         let host = parsed.host_str().unwrap_or_default().to_string();
         let config = self.tls.client_config()?;
