@@ -308,6 +308,8 @@ fn scoped(cli: &Cli, mut config: Config) -> Result<Config, ConfigError> {
     match (&cli.command, cli.source.as_deref()) {
         _ if every_source => Ok(config),
         (Command::Config, _) | (Command::Work(_), None) => Ok(config),
+        // Several sources, none named: the all-sources dashboard.
+        (Command::Ui { .. }, None) if config.source.len() > 1 => Ok(config),
         (Command::Work(_), Some(name)) if !config.source.is_empty() => {
             config.for_source(Some(name))?;
             config.source.retain(|s| s.name == name);
@@ -360,6 +362,14 @@ async fn dispatch(
                 });
                 worker::sources::run(&config, &opts, cancel, reload).await?;
             }
+            Ok(())
+        }
+        Command::Ui { .. } if config.source.len() > 1 => {
+            let listener = crate::dashboard::bind(config.dashboard.listen).await?;
+            let cancel = shutdown_on_signals();
+            let all = crate::dashboard::sources::Sources::connect(&config, cancel.clone()).await?;
+            let app = crate::dashboard::sources::router(all.clone());
+            crate::dashboard::serve_router(listener, app, &all.home, cancel).await?;
             Ok(())
         }
         Command::Ui { .. } => {

@@ -11,6 +11,9 @@
 //! of the rows. And (tests/browser/worker_states.mjs): each worker is shown
 //! by its name, the same as in `outboxd status` and its log lines, with what
 //! it is doing (publishing; waiting on a blocked head until its retry time).
+//! And (tests/browser/sources.mjs): with several sources, the overview shows
+//! a source whose database is stopped as unhealthy and the others healthy,
+//! live, and `/metrics` labels each source's figures.
 //!
 //! `scripts/test.sh` installs Chromium, Node.js and the script's package.
 //! Set `OUTBOXD_SCREENSHOT=path.png` to keep a screenshot of the page.
@@ -490,4 +493,106 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
     );
     ui.signal("TERM");
     ui.wait(Duration::from_secs(10));
+}
+
+/// The all-sources overview (`outboxd ui` with three `[[source]]`s, one of
+/// them on a PostgreSQL server of its own, a worker serving all three;
+/// tests/browser/sources.mjs): every source healthy with its worker, live;
+/// then that server is stopped: its row turns unhealthy with the reason and
+/// the other two stay healthy, without a reload; each row leads to that
+/// source's own dashboard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_healthy_live() {
+    use std::io::{BufRead, BufReader};
+    let (chromium, _) = prerequisites();
+    let script = repo_dir().join("tests/browser/sources.mjs");
+    let pg = PrivatePostgres::start();
+    let billing = TestEnv::with(Tuning::fleet()).await;
+    let shop = TestEnv::with(Tuning::fleet()).await;
+    let stock = TestEnv::with(Tuning {
+        server_admin_url: Some(pg.admin_url()),
+        ..Tuning::fleet()
+    })
+    .await;
+    let named = [("billing", &billing), ("shop", &shop), ("stock", &stock)];
+    let sources: String = named
+        .iter()
+        .map(|(name, env)| {
+            format!(
+                "\n[[source]]\nname = \"{name}\"\nurl = \"{}\"\n",
+                env.worker_db_url
+            )
+        })
+        .collect();
+    let config = billing.config_variant("sources", |text| format!("{text}{sources}"));
+    let mut worker = billing.spawn_worker_on(None, &config, &["--silent"]);
+    let (mut ui, base) = spawn_ui(&billing, &config);
+
+    let expect = serde_json::json!({ "sources": ["billing", "shop", "stock"], "stopped": "stock" });
+    let mut node = Command::new("node")
+        .arg(&script)
+        .env("DASH_URL", format!("{base}/outbox/"))
+        .env("DASH_EXPECT", expect.to_string())
+        .env("CHROMIUM", &chromium)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(node.stdout.take().unwrap()).lines();
+    let ready = lines.next().and_then(Result::ok);
+    if ready.as_deref() == Some("ready") {
+        pg.run(&["stop", "immediate"]);
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let out = node.wait_with_output().unwrap();
+    println!("browser: {ready:?} {rest:?}");
+    assert!(
+        ready.as_deref() == Some("ready") && out.status.success(),
+        "browser checks failed:\n{}\n{rest:?}\nui log:\n{}\nworker log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ui.log_text(),
+        worker.log_text()
+    );
+    // The API and /metrics say the same, per source.
+    let rows = http("GET", &format!("{base}/outbox/api/sources"), &[], None)
+        .await
+        .json();
+    let healthy: Vec<(String, bool)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["healthy"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        healthy,
+        [("billing", true), ("shop", true), ("stock", false)]
+            .map(|(n, h)| (n.to_string(), h))
+            .to_vec(),
+        "{rows}"
+    );
+    let metrics = http("GET", &format!("{base}/metrics"), &[], None)
+        .await
+        .body;
+    for line in [
+        "outboxd_database_up{source=\"billing\"} 1",
+        "outboxd_database_up{source=\"shop\"} 1",
+        "outboxd_database_up{source=\"stock\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in:\n{metrics}"
+        );
+    }
+    assert_eq!(
+        metrics.matches("# TYPE outboxd_database_up ").count(),
+        1,
+        "one family, every source's sample under it:\n{metrics}"
+    );
+    ui.terminate(Duration::from_secs(10));
+    worker.terminate(Duration::from_secs(10));
 }

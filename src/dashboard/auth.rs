@@ -241,11 +241,11 @@ pub fn check_login(
 /// The middleware in front of every route.
 pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let login = format!("{}/login", state.path);
+    let login = format!("{}/login", state.home);
     // A forged logout is harmless, so the logout form needs no action header.
-    let logout = format!("{}/logout", state.path);
+    let logout = format!("{}/logout", state.home);
     // The login page's own stylesheet (static, holds nothing).
-    let style = format!("{}/style.css", state.path);
+    let style = format!("{}/style.css", state.home);
     if path == "/healthz" || path == login || path == logout || path == style {
         return next.run(req).await;
     }
@@ -273,9 +273,8 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
                     tracing::warn!(client = %client.map(|c| c.to_string()).unwrap_or_default(),
                         %path, "dashboard request with a wrong Bearer token");
                 }
-                let wants_page = req.method() == Method::GET
-                    && !path.starts_with(&format!("{}/api", state.path))
-                    && path != "/metrics";
+                let wants_page =
+                    req.method() == Method::GET && !path.contains("/api/") && path != "/metrics";
                 if wants_page {
                     return Redirect::to(&login).into_response();
                 }

@@ -27,8 +27,13 @@ use std::sync::atomic::Ordering;
 /// not answer, the fleet gauges are left out (`outboxd_database_up 0`) and
 /// the worker's counters are still served.
 pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Response {
+    text(render(&st).await)
+}
+
+/// The exposition for one database (see [`metrics`]).
+pub async fn render(st: &DashboardState) -> String {
     let mut out = String::with_capacity(8 * 1024);
-    gauge(&mut out, "outboxd_up", "1 while this process answers", 1.0);
+    gauge(&mut out, "outboxd_up", UP_HELP, 1.0);
     let fleet = tokio::time::timeout(FLEET_WITHIN, async {
         tokio::try_join!(st.store.list_workers(), st.store.overview(COUNT_CAP))
     })
@@ -47,13 +52,79 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Response {
     gauge(
         &mut out,
         "outboxd_database_up",
-        "1 when the database answered this scrape",
+        DATABASE_UP_HELP,
         f64::from(u8::from(up)),
     );
     if let Some(stats) = &st.process {
         process(&mut out, stats);
     }
-    text(out)
+    out
+}
+
+const UP_HELP: &str = "1 while this process answers";
+const DATABASE_UP_HELP: &str = "1 when the database answered this scrape";
+
+/// The exposition for a database not reached yet (a source of `outboxd
+/// ui` whose database did not answer at start-up).
+pub fn unreached() -> String {
+    let mut out = String::new();
+    gauge(&mut out, "outboxd_up", UP_HELP, 1.0);
+    gauge(&mut out, "outboxd_database_up", DATABASE_UP_HELP, 0.0);
+    out
+}
+
+/// Several expositions as one, each sample of `parts` labelled
+/// `label="<its name>"`: a family's `# HELP` and `# TYPE` once, then its
+/// samples from every part (the text format wants a family's samples
+/// together), families in the order they first appear.
+pub fn labelled(parts: &[(String, String)], label: &str) -> String {
+    // family -> (its HELP/TYPE lines, its samples)
+    let mut families: Vec<(String, Vec<&str>, Vec<String>)> = Vec::new();
+    for (name, exposition) in parts {
+        let value = name.replace('\\', "\\\\").replace('"', "\\\"");
+        let mut current: Option<usize> = None;
+        for line in exposition.lines() {
+            if let Some(comment) = line.strip_prefix("# ") {
+                let family = comment.split_whitespace().nth(1).unwrap_or_default();
+                let i = match families.iter().position(|(f, _, _)| f == family) {
+                    Some(i) => i,
+                    None => {
+                        families.push((family.to_string(), Vec::new(), Vec::new()));
+                        families.len() - 1
+                    }
+                };
+                if !families[i].1.contains(&line) {
+                    families[i].1.push(line);
+                }
+                current = Some(i);
+            } else if !line.is_empty() {
+                let sample = match line.split_once('{') {
+                    Some((metric, rest)) if rest.starts_with('}') => {
+                        format!("{metric}{{{label}=\"{value}\"{rest}")
+                    }
+                    Some((metric, rest)) => format!("{metric}{{{label}=\"{value}\",{rest}"),
+                    None => match line.split_once(' ') {
+                        Some((metric, rest)) => format!("{metric}{{{label}=\"{value}\"}} {rest}"),
+                        None => continue,
+                    },
+                };
+                match current {
+                    Some(i) => families[i].2.push(sample),
+                    None => {
+                        families.push((String::new(), Vec::new(), vec![sample]));
+                    }
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    for (_, comments, samples) in families {
+        for line in comments.iter().map(|l| l.to_string()).chain(samples) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// How long a scrape waits for the fleet's figures.
@@ -245,4 +316,24 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
         out,
         "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_keeps_one_family_header_and_labels_every_sample() {
+        let a = "# HELP x_up up\n# TYPE x_up gauge\nx_up 1\n# HELP x_held held\n# TYPE x_held gauge\nx_held{worker=\"w\"} 2\n";
+        let b = "# HELP x_up up\n# TYPE x_up gauge\nx_up 0\n";
+        let out = labelled(
+            &[("a".into(), a.into()), ("b\"q".into(), b.into())],
+            "source",
+        );
+        assert_eq!(
+            out,
+            "# HELP x_up up\n# TYPE x_up gauge\nx_up{source=\"a\"} 1\nx_up{source=\"b\\\"q\"} 0\n\
+             # HELP x_held held\n# TYPE x_held gauge\nx_held{source=\"a\",worker=\"w\"} 2\n"
+        );
+    }
 }

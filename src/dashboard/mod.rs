@@ -15,6 +15,9 @@
 //!   this process can serve the dashboard: `ok` (200) while the database
 //!   answers, 503 with the reason otherwise (always open).
 //!
+//! With several `[[source]]`s, `outboxd ui` serves [`sources`]: an overview
+//! at `<path>/` and this dashboard per source at `<path>/s/<name>/`.
+//!
 //! Access control is [`auth`]; errors are [`error::ApiError`]; HTTPS on
 //! the dashboard's own listener is [`https`]. Every response carries a
 //! content security policy (no inline script or style, no framing), and
@@ -25,6 +28,7 @@ pub mod auth;
 pub mod error;
 pub mod https;
 pub mod metrics;
+pub mod sources;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,6 +53,10 @@ pub struct DashboardState {
     pub store: Store,
     /// URL path prefix, e.g. `/outbox`.
     pub path: String,
+    /// Where the login page is and the session cookie's path: `path`
+    /// itself, or the overview's when this is one of several sources
+    /// ([`sources`]).
+    pub home: String,
     pub auth: Option<Arc<auth::Auth>>,
     /// The serving worker's own counters (`outboxd work --ui`).
     pub process: Option<Arc<RelayStats>>,
@@ -67,11 +75,26 @@ impl DashboardState {
         store: Store,
         process: Option<Arc<RelayStats>>,
     ) -> Arc<Self> {
+        let auth = auth::Auth::new(&config.dashboard.token, config.dashboard.session_ttl);
         Arc::new(Self {
+            process,
+            ..Self::with_auth(config, store, auth)
+        })
+    }
+
+    /// The state for a configuration whose login is `auth` (shared by the
+    /// sources of one dashboard), served at `dashboard.path`.
+    pub fn with_auth(
+        config: &crate::config::Config,
+        store: Store,
+        auth: Option<Arc<auth::Auth>>,
+    ) -> Self {
+        Self {
             store,
             path: config.dashboard.path.clone(),
-            auth: auth::Auth::new(&config.dashboard.token, config.dashboard.session_ttl),
-            process,
+            home: config.dashboard.path.clone(),
+            auth,
+            process: None,
             partition_count: config.outbox.partition_count,
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             tls: Some((
@@ -80,7 +103,7 @@ impl DashboardState {
             ))
             .filter(|(c, k)| !c.is_empty() && !k.is_empty())
             .map(|(c, k)| (c.into(), k.into())),
-        })
+        }
     }
 }
 
@@ -100,7 +123,26 @@ pub enum DashboardError {
 
 /// The dashboard's routes.
 pub fn router(state: Arc<DashboardState>) -> Router {
-    let p = state.path.clone();
+    // The site's root leads to the dashboard.
+    let home = format!("{}/", state.path);
+    let top = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let home = home.clone();
+                async move { Redirect::to(&home) }
+            }),
+        )
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::metrics))
+        .with_state(state.clone())
+        .merge(pages(state.clone()));
+    guarded(top, state)
+}
+
+/// One database's dashboard under its `path`: the page, its assets, the
+/// login and the JSON API.
+fn pages(state: Arc<DashboardState>) -> Router {
     let api = Router::new()
         .route("/summary", get(api::summary))
         .route("/workers", get(api::workers))
@@ -124,26 +166,18 @@ pub fn router(state: Arc<DashboardState>) -> Router {
         .route("/logout", post(logout))
         .nest("/api", api);
     // Nested, "/" answers `<path>` itself; `<path>/` is routed explicitly.
-    // The site's root leads to the dashboard.
-    let home = format!("{p}/");
     Router::new()
-        .route(
-            "/",
-            get(move || {
-                let home = home.clone();
-                async move { Redirect::to(&home) }
-            }),
-        )
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics::metrics))
-        .route(&format!("{p}/"), get(index))
-        .nest(&p, pages)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::guard,
-        ))
-        .layer(axum::middleware::from_fn(security_headers))
+        .route(&format!("{}/", state.path), get(index))
+        .nest(&state.path, pages)
         .with_state(state)
+}
+
+/// `router` behind the access control of `home` (its token and session
+/// cookie) and the security headers every response carries.
+fn guarded(router: Router, home: Arc<DashboardState>) -> Router {
+    router
+        .layer(axum::middleware::from_fn_with_state(home, auth::guard))
+        .layer(axum::middleware::from_fn(security_headers))
 }
 
 /// The page's content security policy: its own script and style only (no
@@ -210,17 +244,18 @@ async fn index(State(st): State<Arc<DashboardState>>) -> Html<String> {
     Html(
         INDEX_HTML
             .replace("{{BASE}}", &st.path)
+            .replace("{{HOME}}", &st.home)
             .replace("{{AUTH}}", if st.auth.is_some() { "token" } else { "open" }),
     )
 }
 
 async fn login_page(State(st): State<Arc<DashboardState>>) -> Response {
     if st.auth.is_none() {
-        return Redirect::to(&format!("{}/", st.path)).into_response();
+        return Redirect::to(&format!("{}/", st.home)).into_response();
     }
     Html(
         LOGIN_HTML
-            .replace("{{BASE}}", &st.path)
+            .replace("{{BASE}}", &st.home)
             .replace("{{ERROR}}", ""),
     )
     .into_response()
@@ -237,7 +272,7 @@ async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     let Some(auth) = &st.auth else {
-        return Redirect::to(&format!("{}/", st.path)).into_response();
+        return Redirect::to(&format!("{}/", st.home)).into_response();
     };
     let client = auth::client_in(&extensions);
     let right = match auth::check_login(auth, client, form.token.trim()) {
@@ -245,7 +280,7 @@ async fn login(
         Err(refused) => return *refused,
     };
     if !right {
-        let page = LOGIN_HTML.replace("{{BASE}}", &st.path).replace(
+        let page = LOGIN_HTML.replace("{{BASE}}", &st.home).replace(
             "{{ERROR}}",
             "<p class=\"error\">That token is not right.</p>",
         );
@@ -256,8 +291,8 @@ async fn login(
     (
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, auth::cookie_header(&session, &st.path)),
-            (header::LOCATION, format!("{}/", st.path)),
+            (header::SET_COOKIE, auth::cookie_header(&session, &st.home)),
+            (header::LOCATION, format!("{}/", st.home)),
         ],
     )
         .into_response()
@@ -270,8 +305,8 @@ async fn logout(State(st): State<Arc<DashboardState>>, headers: HeaderMap) -> Re
     (
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, auth::cookie_header("", &st.path)),
-            (header::LOCATION, format!("{}/login", st.path)),
+            (header::SET_COOKIE, auth::cookie_header("", &st.home)),
+            (header::LOCATION, format!("{}/login", st.home)),
         ],
     )
         .into_response()
@@ -293,6 +328,17 @@ pub async fn serve(
     state: Arc<DashboardState>,
     cancel: CancellationToken,
 ) -> Result<(), DashboardError> {
+    serve_router(listener, router(state.clone()), &state, cancel).await
+}
+
+/// Serves `app` as [`serve`] does, with `state`'s HTTPS, host rule and
+/// path (the overview's, for several sources).
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    state: &DashboardState,
+    cancel: CancellationToken,
+) -> Result<(), DashboardError> {
     let local = listener.local_addr().map_err(DashboardError::Serve)?;
     let scheme = if state.tls.is_some() { "https" } else { "http" };
     tracing::info!(url = %format!("{scheme}://{local}{}/", state.path), auth = state.auth.is_some(), "dashboard listening");
@@ -301,7 +347,7 @@ pub async fn serve(
     }
     let hosts = Arc::new(auth::HostRule::new(local.ip(), &state.allowed_hosts));
     let tls = state.tls.clone();
-    let app = router(state)
+    let app = app
         .layer(axum::middleware::from_fn_with_state(
             hosts,
             auth::host_guard,

@@ -98,7 +98,7 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
 fn refuse_what_is_not_served_yet(config: &Config, opts: &WorkOptions) -> Result<(), ConfigError> {
     if opts.ui {
         return Err(ConfigError::Env(
-            "the dashboard (--ui) is not served for several sources yet: serve one source's with `outboxd ui --source NAME`".into(),
+            "the dashboard (--ui) is not served by a worker of several sources yet: run `outboxd ui` beside it (every source's overview and dashboards)".into(),
         ));
     }
     if config.worker.health_listen.is_some() {

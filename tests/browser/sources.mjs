@@ -1,0 +1,57 @@
+// The all-sources overview (`outboxd ui` with several sources) live in the
+// browser. Run by tests/dashboard_browser.rs: three sources, a worker
+// serving them. Input in the environment:
+//   DASH_URL     the overview's URL
+//   DASH_EXPECT  JSON: { sources: [names], stopped: the name whose database
+//                the test stops once this script prints "ready" }
+// Prints "ready" once every source shows healthy with a live worker, then
+// one JSON line of observations; exits non-zero on the first failed check.
+import { check, launch } from "./common.mjs";
+
+const expect = JSON.parse(process.env.DASH_EXPECT);
+const browser = await launch();
+const seen = {};
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  page.setDefaultTimeout(30000);
+  await page.goto(process.env.DASH_URL);
+  const row = (name) => `#sources tbody tr[data-source="${name}"]`;
+
+  // Every source healthy, each with its worker.
+  for (const name of expect.sources) {
+    await page.waitForFunction((sel) => {
+      const tr = document.querySelector(sel);
+      return tr && tr.classList.contains("healthy") && Number(tr.querySelector(".workers").textContent) >= 1;
+    }, row(name));
+  }
+  const links = await page.$$eval("#sources tbody tr .name a", (as) => as.map((a) => a.getAttribute("href")));
+  check(links.length === expect.sources.length, `rows: ${links}`);
+  seen.healthy_first = expect.sources;
+  // Reloading would reset this; the change must come by polling.
+  await page.evaluate(() => { window.__sameDocument = true; });
+  console.log("ready");
+
+  // The test stops one source's database: its row turns unhealthy with the
+  // reason, the others stay healthy.
+  await page.waitForSelector(`${row(expect.stopped)}.unhealthy`, { timeout: 60000 });
+  check(await page.evaluate(() => window.__sameDocument === true), "the page was reloaded");
+  const why = (await page.textContent(`${row(expect.stopped)} .err`)).trim();
+  check(why.length > 0, "the unhealthy source does not say why");
+  seen.unhealthy = { source: expect.stopped, why };
+  for (const name of expect.sources.filter((n) => n !== expect.stopped)) {
+    const healthy = await page.$eval(row(name), (tr) => tr.classList.contains("healthy"));
+    check(healthy, `${name} is not shown healthy while only ${expect.stopped} is stopped`);
+  }
+  const unhealthyCount = (await page.textContent("#kpi-unhealthy")).trim();
+  check(unhealthyCount === "1", `unhealthy count ${unhealthyCount}`);
+  seen.others_healthy = expect.sources.filter((n) => n !== expect.stopped);
+
+  // Each source's own dashboard is a click away.
+  const first = expect.sources.find((n) => n !== expect.stopped);
+  await page.click(`${row(first)} .name a`);
+  await page.waitForFunction(() => Number(document.querySelector("#kpi-workers").textContent) >= 1);
+  seen.opened = page.url();
+  console.log(JSON.stringify(seen));
+} finally {
+  await browser.close();
+}
