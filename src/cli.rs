@@ -253,14 +253,20 @@ fn without_server_positions(text: &str) -> String {
 
 /// Defaults < file < environment < flags, then validation; and where each
 /// value came from.
-pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
+/// The configuration file read: `--config`, else `config/outboxd.toml`
+/// when there is one.
+fn config_file(cli: &Cli) -> Option<PathBuf> {
     let default_path = PathBuf::from("config/outboxd.toml");
-    let file = match &cli.config {
-        Some(path) => Some(path.as_path()),
-        None if default_path.is_file() => Some(default_path.as_path()),
+    match &cli.config {
+        Some(path) => Some(path.clone()),
+        None if default_path.is_file() => Some(default_path),
         None => None,
-    };
-    let (mut config, mut provenance) = Config::load(file)?;
+    }
+}
+
+pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
+    let file = config_file(cli);
+    let (mut config, mut provenance) = Config::load(file.as_deref())?;
     let mut flag = |key: &str, flag: &'static str| provenance.set(key, Source::Flag(flag));
     if let Some(url) = &cli.database_url {
         config.database.url = url.clone();
@@ -353,14 +359,24 @@ async fn dispatch(
             let cancel = shutdown_on_signals();
             if config.source.is_empty() {
                 ignore_hangups();
+                if config.worker.reload_on_change {
+                    tracing::warn!(
+                        "worker.reload_on_change: a configuration without [[source]] entries is not reloaded; restart the worker to apply changes"
+                    );
+                }
                 worker::run(&config, &opts, cancel).await?;
             } else {
+                let watched = config
+                    .worker
+                    .reload_on_change
+                    .then(|| config_file(cli))
+                    .flatten();
                 let cli = cli.clone();
                 let reload = Box::new(move || {
                     let (config, _) = load_config(&cli)?;
                     scoped(&cli, config)
                 });
-                worker::sources::run(&config, &opts, cancel, reload).await?;
+                worker::sources::run(&config, &opts, cancel, reload, watched).await?;
             }
             Ok(())
         }

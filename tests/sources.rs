@@ -624,3 +624,70 @@ async fn a_source_cut_off_then_stopped_leaves_the_others_at_their_rate_across_ho
         "host 1 never said which source it lost:\n{log}"
     );
 }
+
+/// `worker.reload_on_change`: no signal — the file's new content is
+/// applied (a source added is joined and drained, a source removed is
+/// left), a file that does not parse is one line and everything runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reload_on_change_an_edited_file_is_applied_without_a_signal() {
+    let a = TestEnv::with(Tuning::fleet()).await;
+    let b = TestEnv::with(Tuning::fleet()).await;
+    let base = std::fs::read_to_string(&a.config_path).unwrap();
+    let base = base.replacen("[worker]\n", "[worker]\nreload_on_change = true\n", 1);
+    assert!(base.contains("reload_on_change = true"), "{base}");
+    let (sa, sb) = (source("a", &a, ""), source("b", &b, ""));
+    let file = a.dir.join("watched.toml");
+    std::fs::write(&file, format!("{base}{sa}")).unwrap();
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut worker = a.spawn_worker_on(None, &file, &["--silent"]);
+    let me = worker_id_of(&a, &worker).await;
+
+    // Added: b, with rows waiting.
+    for i in 0..100 {
+        b.db.enqueue(Message::new(
+            format!("k{}", i % 10),
+            "",
+            queue.as_str(),
+            "x",
+        ))
+        .await;
+    }
+    std::fs::write(&file, format!("{base}{sa}{sb}")).unwrap();
+    let edited = Instant::now();
+    let (all, verdict) = read_and_judge(&mut reader, &b, 100, Duration::from_secs(30)).await;
+    println!(
+        "added source b: its 100 rows read {:?} after the edit",
+        edited.elapsed()
+    );
+    assert!(all && verdict.is_clean(), "{}", verdict.summary());
+    assert!(
+        worker
+            .log_text()
+            .contains("the configuration file changed: reading the configuration again"),
+        "{}",
+        worker.log_text()
+    );
+    // Removed: a — its row goes.
+    std::fs::write(&file, format!("{base}{sb}")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while live(&a).await.contains(&me) {
+        assert!(Instant::now() < deadline, "{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A file that does not parse: one line, b is still served.
+    std::fs::write(&file, "[outbox\nbatch_size = ").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !worker
+        .log_text()
+        .contains("configuration not reloaded, the running one is kept")
+    {
+        assert!(Instant::now() < deadline, "{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.db.enqueue(Message::new("after", "", queue.as_str(), "x"))
+        .await;
+    let (all, verdict) = read_and_judge(&mut reader, &b, 101, Duration::from_secs(30)).await;
+    assert!(all && verdict.is_clean(), "{}", verdict.summary());
+    worker.terminate(Duration::from_secs(10));
+}

@@ -357,6 +357,10 @@ pub struct WorkerConfig {
     /// own `/metrics`, without a token; empty: not served.
     #[serde(deserialize_with = "de_opt_addr", serialize_with = "ser_opt_addr")]
     pub health_listen: Option<SocketAddr>,
+    /// With `[[source]]` entries: read the configuration again whenever its
+    /// file's content changes (checked every 2 s), as on SIGHUP — for
+    /// containers, where a mounted ConfigMap changes without a signal.
+    pub reload_on_change: bool,
 }
 
 /// `[tables]`: names of the three tables (plain lower-case SQL identifiers).
@@ -439,6 +443,7 @@ impl Default for WorkerConfig {
             assignment: Assignment::Modulo,
             threads: DEFAULT_THREADS,
             health_listen: None,
+            reload_on_change: false,
         }
     }
 }

@@ -22,7 +22,7 @@ pub const DEFAULT_SOURCE: &str = "default";
 const MAX_NAME_LEN: usize = 40;
 
 /// Keys of `[worker]` that are the process's, not a source's.
-const PROCESS_WORKER_KEYS: [&str; 3] = ["name", "threads", "health_listen"];
+const PROCESS_WORKER_KEYS: [&str; 4] = ["name", "threads", "health_listen", "reload_on_change"];
 
 /// One `[[source]]` entry as written.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

@@ -10,13 +10,15 @@
 //! doubling to 1 min), while the others run on untouched. Every log line
 //! of a source's worker carries its name (a `source` span).
 //!
-//! Reload: on SIGHUP the configuration is read again and the served
-//! sources made to match it ([`run`]).
+//! Reload: on SIGHUP — or, with `worker.reload_on_change`, when the
+//! configuration file's content changes — the configuration is read again
+//! and the served sources made to match it ([`run`]).
 //!
-//! Not yet for several sources: the dashboard (`--ui`; `outboxd ui
-//! --source NAME` serves one) and `worker.health_listen`.
+//! Not yet for several sources: the worker's own dashboard (`--ui`;
+//! `outboxd ui` serves every source's) and `worker.health_listen`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -42,11 +44,15 @@ pub type Reload = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
 /// their in-flight batches, leases released), changed ones left and joined
 /// again, unchanged ones not touched; a configuration that cannot be read
 /// or is invalid is one line and the running one is kept.
+///
+/// With `watched` (`worker.reload_on_change`), a change of that file's
+/// content does the same as SIGHUP.
 pub async fn run(
     config: &Config,
     opts: &WorkOptions,
     cancel: CancellationToken,
     reload: Reload,
+    watched: Option<PathBuf>,
 ) -> Result<(), WorkError> {
     refuse_what_is_not_served_yet(config, opts)?;
     let mut served = Served::default();
@@ -55,24 +61,50 @@ pub async fn run(
         return served.finish().await;
     }
     let mut hangups = hangups();
+    let mut changes = changes(watched, cancel.clone());
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             _ = cancel.cancelled() => break,
-            Some(()) = hangups.recv() => {
-                tracing::info!("SIGHUP: reading the configuration again");
-                match reload().and_then(|new| {
-                    refuse_what_is_not_served_yet(&new, opts)?;
-                    new.sources()
-                }) {
-                    Ok(sources) => served.apply(sources, opts, &cancel).await,
-                    Err(e) => tracing::error!(
-                        "configuration not reloaded, the running one is kept: {e}"
-                    ),
-                }
-            }
+            Some(()) = hangups.recv() => "SIGHUP",
+            Some(()) = changes.recv() => "the configuration file changed",
+        };
+        tracing::info!("{why}: reading the configuration again");
+        match reload().and_then(|new| {
+            refuse_what_is_not_served_yet(&new, opts)?;
+            new.sources()
+        }) {
+            Ok(sources) => served.apply(sources, opts, &cancel).await,
+            Err(e) => tracing::error!("configuration not reloaded, the running one is kept: {e}"),
         }
     }
     served.finish().await
+}
+
+/// How often a watched configuration file is read.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// A message each time `file`'s content differs from when it was last
+/// read (never without a file). Reading the content, not the time it was
+/// changed: a Kubernetes ConfigMap volume swaps a symbolic link.
+fn changes(file: Option<PathBuf>, cancel: CancellationToken) -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    if let Some(file) = file {
+        tokio::spawn(async move {
+            let mut last = std::fs::read(&file).ok();
+            while cancel
+                .run_until_cancelled(tokio::time::sleep(WATCH_EVERY))
+                .await
+                .is_some()
+            {
+                let now = std::fs::read(&file).ok();
+                if now != last {
+                    last = now;
+                    let _ = tx.try_send(());
+                }
+            }
+        });
+    }
+    rx
 }
 
 /// SIGHUPs, as a channel (empty if the handler cannot be installed).
