@@ -6,15 +6,22 @@
 //! worker, and transactions per second its database runs (PostgreSQL's
 //! `xact_commit + xact_rollback`: one per statement outside a transaction);
 //! then the commit-to-queue latency of a trickle (50 msg/s) into one of the
-//! 50 while the others idle. Targets: ≤ 5 MB, ≤ 3 connections and ≤ 0.2 %
-//! of a core per idle source; trickle p99 ≤ 5 ms.
+//! 50 while the others idle; then four sources with a backlog each,
+//! drained by one process serving all four against four processes serving
+//! one each (same run). Targets: ≤ 5 MB, ≤ 3 connections and ≤ 0.2 % of a
+//! core per idle source; trickle p99 ≤ 5 ms; one process ≥ 0.9 × four.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Bench, clock_ticks, cpu_ticks, ms, pct, status_kb, terminate, trickle, with_path};
+use std::process::Child;
+use std::time::Instant;
+
+use super::{
+    Bench, any_pending, clock_ticks, cpu_ticks, ms, pct, status_kb, terminate, trickle, with_path,
+};
 
 /// How long a worker runs before it is measured idle (see [`Bench::idle`]).
 const SETTLE: Duration = Duration::from_secs(45);
@@ -92,6 +99,20 @@ impl Bench {
         for name in &names {
             self.drop_database(name).await;
         }
+        let busy = self.busy_sources().await;
+        let (one_process, two_threads, four_processes) = (busy[0], busy[1], busy[2]);
+        let busy_ratio = one_process / four_processes;
+        let two_ratio = two_threads / four_processes;
+        self.row(
+            "4 busy sources: one process (1 thread) vs four (one source each)",
+            format!("{one_process:.0} vs {four_processes:.0} msg/s"),
+            format!("{busy_ratio:.2} x; target >= 0.9"),
+        );
+        self.row(
+            "4 busy sources: one process (worker.threads = 2) vs four",
+            format!("{two_threads:.0} vs {four_processes:.0} msg/s"),
+            format!("{two_ratio:.2} x; target >= 0.9"),
+        );
         let figures = |i: &Idle| {
             json!({ "rss_kb": i.rss_kb, "cpu_share": i.cpu_share, "connections": i.connections,
                     "transactions_per_s": i.transactions_per_s })
@@ -104,8 +125,69 @@ impl Bench {
                 "per_added_source": { "rss_mb": mb, "cpu_percent": cpu },
                 "per_source": { "connections": connections, "transactions_per_s": transactions },
                 "trickle_50_per_s": { "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) },
+                "busy_4": { "one_process_msgs_per_sec": one_process, "one_process_two_threads_msgs_per_sec": two_threads,
+                            "four_processes_msgs_per_sec": four_processes, "ratio": busy_ratio, "ratio_two_threads": two_ratio },
             }),
         );
+    }
+
+    /// Four sources with a backlog each, drained by one process serving
+    /// all four (its runtime on one thread, the default, then on two),
+    /// then (fresh databases, the same backlog each time) by four
+    /// processes serving one each: each drain's messages per second.
+    async fn busy_sources(&mut self) -> Vec<f64> {
+        let n = if self.quick { 10_000 } else { 50_000 };
+        let names: Vec<String> = (0..4).map(|i| format!("outboxd_bench_busy{i}")).collect();
+        let queue = "bench-busy";
+        let mut rates = Vec::new();
+        for (separate, threads) in [(false, "1"), (false, "2"), (true, "1")] {
+            let (mut stores, mut configs, mut urls) = (Vec::new(), Vec::new(), Vec::new());
+            for name in &names {
+                let (store, config, url) = self.fresh(name, "").await;
+                self.seed(&store, n, queue, false).await;
+                stores.push(store);
+                configs.push(config);
+                urls.push(url);
+            }
+            self.declare_purged(queue).await;
+            let threads = [("OUTBOXD_WORKER__THREADS", threads.to_string())];
+            let start = Instant::now();
+            let mut children: Vec<Child> = if separate {
+                configs
+                    .iter()
+                    .map(|c| self.spawn_with(c, &["--silent"], &threads))
+                    .collect()
+            } else {
+                let all = self.sources_config(&urls);
+                vec![self.spawn_with(&all, &["--silent"], &threads)]
+            };
+            loop {
+                let mut pending = false;
+                for store in &stores {
+                    pending |= any_pending(store).await;
+                }
+                if !pending {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(600),
+                    "drain did not finish"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let took = start.elapsed();
+            for c in &mut children {
+                terminate(c);
+            }
+            for store in stores {
+                store.close().await;
+            }
+            rates.push((4 * n) as f64 / took.as_secs_f64());
+        }
+        for name in &names {
+            self.drop_database(name).await;
+        }
+        rates
     }
 
     /// A config file serving the databases `urls` as sources.

@@ -7,8 +7,12 @@
 //! `<path>/s/<name>/`. One login (token, session cookie on `<path>`)
 //! covers them all. `/metrics` is every source's figures in one
 //! exposition, each sample labelled `source="<name>"`; `/healthz` is 200
-//! while this process serves, with one line per source (one tenant's
-//! database being down must not get the dashboard restarted).
+//! while any source's database answers, with one line per source (one
+//! tenant's database being down must not get the dashboard restarted).
+//!
+//! A source whose database does not answer when `ui` starts is a [`Slot`]
+//! waiting: shown unhealthy with the reason, its pages 503, tried again
+//! every [`RECONNECT_EVERY`]; `ui` serves once one source has answered.
 //!
 //! A source whose database is down, slow or not migrated is unhealthy in
 //! its row (with the reason) and the others are unaffected: each source
