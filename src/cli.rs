@@ -251,8 +251,6 @@ fn without_server_positions(text: &str) -> String {
     out.replace("error returned from database: ", "")
 }
 
-/// Defaults < file < environment < flags, then validation; and where each
-/// value came from.
 /// The configuration file read: `--config`, else `config/outboxd.toml`
 /// when there is one.
 fn config_file(cli: &Cli) -> Option<PathBuf> {
@@ -264,6 +262,8 @@ fn config_file(cli: &Cli) -> Option<PathBuf> {
     }
 }
 
+/// Defaults < file < environment < flags, then validation; and where each
+/// value came from.
 pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
     let file = config_file(cli);
     let (mut config, mut provenance) = Config::load(file.as_deref())?;

@@ -93,9 +93,10 @@ pub struct Relay {
 /// statements overlapped and the pool opened `database.max_connections`
 /// connections for a moment's work — per source, so a worker starting
 /// with 50 sources took 500 connections from one server. One at a time,
-/// each start costs about a round trip, and a start-up opens two or three.
-/// Publishing is not held back: the permit is returned as soon as the
-/// first claim has answered.
+/// each start costs about a round trip, and a start-up opens about six
+/// (the coordinator's and the wake-ups' statements run beside), then
+/// settles at three (`store::trim`). Publishing is not held back: the
+/// permit is returned as soon as the first claim has answered.
 pub const STARTING_AT_ONCE: usize = 1;
 
 impl Relay {
