@@ -123,21 +123,22 @@ pub enum DashboardError {
 
 /// The dashboard's routes.
 pub fn router(state: Arc<DashboardState>) -> Router {
-    // The site's root leads to the dashboard.
-    let home = format!("{}/", state.path);
     let top = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let home = home.clone();
-                async move { Redirect::to(&home) }
-            }),
-        )
+        .route("/", to_home(&state.path))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))
         .with_state(state.clone())
         .merge(pages(state.clone()));
     guarded(top, state)
+}
+
+/// The site's root: a redirect to the dashboard at `path`.
+fn to_home<S: Clone + Send + Sync + 'static>(path: &str) -> axum::routing::MethodRouter<S> {
+    let home = format!("{path}/");
+    get(move || {
+        let home = home.clone();
+        async move { Redirect::to(&home) }
+    })
 }
 
 /// One database's dashboard under its `path`: the page, its assets, the

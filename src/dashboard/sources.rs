@@ -24,7 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Json, Redirect, Response};
+use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::{any, get, post};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -181,7 +181,7 @@ impl Slot {
 }
 
 /// One source's row in the overview.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct SourceHealth {
     pub name: String,
     /// Its own dashboard, `<path>/s/<name>/`.
@@ -202,15 +202,8 @@ pub struct SourceHealth {
 pub fn router(all: Arc<Sources>) -> Router {
     let home = all.home.clone();
     let p = home.path.clone();
-    let root = format!("{p}/");
     let mut router = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let root = root.clone();
-                async move { Redirect::to(&root) }
-            }),
-        )
+        .route("/", super::to_home(&p))
         .route("/healthz", get(healthz))
         .route("/metrics", get(all_metrics))
         .route(&format!("{p}/"), get(overview))
@@ -260,15 +253,7 @@ async fn health_of(slot: &Slot) -> SourceHealth {
     let mut row = SourceHealth {
         name: slot.name.clone(),
         href: format!("{}/", slot.path),
-        healthy: false,
-        error: None,
-        workers_live: 0,
-        pending: 0,
-        pending_capped: false,
-        max_lag_seconds: 0.0,
-        blocked_buckets: 0,
-        parked: 0,
-        published_last_60s: 0,
+        ..SourceHealth::default()
     };
     let st = match slot.current() {
         Ok(st) => st,
