@@ -17,7 +17,10 @@
 //! - the **locking statement** a flow starts its transaction with (e.g.
 //!   serialising registrations: an advisory lock, a locked row, or nothing
 //!   where the transaction itself holds the only write lock);
-//! - **error classification** (`StoreError::is_transient`), per backend.
+//! - **error classification** (`StoreError::is_transient`), per backend;
+//! - how a **list** is bound: always one argument ([`Arg::Ids`],
+//!   [`Arg::Labels`], [`Arg::Held`]), whatever its length, so a statement
+//!   is rendered once.
 //!
 //! To add a backend: implement [`Binding`] for its sqlx database (how each
 //! [`Arg`] is bound), [`Runs`] for its pool and its transaction, and
@@ -54,6 +57,20 @@ pub enum Arg<'a> {
     Text(Option<&'a str>),
     /// A duration, in the backend's unit (see the module docs).
     Duration(Duration),
+    /// A list of ids, as **one** argument whatever its length: an array on
+    /// PostgreSQL, one JSON array elsewhere (`json_each(?)`, `JSON_TABLE`).
+    Ids(&'a [i64]),
+    /// A list of bucket labels, bound as [`Arg::Ids`] is.
+    Labels(&'a [String]),
+    /// A list of held leases (bucket, epoch), as one JSON array of pairs
+    /// (`[["p01", 3], …]`) on every backend.
+    Held(&'a [(String, i64)]),
+}
+
+/// A list argument as one JSON array (how MySQL/MariaDB and SQLite take
+/// lists; PostgreSQL takes held leases so).
+pub(crate) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
+    serde_json::to_string(items).expect("a list of ids, labels or leases serializes")
 }
 
 /// A row type every backend decodes (a `sqlx::FromRow` for each).

@@ -49,6 +49,7 @@ pub mod schema;
 pub mod sqlite;
 pub mod statements;
 pub mod stats;
+pub(crate) mod stepwise;
 pub mod switchover;
 pub(crate) mod trim;
 pub(crate) mod views;
@@ -60,7 +61,7 @@ use std::time::Duration;
 
 pub use lookups::{OutboxLookups, PartitionLookups};
 pub use notify::{Channel, Listener, Notification, NotifyStore};
-pub use outbox::OutboxStore;
+pub use outbox::{OutboxStore, ParkedStore};
 pub use partitions::PartitionStore;
 pub use repartition::RepartitionStore;
 pub use schema::SchemaStore;
@@ -102,6 +103,7 @@ impl BackendKind {
 /// Everything a backend does: one trait per table (see the module docs).
 pub trait Backend:
     OutboxStore
+    + ParkedStore
     + OutboxLookups
     + PartitionLookups
     + PartitionStore

@@ -276,6 +276,26 @@ pub trait OutboxStore {
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StoreError>;
 
+    /// Deletes up to `limit` rows published more than `older_than` ago,
+    /// oldest first, unless another process holds the purge lock. Returns
+    /// how many rows went.
+    async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError>;
+
+    /// How many rows a purge with this cut-off would delete (a full count:
+    /// for `--dry-run`, not for the relay).
+    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
+
+    /// After a large purge: gives the table's space and statistics back
+    /// (PostgreSQL: `VACUUM (ANALYZE)`; MySQL: `ANALYZE TABLE`). Slow, and
+    /// its failure is not fatal.
+    async fn tidy_after_purge(&self) -> Result<(), StoreError>;
+}
+
+/// An operator's actions on parked messages, each audited, as every
+/// backend implements them (the stepwise backends through
+/// [`super::stepwise::operator`]).
+#[async_trait]
+pub trait ParkedStore {
     /// Deletes parked messages, recording them with `actor` and `reason` in
     /// the audit table; returns the ids dropped (only parked rows are).
     async fn drop_parked(
@@ -298,20 +318,6 @@ pub trait OutboxStore {
         all: bool,
         actor: &str,
     ) -> Result<Vec<i64>, StoreError>;
-
-    /// Deletes up to `limit` rows published more than `older_than` ago,
-    /// oldest first, unless another process holds the purge lock. Returns
-    /// how many rows went.
-    async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError>;
-
-    /// How many rows a purge with this cut-off would delete (a full count:
-    /// for `--dry-run`, not for the relay).
-    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
-
-    /// After a large purge: gives the table's space and statistics back
-    /// (PostgreSQL: `VACUUM (ANALYZE)`; MySQL: `ANALYZE TABLE`). Slow, and
-    /// its failure is not fatal.
-    async fn tidy_after_purge(&self) -> Result<(), StoreError>;
 }
 
 /// A dropped row, as the audit record keeps it (the backends that read

@@ -86,3 +86,59 @@ pub struct PartitionLookupsSql {
     /// `limit`), oldest first, as `LeaseEvent`: duration, limit.
     pub events_within: Sql,
 }
+
+/// The partitions table's changes as steps of one transaction
+/// (`store::stepwise`), rendered by the backends without data-modifying
+/// `WITH` (MySQL/MariaDB, SQLite; PostgreSQL makes each change one
+/// statement). A read said to *lock* locks the rows it returns until the
+/// transaction ends where the database locks rows (MySQL); on SQLite the
+/// transaction already holds the file's only write lock. A list comes
+/// first in each statement that takes one (MySQL's `JSON_TABLE` joins
+/// stand before their `SET`).
+#[derive(Debug)]
+pub struct LeaseStepsSql {
+    /// Inserts a row for every label that has none: labels.
+    pub ensure_rows: Sql,
+    /// Of the listed buckets, the free ones and those whose lease ran out,
+    /// locked (a row another transaction is changing is skipped), as
+    /// (partition_key, lease_owner, lease_epoch) by label: labels.
+    pub acquirable: Sql,
+    /// Takes the listed buckets, epoch + 1: labels, owner, TTL.
+    pub acquire: Sql,
+    /// Extends the owner's listed leases still at their epoch: held, TTL,
+    /// owner.
+    pub renew: Sql,
+    /// The owner's listed leases still at their epoch, locked, as
+    /// (partition_key, lease_epoch) by label: held, owner.
+    pub held: Sql,
+    /// Every lease of the owner, locked, as (partition_key, lease_epoch)
+    /// by label: owner.
+    pub owned: Sql,
+    /// Frees the owner's listed buckets: labels, owner.
+    pub free: Sql,
+    /// One lease event: partition_key, action, worker_id, old_owner,
+    /// old_epoch, new_epoch, reason.
+    pub log_event: Sql,
+}
+
+/// An operator's changes to parked rows as steps of one transaction
+/// (`store::stepwise`), rendered as [`LeaseStepsSql`] is.
+#[derive(Debug)]
+pub struct OperatorStepsSql {
+    /// The listed rows that are parked, locked, as `Dropped` by id: ids.
+    pub parked: Sql,
+    /// Deletes the listed rows: ids.
+    pub delete: Sql,
+    /// The parked rows among the listed ids, in the listed buckets, or
+    /// all of them, locked, as (id, message_key, whether its bucket
+    /// exists) by id: ids, labels, all.
+    pub requeueable: Sql,
+    /// The table's `partition_count`. No parameters.
+    pub partition_count: Sql,
+    /// Makes the listed rows pending again from now, in the given bucket
+    /// or (NULL) their own: ids, bucket.
+    pub requeue: Sql,
+    /// An operator action in `<outbox>_audit`: actor, action, detail (JSON
+    /// text).
+    pub audit: Sql,
+}

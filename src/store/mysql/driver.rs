@@ -11,7 +11,7 @@ use super::{MySqlBackend, micros};
 
 /// A transaction on MySQL/MariaDB.
 pub type Tx = sqlx::Transaction<'static, MySql>;
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
+use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
 use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
@@ -28,6 +28,9 @@ impl Binding for MySql {
                 Arg::Bool(v) => bound.add(v)?,
                 Arg::Text(v) => bound.add(v)?,
                 Arg::Duration(d) => bound.add(micros(d))?,
+                Arg::Ids(v) => bound.add(json_list(v))?,
+                Arg::Labels(v) => bound.add(json_list(v))?,
+                Arg::Held(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)

@@ -49,6 +49,7 @@ pub mod pool;
 pub mod repartition;
 pub mod schema;
 pub mod stats;
+mod steps;
 pub mod workers;
 
 use futures_util::future::BoxFuture;
@@ -70,6 +71,8 @@ pub struct MySqlBackend {
     stats: crate::store::statements::StatsSql,
     lookups: crate::store::statements::OutboxLookupsSql,
     partition_lookups: crate::store::statements::PartitionLookupsSql,
+    lease_steps: crate::store::statements::LeaseStepsSql,
+    operator_steps: crate::store::statements::OperatorStepsSql,
 }
 
 impl MySqlBackend {
@@ -90,6 +93,8 @@ impl MySqlBackend {
             stats: stats::statements(tables),
             lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), false),
             partition_lookups: partitions::lookups(tables),
+            lease_steps: steps::lease_steps(tables),
+            operator_steps: steps::operator_steps(tables),
         })
     }
 

@@ -12,14 +12,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{Value as Json, json};
 use sqlx::{MySql, MySqlExecutor};
 
 use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimedMessage, Dropped, Failure, FailureRecord, Holder, Message,
-    MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
+    MessageSummary, OutboxStore,
 };
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
@@ -307,120 +306,6 @@ impl OutboxStore for MySqlBackend {
         views::list_messages(self, t, VIEWS, state, message_key, cursor, limit).await
     }
 
-    async fn drop_parked(
-        &self,
-        ids: &[i64],
-        actor: &str,
-        reason: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        bounded_op("dropping parked messages", async {
-            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
-            let sql = self.outbox.sql(&format!(
-                "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
-                        attempts, last_error
-                 FROM {{outbox}}
-                 WHERE id IN ({}) AND failed_at IS NOT NULL AND published_at IS NULL
-                 ORDER BY id FOR UPDATE",
-                placeholders(ids.len())
-            ));
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in ids {
-                q = q.bind(id);
-            }
-            let dropped: Vec<Dropped> = q
-                .fetch_all(&mut *tx)
-                .await
-                .doing("dropping parked messages")?;
-            if dropped.is_empty() {
-                return Ok(Vec::new());
-            }
-            let gone: Vec<i64> = dropped.iter().map(|d| d.id).collect();
-            let sql = self.outbox.sql(&format!(
-                "DELETE FROM {{outbox}} WHERE id IN ({})",
-                placeholders(gone.len())
-            ));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in &gone {
-                q = q.bind(id);
-            }
-            q.execute(&mut *tx)
-                .await
-                .doing("dropping parked messages")?;
-            // Never silent: what was dropped, by whom and why.
-            let detail = json!({
-                "reason": reason,
-                "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
-            });
-            audit(&self.outbox, &mut tx, actor, "drop", &detail).await?;
-            tx.commit().await.doing("committing the drop")?;
-            Ok(gone)
-        })
-        .await
-    }
-
-    async fn requeue(
-        &self,
-        ids: &[i64],
-        buckets: &[String],
-        all: bool,
-        actor: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        bounded_op("requeueing messages", async {
-            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
-            let sql = self.outbox.sql(&format!(
-                "SELECT id FROM {{outbox}}
-                 WHERE failed_at IS NOT NULL AND published_at IS NULL
-                   AND (id IN ({}) OR partition_key IN ({}) OR ?)
-                 ORDER BY id FOR UPDATE",
-                placeholders(ids.len()),
-                placeholders(buckets.len())
-            ));
-            let mut q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-            for id in ids {
-                q = q.bind(id);
-            }
-            for b in buckets {
-                q = q.bind(b);
-            }
-            let requeued: Vec<i64> = q
-                .bind(all)
-                .fetch_all(&mut *tx)
-                .await
-                .doing("requeueing messages")?;
-            if requeued.is_empty() {
-                return Ok(requeued);
-            }
-            // A requeued row keeps its id, so it is again ahead of every
-            // later pending row of its bucket; one parked for an unknown
-            // bucket label gets its key's label.
-            let sql = self.outbox.sql(&format!(
-                "UPDATE {{outbox}} o
-                 SET o.failed_at = NULL, o.attempts = 0, o.available_at = UTC_TIMESTAMP(6),
-                     o.claim_token = NULL, o.claimed_until = NULL,
-                     o.partition_key = CASE
-                         WHEN EXISTS (SELECT 1 FROM {{partitions}} p
-                                      WHERE p.partition_key = o.partition_key)
-                         THEN o.partition_key
-                         ELSE {{outbox}}_partition_for(o.message_key) END
-                 WHERE o.id IN ({})",
-                placeholders(requeued.len())
-            ));
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in &requeued {
-                q = q.bind(id);
-            }
-            q.execute(&mut *tx).await.doing("requeueing messages")?;
-            let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
-            audit(&self.outbox, &mut tx, actor, "requeue", &detail).await?;
-            tx.commit().await.doing("committing the requeue")?;
-            Ok(requeued)
-        })
-        .await
-    }
-
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
         bounded_op("purging published rows", async {
             let mut tx = self.pool.begin().await.doing("starting a transaction")?;
@@ -527,24 +412,4 @@ async fn record_one_failure(
     .await
     .doing("recording a failed publish")?;
     Ok(Some(parked))
-}
-
-/// Writes an operator action to `<outbox>_audit`.
-async fn audit(
-    sql: &OutboxSql,
-    tx: &mut sqlx::Transaction<'_, MySql>,
-    actor: &str,
-    action: &str,
-    detail: &Json,
-) -> Result<(), StoreError> {
-    sqlx::query(sqlx::AssertSqlSafe(sql.sql(
-        "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
-    )))
-    .bind(actor)
-    .bind(action)
-    .bind(detail)
-    .execute(&mut **tx)
-    .await
-    .doing("writing the audit record")?;
-    Ok(())
 }

@@ -8,7 +8,7 @@ use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
 use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
+use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
 use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
@@ -31,6 +31,9 @@ impl Binding for Postgres {
                 Arg::Bool(v) => bound.add(v)?,
                 Arg::Text(v) => bound.add(v)?,
                 Arg::Duration(d) => bound.add(millis(d))?,
+                Arg::Ids(v) => bound.add(v)?,
+                Arg::Labels(v) => bound.add(v)?,
+                Arg::Held(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)

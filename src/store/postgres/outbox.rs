@@ -17,7 +17,7 @@ use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
     BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
-    MessageSummary, OutboxStore,
+    MessageSummary, OutboxStore, ParkedStore,
 };
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, query_error};
 
@@ -466,38 +466,6 @@ impl OutboxStore for PgBackend {
         q.fetch_all(&self.pool).bounded("listing messages").await
     }
 
-    async fn drop_parked(
-        &self,
-        ids: &[i64],
-        actor: &str,
-        reason: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        sqlx::query_scalar(self.outbox.drop_parked.q())
-            .bind(ids)
-            .bind(actor)
-            .bind(reason)
-            .fetch_all(&self.pool)
-            .bounded("dropping parked messages")
-            .await
-    }
-
-    async fn requeue(
-        &self,
-        ids: &[i64],
-        buckets: &[String],
-        all: bool,
-        actor: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        sqlx::query_scalar(self.outbox.requeue.q())
-            .bind(ids)
-            .bind(buckets)
-            .bind(actor)
-            .bind(all)
-            .fetch_all(&self.pool)
-            .bounded("requeueing messages")
-            .await
-    }
-
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
         Ok(sqlx::query(self.outbox.purge_batch.q())
             .bind(older_than.as_secs_f64())
@@ -531,6 +499,41 @@ impl OutboxStore for PgBackend {
             .await
             .doing("vacuuming the outbox table")?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl ParkedStore for PgBackend {
+    async fn drop_parked(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        sqlx::query_scalar(self.outbox.drop_parked.q())
+            .bind(ids)
+            .bind(actor)
+            .bind(reason)
+            .fetch_all(&self.pool)
+            .bounded("dropping parked messages")
+            .await
+    }
+
+    async fn requeue(
+        &self,
+        ids: &[i64],
+        buckets: &[String],
+        all: bool,
+        actor: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        sqlx::query_scalar(self.outbox.requeue.q())
+            .bind(ids)
+            .bind(buckets)
+            .bind(actor)
+            .bind(all)
+            .fetch_all(&self.pool)
+            .bounded("requeueing messages")
+            .await
     }
 }
 

@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
 use sqlx::{Arguments, Executor, Sqlite, SqlitePool};
 
 use super::SqliteBackend;
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs};
+use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
 use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
 use crate::store::{QueryContext, StoreError};
 
@@ -33,6 +33,9 @@ impl Binding for Sqlite {
                 Arg::Bool(v) => bound.add(v)?,
                 Arg::Text(v) => bound.add(v.map(str::to_string))?,
                 Arg::Duration(d) => bound.add(millis(d))?,
+                Arg::Ids(v) => bound.add(json_list(v))?,
+                Arg::Labels(v) => bound.add(json_list(v))?,
+                Arg::Held(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)

@@ -44,6 +44,7 @@ pub mod pool;
 pub mod repartition;
 pub mod schema;
 pub mod stats;
+mod steps;
 mod watch;
 pub mod workers;
 
@@ -86,10 +87,7 @@ pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dial
     parked: "{outbox} o INDEXED BY {outbox}_failed_idx",
 };
 
-/// A list argument: its items as one JSON array, for `json_each(?)`.
-pub(crate) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
-    serde_json::to_string(items).expect("a list of ids or labels serializes")
-}
+pub(crate) use crate::store::driver::json_list;
 
 /// A store on SQLite.
 #[derive(Debug)]
@@ -112,6 +110,8 @@ pub struct SqliteBackend {
     stats: crate::store::statements::StatsSql,
     lookups: crate::store::statements::OutboxLookupsSql,
     partition_lookups: crate::store::statements::PartitionLookupsSql,
+    lease_steps: crate::store::statements::LeaseStepsSql,
+    operator_steps: crate::store::statements::OperatorStepsSql,
 }
 
 impl SqliteBackend {
@@ -135,6 +135,8 @@ impl SqliteBackend {
             stats: stats::statements(tables),
             lookups: crate::store::lookups::statements(|s| sql(tables, s), false),
             partition_lookups: partitions::lookups(tables),
+            lease_steps: steps::lease_steps(tables),
+            operator_steps: steps::operator_steps(tables),
         })
     }
 

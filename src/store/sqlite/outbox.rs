@@ -18,16 +18,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{Value as Json, json};
 use sqlx::{Sqlite, SqliteExecutor};
 
-use super::driver::{Tx, millis};
+use super::driver::millis;
 use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
-use crate::partitioner::Partitioner;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimedMessage, Dropped, Failure, FailureRecord, Holder, Message,
-    MessageState, MessageSummary, OutboxStore,
+    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
+    MessageSummary, OutboxStore,
 };
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
@@ -334,109 +332,6 @@ impl OutboxStore for SqliteBackend {
         views::list_messages(self, t, VIEWS, state, message_key, cursor, limit).await
     }
 
-    async fn drop_parked(
-        &self,
-        ids: &[i64],
-        actor: &str,
-        reason: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        bounded_op("dropping parked messages", async {
-            let mut tx = self.write().await?;
-            let dropped: Vec<Dropped> = sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(
-                "DELETE FROM {outbox}
-                 WHERE id IN (SELECT value FROM json_each(?))
-                   AND failed_at IS NOT NULL AND published_at IS NULL
-                 RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
-                           attempts, last_error",
-            )))
-            .bind(json_list(ids))
-            .fetch_all(&mut *tx)
-            .await
-            .doing("dropping parked messages")?;
-            if dropped.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut gone: Vec<i64> = dropped.iter().map(|d| d.id).collect();
-            gone.sort_unstable();
-            // Never silent: what was dropped, by whom and why.
-            let detail = json!({
-                "reason": reason,
-                "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
-            });
-            audit(&self.outbox, &mut tx, actor, "drop", &detail).await?;
-            tx.commit().await.doing("committing the drop")?;
-            Ok(gone)
-        })
-        .await
-    }
-
-    async fn requeue(
-        &self,
-        ids: &[i64],
-        buckets: &[String],
-        all: bool,
-        actor: &str,
-    ) -> Result<Vec<i64>, StoreError> {
-        bounded_op("requeueing messages", async {
-            let mut tx = self.write().await?;
-            let rows: Vec<(i64, String, bool)> =
-                sqlx::query_as(sqlx::AssertSqlSafe(self.outbox.sql(
-                    "SELECT o.id, o.message_key,
-                            EXISTS (SELECT 1 FROM {partitions} p
-                                    WHERE p.partition_key = o.partition_key) AS known
-                     FROM {outbox} o
-                     WHERE o.failed_at IS NOT NULL AND o.published_at IS NULL
-                       AND (o.id IN (SELECT value FROM json_each(?))
-                            OR o.partition_key IN (SELECT value FROM json_each(?)) OR ?)
-                     ORDER BY o.id",
-                )))
-                .bind(json_list(ids))
-                .bind(json_list(buckets))
-                .bind(all)
-                .fetch_all(&mut *tx)
-                .await
-                .doing("requeueing messages")?;
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            // A requeued row keeps its id, so it is again ahead of every
-            // later pending row of its bucket; one parked for an unknown
-            // bucket label gets its key's label.
-            let count: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(
-                self.outbox
-                    .sql("SELECT partition_count FROM {outbox}_settings"),
-            ))
-            .fetch_one(&mut *tx)
-            .await
-            .doing("reading partition_count")?;
-            let partitioner = Partitioner::new(count as u32);
-            let update = self.outbox.sql(
-                "UPDATE {outbox}
-                 SET failed_at = NULL, attempts = 0, available_at = {now},
-                     partition_key = COALESCE(?, partition_key)
-                 WHERE id = ?",
-            );
-            for (id, key, known) in &rows {
-                let label = (!known).then(|| partitioner.label_for(key));
-                sqlx::query(sqlx::AssertSqlSafe(update.clone()))
-                    .bind(label)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .doing("requeueing messages")?;
-            }
-            let requeued: Vec<i64> = rows.iter().map(|r| r.0).collect();
-            let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
-            audit(&self.outbox, &mut tx, actor, "requeue", &detail).await?;
-            tx.commit().await.doing("committing the requeue")?;
-            Ok(requeued)
-        })
-        .await
-    }
-
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
         // One writer at a time: purges by several workers take turns.
         sqlx::query(sqlx::AssertSqlSafe(self.outbox.sql(
@@ -512,24 +407,4 @@ impl SqliteBackend {
             .collect();
         Ok((ready, held))
     }
-}
-
-/// Writes an operator action to `<outbox>_audit`.
-async fn audit(
-    sql: &OutboxSql,
-    tx: &mut Tx,
-    actor: &str,
-    action: &str,
-    detail: &Json,
-) -> Result<(), StoreError> {
-    sqlx::query(sqlx::AssertSqlSafe(sql.sql(
-        "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
-    )))
-    .bind(actor)
-    .bind(action)
-    .bind(detail)
-    .execute(&mut **tx)
-    .await
-    .doing("writing the audit record")?;
-    Ok(())
 }

@@ -1,0 +1,248 @@
+//! Leases as steps of one transaction (see [`super`] for why each epoch
+//! goes to one owner): read the rows to change (locked), change them, write
+//! one lease event per bucket, commit.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use super::Stepwise;
+use crate::store::driver::{Arg, Statements};
+use crate::store::partitions::{Acquired, BucketView, PartitionStore, acquire_reason};
+use crate::store::views;
+use crate::store::{StoreError, bounded_op};
+
+/// A lease change to record in `<outbox>_lease_events`.
+struct Event<'a> {
+    partition_key: &'a str,
+    action: &'static str,
+    old_owner: Option<Uuid>,
+    old_epoch: i64,
+    new_epoch: i64,
+    reason: &'a str,
+}
+
+/// Writes lease events (in the transaction of the change).
+async fn log_events<D: Stepwise>(
+    d: &D,
+    tx: &mut D::Tx,
+    worker: Uuid,
+    events: &[Event<'_>],
+) -> Result<(), StoreError> {
+    for e in events {
+        let args = [
+            Arg::Text(Some(e.partition_key)),
+            Arg::Text(Some(e.action)),
+            Arg::Uuid(worker),
+            e.old_owner.map_or(Arg::Text(None), Arg::Uuid),
+            Arg::Int(e.old_epoch),
+            Arg::Int(e.new_epoch),
+            Arg::Text(Some(e.reason)),
+        ];
+        let sql = &d.lease_steps().log_event;
+        tx.execute(sql, &args, "recording lease events").await?;
+    }
+    Ok(())
+}
+
+/// Inserts a row for every label that has none.
+pub async fn ensure_bucket_rows<D: Stepwise>(d: &D, labels: &[String]) -> Result<u64, StoreError> {
+    if labels.is_empty() {
+        return Ok(0);
+    }
+    let sql = &d.lease_steps().ensure_rows;
+    d.pool()
+        .execute(sql, &[Arg::Labels(labels)], "creating bucket rows")
+        .await
+}
+
+/// Takes every bucket of `wanted` that is free or whose lease ran out.
+pub async fn acquire<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    wanted: &[String],
+    ttl: Duration,
+    reason: &str,
+) -> Result<Vec<Acquired>, StoreError> {
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = d.lease_steps();
+    bounded_op("acquiring leases", async {
+        let mut tx = d.begin().await?;
+        let candidates: Vec<(String, Option<Uuid>, i64)> = tx
+            .fetch_all(&sql.acquirable, &[Arg::Labels(wanted)], "acquiring leases")
+            .await?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let labels: Vec<String> = candidates.iter().map(|(k, _, _)| k.clone()).collect();
+        let args = [Arg::Labels(&labels), Arg::Uuid(me), Arg::Duration(ttl)];
+        tx.execute(&sql.acquire, &args, "acquiring leases").await?;
+        let reasons: Vec<String> = candidates
+            .iter()
+            .map(|(_, old_owner, _)| acquire_reason(*old_owner, reason))
+            .collect();
+        let events: Vec<Event> = candidates
+            .iter()
+            .zip(&reasons)
+            .map(|((k, old_owner, old_epoch), reason)| Event {
+                partition_key: k,
+                action: "acquire",
+                old_owner: *old_owner,
+                old_epoch: *old_epoch,
+                new_epoch: old_epoch + 1,
+                reason,
+            })
+            .collect();
+        log_events(d, &mut tx, me, &events).await?;
+        D::commit(tx).await?;
+        Ok(candidates
+            .into_iter()
+            .map(|(partition_key, _, old_epoch)| Acquired {
+                partition_key,
+                lease_epoch: old_epoch + 1,
+            })
+            .collect())
+    })
+    .await
+}
+
+/// Extends the leases of `held` still ours at their epoch; returns the
+/// buckets renewed (any other was lost). One `UPDATE`; only when it matched
+/// fewer rows than asked is it read back which (nobody else can hold our
+/// owner id at our epoch).
+pub async fn renew<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    held: &[(String, i64)],
+    ttl: Duration,
+) -> Result<Vec<String>, StoreError> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = d.lease_steps();
+    bounded_op("renewing leases", async {
+        let args = [Arg::Held(held), Arg::Duration(ttl), Arg::Uuid(me)];
+        let matched = d
+            .pool()
+            .execute(&sql.renew, &args, "renewing leases")
+            .await?;
+        if matched as usize == held.len() {
+            return Ok(held.iter().map(|(k, _)| k.clone()).collect());
+        }
+        let args = [Arg::Held(held), Arg::Uuid(me)];
+        let still: Vec<(String, i64)> = d
+            .pool()
+            .fetch_all(&sql.held, &args, "renewing leases")
+            .await?;
+        Ok(still.into_iter().map(|(k, _)| k).collect())
+    })
+    .await
+}
+
+/// Frees the leases of `held` still ours at their epoch.
+pub async fn release_leases<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    held: &[(String, i64)],
+    reason: &str,
+) -> Result<Vec<String>, StoreError> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = &d.lease_steps().held;
+    release(d, me, reason, sql, &[Arg::Held(held), Arg::Uuid(me)]).await
+}
+
+/// Frees every lease `me` holds, whatever its epoch.
+pub async fn release_all_leases<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    reason: &str,
+) -> Result<Vec<String>, StoreError> {
+    let sql = &d.lease_steps().owned;
+    release(d, me, reason, sql, &[Arg::Uuid(me)]).await
+}
+
+/// Frees the leases `find` (with `args`) reads, logging each.
+async fn release<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    reason: &str,
+    find: &crate::store::Sql,
+    args: &[Arg<'_>],
+) -> Result<Vec<String>, StoreError> {
+    bounded_op("releasing leases", async {
+        let mut tx = d.begin().await?;
+        let rows: Vec<(String, i64)> = tx.fetch_all(find, args, "releasing leases").await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let labels: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
+        let free = &d.lease_steps().free;
+        let args = [Arg::Labels(&labels), Arg::Uuid(me)];
+        tx.execute(free, &args, "releasing leases").await?;
+        let events: Vec<Event> = rows
+            .iter()
+            .map(|(k, epoch)| Event {
+                partition_key: k,
+                action: "release",
+                old_owner: Some(me),
+                old_epoch: *epoch,
+                new_epoch: *epoch,
+                reason,
+            })
+            .collect();
+        log_events(d, &mut tx, me, &events).await?;
+        D::commit(tx).await?;
+        Ok(labels)
+    })
+    .await
+}
+
+#[async_trait]
+impl<D: Stepwise> PartitionStore for D {
+    async fn ensure_bucket_rows(&self, labels: &[String]) -> Result<u64, StoreError> {
+        ensure_bucket_rows(self, labels).await
+    }
+
+    async fn acquire(
+        &self,
+        me: Uuid,
+        wanted: &[String],
+        ttl: Duration,
+        reason: &str,
+    ) -> Result<Vec<Acquired>, StoreError> {
+        acquire(self, me, wanted, ttl, reason).await
+    }
+
+    async fn renew(
+        &self,
+        me: Uuid,
+        held: &[(String, i64)],
+        ttl: Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        renew(self, me, held, ttl).await
+    }
+
+    async fn release_leases(
+        &self,
+        me: Uuid,
+        held: &[(String, i64)],
+        reason: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        release_leases(self, me, held, reason).await
+    }
+
+    async fn release_all_leases(&self, me: Uuid, reason: &str) -> Result<Vec<String>, StoreError> {
+        release_all_leases(self, me, reason).await
+    }
+
+    async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
+        let v = self.views();
+        let overview = views::overview(self, v.tables, v.dialect, v.overview_lines, cap);
+        bounded_op("reading the bucket overview", overview).await
+    }
+}

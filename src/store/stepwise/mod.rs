@@ -1,0 +1,46 @@
+//! Flows that change several rows as steps of one transaction, written once
+//! over the driver contract ([`super::driver`]) for the backends that have
+//! no data-modifying `WITH` (MySQL/MariaDB, SQLite); PostgreSQL makes each
+//! of these changes one statement (its own modules).
+//!
+//! - [`leases`]: acquiring, renewing and releasing bucket leases, with
+//!   their lease events. Why no epoch goes to two owners: the rows a change
+//!   reads are the rows it writes, with nobody writing between — MySQL
+//!   locks them (`FOR UPDATE`), SQLite's transaction holds the file's only
+//!   write lock (`BEGIN IMMEDIATE`).
+//! - [`operator`]: dropping and requeueing parked messages, each with its
+//!   audit record.
+//!
+//! A backend renders [`LeaseStepsSql`] and [`OperatorStepsSql`] and
+//! implements [`Stepwise`]; it then has `PartitionStore` and `ParkedStore`
+//! from here, whole.
+
+pub mod leases;
+pub mod operator;
+
+use super::Sql;
+use super::driver::Driver;
+use super::statements::{LeaseStepsSql, OperatorStepsSql};
+use super::views::Dialect;
+use crate::config::TablesConfig;
+
+/// What the multi-bucket views ([`super::views`]) need of a backend.
+pub(crate) struct Views<'a> {
+    pub tables: &'a TablesConfig,
+    /// How it reads the outbox through an index.
+    pub(crate) dialect: Dialect,
+    /// Every bucket's lease and head, as `views::LeaseLine`.
+    pub overview_lines: &'a Sql,
+}
+
+/// A backend whose multi-row changes run as the steps of this module.
+pub(crate) trait Stepwise: Driver {
+    /// The partitions table's changes.
+    fn lease_steps(&self) -> &LeaseStepsSql;
+
+    /// The operator's changes to parked rows.
+    fn operator_steps(&self) -> &OperatorStepsSql;
+
+    /// How the views read it.
+    fn views(&self) -> Views<'_>;
+}

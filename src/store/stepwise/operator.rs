@@ -1,0 +1,140 @@
+//! An operator's changes to parked rows as steps of one transaction: read
+//! the rows (locked), change them, write the audit record, commit — so a
+//! drop or a requeue is never silent and never half done.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use serde_json::{Value as Json, json};
+
+use super::Stepwise;
+use crate::partitioner::Partitioner;
+use crate::store::driver::{Arg, Statements};
+use crate::store::outbox::{Dropped, ParkedStore};
+use crate::store::{StoreError, bounded_op};
+
+/// Writes an operator action to `<outbox>_audit` (in its transaction).
+async fn audit<D: Stepwise>(
+    d: &D,
+    tx: &mut D::Tx,
+    actor: &str,
+    action: &str,
+    detail: &Json,
+) -> Result<(), StoreError> {
+    let detail = detail.to_string();
+    let args = [
+        Arg::Text(Some(actor)),
+        Arg::Text(Some(action)),
+        Arg::Text(Some(&detail)),
+    ];
+    let sql = &d.operator_steps().audit;
+    tx.execute(sql, &args, "writing the audit record").await?;
+    Ok(())
+}
+
+/// Deletes the parked messages among `ids`, recording what was dropped, by
+/// whom and why; returns the ids dropped.
+pub async fn drop_parked<D: Stepwise>(
+    d: &D,
+    ids: &[i64],
+    actor: &str,
+    reason: &str,
+) -> Result<Vec<i64>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = d.operator_steps();
+    bounded_op("dropping parked messages", async {
+        let mut tx = d.begin().await?;
+        let dropped: Vec<Dropped> = tx
+            .fetch_all(&sql.parked, &[Arg::Ids(ids)], "dropping parked messages")
+            .await?;
+        if dropped.is_empty() {
+            return Ok(Vec::new());
+        }
+        let gone: Vec<i64> = dropped.iter().map(|m| m.id).collect();
+        tx.execute(&sql.delete, &[Arg::Ids(&gone)], "dropping parked messages")
+            .await?;
+        let detail = json!({
+            "reason": reason,
+            "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
+        });
+        audit(d, &mut tx, actor, "drop", &detail).await?;
+        D::commit(tx).await?;
+        Ok(gone)
+    })
+    .await
+}
+
+/// Makes the parked messages among `ids`, in `buckets`, or all of them
+/// pending again; returns their ids. A requeued row keeps its id, so it is
+/// again ahead of every later pending row of its bucket; one parked under a
+/// label that is no bucket any more (an earlier partition count) gets its
+/// key's label.
+pub async fn requeue<D: Stepwise>(
+    d: &D,
+    ids: &[i64],
+    buckets: &[String],
+    all: bool,
+    actor: &str,
+) -> Result<Vec<i64>, StoreError> {
+    let sql = d.operator_steps();
+    bounded_op("requeueing messages", async {
+        let mut tx = d.begin().await?;
+        let args = [Arg::Ids(ids), Arg::Labels(buckets), Arg::Bool(all)];
+        let rows: Vec<(i64, String, bool)> = tx
+            .fetch_all(&sql.requeueable, &args, "requeueing messages")
+            .await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let count: Vec<(i32,)> = tx
+            .fetch_all(&sql.partition_count, &[], "reading partition_count")
+            .await?;
+        let Some(&(count,)) = count.first() else {
+            let missing = "the outbox's settings row is missing: run `outboxd migrate`";
+            return Err(StoreError::Schema(missing.into()));
+        };
+        let partitioner = Partitioner::new(count as u32);
+        // Rows by their new bucket (None: their own), one statement each.
+        let mut moves: BTreeMap<Option<String>, Vec<i64>> = BTreeMap::new();
+        for (id, key, known) in &rows {
+            let to = (!known).then(|| partitioner.label_for(key));
+            moves.entry(to).or_default().push(*id);
+        }
+        for (to, ids) in &moves {
+            let args = [Arg::Ids(ids), Arg::Text(to.as_deref())];
+            tx.execute(&sql.requeue, &args, "requeueing messages")
+                .await?;
+        }
+        let requeued: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
+        audit(d, &mut tx, actor, "requeue", &detail).await?;
+        D::commit(tx).await?;
+        Ok(requeued)
+    })
+    .await
+}
+
+#[async_trait]
+impl<D: Stepwise> ParkedStore for D {
+    async fn drop_parked(
+        &self,
+        ids: &[i64],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        drop_parked(self, ids, actor, reason).await
+    }
+
+    async fn requeue(
+        &self,
+        ids: &[i64],
+        buckets: &[String],
+        all: bool,
+        actor: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        requeue(self, ids, buckets, all, actor).await
+    }
+}
