@@ -19,7 +19,7 @@
 //!   where the transaction itself holds the only write lock);
 //! - **error classification** (`StoreError::is_transient`), per backend;
 //! - how a **list** is bound: always one argument ([`Arg::Ids`],
-//!   [`Arg::Labels`], [`Arg::Held`]), whatever its length, so a statement
+//!   [`Arg::Labels`], [`Arg::Pairs`]), whatever its length, so a statement
 //!   is rendered once.
 //!
 //! To add a backend: implement [`Binding`] for its sqlx database (how each
@@ -62,9 +62,10 @@ pub enum Arg<'a> {
     Ids(&'a [i64]),
     /// A list of bucket labels, bound as [`Arg::Ids`] is.
     Labels(&'a [String]),
-    /// A list of held leases (bucket, epoch), as one JSON array of pairs
-    /// (`[["p01", 3], …]`) on every backend.
-    Held(&'a [(String, i64)]),
+    /// A list of (label, number) pairs — held leases (bucket, epoch), new
+    /// labels (label, id) — as one JSON array of pairs (`[["p01", 3], …]`)
+    /// on every backend.
+    Pairs(&'a [(String, i64)]),
 }
 
 /// A list argument as one JSON array (how MySQL/MariaDB and SQLite take
@@ -191,6 +192,8 @@ pub trait Driver: Send + Sync + 'static {
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
 
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn rollback(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The `outbox_workers` statements.
     fn workers_sql(&self) -> &WorkersSql;

@@ -30,7 +30,7 @@ impl Binding for MySql {
                 Arg::Duration(d) => bound.add(micros(d))?,
                 Arg::Ids(v) => bound.add(json_list(v))?,
                 Arg::Labels(v) => bound.add(json_list(v))?,
-                Arg::Held(v) => bound.add(json_list(v))?,
+                Arg::Pairs(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)
@@ -75,6 +75,10 @@ impl Driver for MySqlBackend {
 
     async fn commit(tx: Tx) -> Result<(), StoreError> {
         tx.commit().await.doing("committing")
+    }
+
+    async fn rollback(tx: Tx) -> Result<(), StoreError> {
+        tx.rollback().await.doing("rolling back")
     }
 
     fn workers_sql(&self) -> &WorkersSql {

@@ -71,6 +71,7 @@ pub struct MySqlBackend {
     stats: crate::store::statements::StatsSql,
     lookups: crate::store::statements::OutboxLookupsSql,
     partition_lookups: crate::store::statements::PartitionLookupsSql,
+    repartition: crate::store::repartition::flow::RepartitionSql,
     lease_steps: crate::store::statements::LeaseStepsSql,
     operator_steps: crate::store::statements::OperatorStepsSql,
 }
@@ -93,6 +94,7 @@ impl MySqlBackend {
             stats: stats::statements(tables),
             lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), false),
             partition_lookups: partitions::lookups(tables),
+            repartition: repartition::statements(tables),
             lease_steps: steps::lease_steps(tables),
             operator_steps: steps::operator_steps(tables),
         })

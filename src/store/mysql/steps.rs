@@ -15,7 +15,7 @@ use crate::store::stepwise::{Stepwise, Views};
 const IDS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v BIGINT PATH '$')) j";
 
 /// The listed labels (one JSON argument), as rows `j.v`.
-const LABELS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) j";
+pub(crate) const LABELS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) j";
 
 /// The listed leases (one JSON argument of pairs), as rows `j.k`, `j.e`.
 const HELD: &str = "JSON_TABLE(?, '$[*]' COLUMNS (

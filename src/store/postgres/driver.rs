@@ -33,7 +33,7 @@ impl Binding for Postgres {
                 Arg::Duration(d) => bound.add(millis(d))?,
                 Arg::Ids(v) => bound.add(v)?,
                 Arg::Labels(v) => bound.add(v)?,
-                Arg::Held(v) => bound.add(json_list(v))?,
+                Arg::Pairs(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)
@@ -78,6 +78,10 @@ impl Driver for PgBackend {
 
     async fn commit(tx: Tx) -> Result<(), StoreError> {
         tx.commit().await.doing("committing")
+    }
+
+    async fn rollback(tx: Tx) -> Result<(), StoreError> {
+        tx.rollback().await.doing("rolling back")
     }
 
     fn workers_sql(&self) -> &WorkersSql {

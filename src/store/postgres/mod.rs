@@ -39,6 +39,7 @@ pub struct PgBackend {
     stats: crate::store::statements::StatsSql,
     lookups: crate::store::statements::OutboxLookupsSql,
     partition_lookups: crate::store::statements::PartitionLookupsSql,
+    repartition: crate::store::repartition::flow::RepartitionSql,
 }
 
 impl PgBackend {
@@ -60,6 +61,7 @@ impl PgBackend {
             stats: stats::statements(tables),
             lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), true),
             partition_lookups: partitions::lookups(tables),
+            repartition: repartition::statements(tables),
         })
     }
 

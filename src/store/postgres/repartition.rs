@@ -2,19 +2,69 @@
 //! labels (see [`crate::store::repartition`] for the argument). The outbox
 //! is locked against inserts with `LOCK TABLE … IN SHARE ROW EXCLUSIVE
 //! MODE`; `<outbox>_enqueue()` and the insert trigger take their `ROW
-//! EXCLUSIVE` lock before they read the bucket count.
+//! EXCLUSIVE` lock before they read the bucket count. The flow is
+//! [`crate::store::repartition::flow`]; here are its statements, and the
+//! search for unknown labels.
 
 use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
-use uuid::Uuid;
 
 use super::PgBackend;
-use crate::store::driver::Statements;
+use crate::config::TablesConfig;
+use crate::store::repartition::flow::{self, Relabel, RepartitionSql, Repartitioning};
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
-use crate::store::workers;
-use crate::store::{QueryContext, StoreError, render};
+use crate::store::{QueryContext, Sql, StoreError, render};
+
+/// Labels are computed once per distinct key, not once per row: the CRC
+/// in SQL is the expensive part.
+const KEYS: &str = "WITH keys AS (
+    SELECT message_key, {outbox}_partition_for(message_key) AS label
+    FROM (SELECT DISTINCT message_key FROM {outbox} WHERE published_at IS NULL) k
+)";
+
+pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
+    let sql = |s: &str| Sql::render(t, s);
+    RepartitionSql {
+        settings: sql("SELECT partition_count FROM {outbox}_settings FOR UPDATE"),
+        count: sql("SELECT partition_count FROM {outbox}_settings"),
+        hold_producers: Some(sql("LOCK TABLE {outbox} IN SHARE ROW EXCLUSIVE MODE")),
+        set_count: sql("UPDATE {outbox}_settings SET partition_count = $1"),
+        relabel: Relabel::InSql {
+            unpublished: sql("SELECT count(*) FROM {outbox} WHERE published_at IS NULL"),
+            count_moved: sql(&format!(
+                "{KEYS} SELECT count(*) FROM {{outbox}} o JOIN keys USING (message_key)
+                 WHERE o.published_at IS NULL AND o.partition_key <> keys.label"
+            )),
+            relabel: sql(&format!(
+                "{KEYS} UPDATE {{outbox}} o SET partition_key = keys.label
+                 FROM keys
+                 WHERE o.message_key = keys.message_key AND o.published_at IS NULL
+                   AND o.partition_key <> keys.label"
+            )),
+        },
+        next_epoch: sql("SELECT coalesce(max(lease_epoch), 0) + 1 FROM {partitions}"),
+        drop_buckets: sql("DELETE FROM {partitions} WHERE partition_key <> ALL($1::text[])"),
+        reset_buckets: sql(
+            "UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL,
+                    claim_token = NULL, claimed_until = NULL,
+                    lease_epoch = lease_epoch + 1, updated_at = now()",
+        ),
+        add_buckets: sql("INSERT INTO {partitions} (partition_key, lease_epoch)
+             SELECT l, $1 FROM unnest($2::text[]) l
+             ON CONFLICT (partition_key) DO NOTHING"),
+        audit: sql("INSERT INTO {outbox}_audit (actor, action, detail)
+             VALUES ($1, 'repartition', $2::jsonb)"),
+        park: sql("UPDATE {outbox} SET failed_at = now(), last_error = $1 WHERE id = $2"),
+    }
+}
+
+impl Repartitioning for PgBackend {
+    fn repartition_sql(&self) -> &RepartitionSql {
+        &self.repartition
+    }
+}
 
 #[async_trait]
 impl RepartitionStore for PgBackend {
@@ -24,115 +74,7 @@ impl RepartitionStore for PgBackend {
         dry_run: bool,
         actor: &str,
     ) -> Result<RepartitionReport, RepartitionError> {
-        let sql = |template: &str| AssertSqlSafe(render(&self.tables, template));
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .doing("starting the repartition transaction")?;
-
-        let lock = &self.workers.lock_registrations;
-        Statements::execute(&mut tx, lock, &[], "taking the registration lock").await?;
-        let live = workers::live_others(&self.workers, &mut tx, Uuid::nil()).await?;
-        if !live.is_empty() {
-            return Err(RepartitionError::WorkersLive(live));
-        }
-        let from: i32 = sqlx::query_scalar(sql(
-            "SELECT partition_count FROM {outbox}_settings FOR UPDATE",
-        ))
-        .fetch_optional(&mut tx)
-        .await
-        .doing("reading partition_count")?
-        .ok_or(RepartitionError::NotMigrated)?;
-
-        if !dry_run {
-            sqlx::query(sql("LOCK TABLE {outbox} IN SHARE ROW EXCLUSIVE MODE"))
-                .execute(&mut tx)
-                .await
-                .doing("locking the outbox table against producers")?;
-        }
-        sqlx::query(sql("UPDATE {outbox}_settings SET partition_count = $1"))
-            .bind(to as i32)
-            .execute(&mut tx)
-            .await
-            .doing("recording the new partition_count")?;
-
-        let unpublished: i64 = sqlx::query_scalar(sql(
-            "SELECT count(*) FROM {outbox} WHERE published_at IS NULL",
-        ))
-        .fetch_one(&mut tx)
-        .await
-        .doing("counting unpublished rows")?;
-        // The label is computed once per distinct key, not once per row: the
-        // CRC in SQL is the expensive part.
-        let relabelled = if dry_run {
-            sqlx::query_scalar(sql("WITH keys AS (
-                     SELECT message_key, {outbox}_partition_for(message_key) AS label
-                     FROM (SELECT DISTINCT message_key FROM {outbox} WHERE published_at IS NULL) k
-                 )
-                 SELECT count(*) FROM {outbox} o JOIN keys USING (message_key)
-                 WHERE o.published_at IS NULL AND o.partition_key <> keys.label"))
-            .fetch_one(&mut tx)
-            .await
-            .doing("counting the rows to re-label")?
-        } else {
-            let moved = sqlx::query(sql("WITH keys AS (
-                     SELECT message_key, {outbox}_partition_for(message_key) AS label
-                     FROM (SELECT DISTINCT message_key FROM {outbox} WHERE published_at IS NULL) k
-                 )
-                 UPDATE {outbox} o SET partition_key = keys.label
-                 FROM keys
-                 WHERE o.message_key = keys.message_key AND o.published_at IS NULL
-                   AND o.partition_key <> keys.label"))
-            .execute(&mut tx)
-            .await
-            .doing("re-labelling unpublished rows")?
-            .rows_affected();
-            moved as i64
-        };
-
-        let report = RepartitionReport {
-            from: from as u32,
-            to,
-            unpublished,
-            relabelled,
-        };
-        if dry_run {
-            tx.rollback().await.doing("rolling back the dry run")?;
-            return Ok(report);
-        }
-
-        let labels = crate::partitioner::Partitioner::new(to).labels();
-        sqlx::query(sql(
-            "WITH top AS (SELECT coalesce(max(lease_epoch), 0) + 1 AS epoch FROM {partitions}),
-             gone AS (DELETE FROM {partitions} WHERE partition_key <> ALL($1::text[])),
-             kept AS (
-                 UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL,
-                        claim_token = NULL, claimed_until = NULL,
-                        lease_epoch = lease_epoch + 1, updated_at = now()
-                 WHERE partition_key = ANY($1::text[])
-             )
-             INSERT INTO {partitions} (partition_key, lease_epoch)
-             SELECT l, top.epoch FROM unnest($1::text[]) l, top
-             ON CONFLICT (partition_key) DO NOTHING",
-        ))
-        .bind(&labels)
-        .execute(&mut tx)
-        .await
-        .doing("replacing the bucket rows")?;
-        sqlx::query(sql("INSERT INTO {outbox}_audit (actor, action, detail)
-             VALUES ($1, 'repartition', jsonb_build_object('from', $2::int, 'to', $3::int,
-                     'unpublished', $4::bigint, 'relabelled', $5::bigint))"))
-        .bind(actor)
-        .bind(from)
-        .bind(to as i32)
-        .bind(unpublished)
-        .bind(relabelled)
-        .execute(&mut tx)
-        .await
-        .doing("recording the audit entry")?;
-        tx.commit().await.doing("committing the repartition")?;
-        Ok(report)
+        flow::repartition(self, to, dry_run, actor).await
     }
 
     async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {

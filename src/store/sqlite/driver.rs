@@ -35,7 +35,7 @@ impl Binding for Sqlite {
                 Arg::Duration(d) => bound.add(millis(d))?,
                 Arg::Ids(v) => bound.add(json_list(v))?,
                 Arg::Labels(v) => bound.add(json_list(v))?,
-                Arg::Held(v) => bound.add(json_list(v))?,
+                Arg::Pairs(v) => bound.add(json_list(v))?,
             }
         }
         Ok(bound)
@@ -87,6 +87,10 @@ impl Driver for SqliteBackend {
 
     async fn commit(tx: Tx) -> Result<(), StoreError> {
         tx.commit().await.doing("committing")
+    }
+
+    async fn rollback(tx: Tx) -> Result<(), StoreError> {
+        tx.rollback().await.doing("rolling back")
     }
 
     fn workers_sql(&self) -> &WorkersSql {

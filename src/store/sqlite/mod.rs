@@ -110,6 +110,7 @@ pub struct SqliteBackend {
     stats: crate::store::statements::StatsSql,
     lookups: crate::store::statements::OutboxLookupsSql,
     partition_lookups: crate::store::statements::PartitionLookupsSql,
+    repartition: crate::store::repartition::flow::RepartitionSql,
     lease_steps: crate::store::statements::LeaseStepsSql,
     operator_steps: crate::store::statements::OperatorStepsSql,
 }
@@ -135,6 +136,7 @@ impl SqliteBackend {
             stats: stats::statements(tables),
             lookups: crate::store::lookups::statements(|s| sql(tables, s), false),
             partition_lookups: partitions::lookups(tables),
+            repartition: repartition::statements(tables),
             lease_steps: steps::lease_steps(tables),
             operator_steps: steps::operator_steps(tables),
         })

@@ -124,7 +124,7 @@ pub async fn renew<D: Stepwise>(
     }
     let sql = d.lease_steps();
     bounded_op("renewing leases", async {
-        let args = [Arg::Held(held), Arg::Duration(ttl), Arg::Uuid(me)];
+        let args = [Arg::Pairs(held), Arg::Duration(ttl), Arg::Uuid(me)];
         let matched = d
             .pool()
             .execute(&sql.renew, &args, "renewing leases")
@@ -132,7 +132,7 @@ pub async fn renew<D: Stepwise>(
         if matched as usize == held.len() {
             return Ok(held.iter().map(|(k, _)| k.clone()).collect());
         }
-        let args = [Arg::Held(held), Arg::Uuid(me)];
+        let args = [Arg::Pairs(held), Arg::Uuid(me)];
         let still: Vec<(String, i64)> = d
             .pool()
             .fetch_all(&sql.held, &args, "renewing leases")
@@ -153,7 +153,7 @@ pub async fn release_leases<D: Stepwise>(
         return Ok(Vec::new());
     }
     let sql = &d.lease_steps().held;
-    release(d, me, reason, sql, &[Arg::Held(held), Arg::Uuid(me)]).await
+    release(d, me, reason, sql, &[Arg::Pairs(held), Arg::Uuid(me)]).await
 }
 
 /// Frees every lease `me` holds, whatever its epoch.

@@ -12,6 +12,7 @@ use super::Stepwise;
 use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Statements};
 use crate::store::outbox::{Dropped, ParkedStore};
+use crate::store::repartition::flow::partition_count;
 use crate::store::{StoreError, bounded_op};
 
 /// Writes an operator action to `<outbox>_audit` (in its transaction).
@@ -89,14 +90,8 @@ pub async fn requeue<D: Stepwise>(
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let count: Vec<(i32,)> = tx
-            .fetch_all(&sql.partition_count, &[], "reading partition_count")
-            .await?;
-        let Some(&(count,)) = count.first() else {
-            let missing = "the outbox's settings row is missing: run `outboxd migrate`";
-            return Err(StoreError::Schema(missing.into()));
-        };
-        let partitioner = Partitioner::new(count as u32);
+        let count = partition_count(&mut tx, &sql.partition_count).await?;
+        let partitioner = Partitioner::new(count);
         // Rows by their new bucket (None: their own), one statement each.
         let mut moves: BTreeMap<Option<String>, Vec<i64>> = BTreeMap::new();
         for (id, key, known) in &rows {

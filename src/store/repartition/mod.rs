@@ -29,6 +29,8 @@
 //! worker that somehow outlived the change (a stopped process that
 //! resumes) stops when its maintenance task sees the new count.
 
+pub(crate) mod flow;
+
 use async_trait::async_trait;
 
 use super::StoreError;
