@@ -1,8 +1,10 @@
 //! The one-statement operations, written once over the driver contract
 //! ([`super::driver`]). On the `outbox` table ([`OutboxLookups`]): the
 //! poller's probe (the newest id, the rows added after it), the views'
-//! single message and a bucket's parked rows, and a drainer's claim upkeep
-//! (handing its claim back, dropping an earlier lease's). On the
+//! single message and a bucket's parked rows, a drainer's claim upkeep
+//! (handing its claim back, dropping an earlier lease's), and the reads
+//! across buckets (which are ready, their heads, what a purge would
+//! delete). On the
 //! partitions table ([`PartitionLookups`]): the leases and the lease
 //! events. Each backend renders [`OutboxLookupsSql`] and
 //! [`PartitionLookupsSql`] in its own SQL; nothing here knows which.
@@ -16,9 +18,9 @@ use async_trait::async_trait;
 
 use super::StoreError;
 use super::driver::{Arg, Driver, Statements};
-use super::outbox::{ClaimToken, Fence, MessageDetail, MessageSummary};
+use super::outbox::{BucketHead, ClaimToken, Fence, MessageDetail, MessageSummary};
 use super::partitions::{LeaseEvent, LeaseRow};
-use super::statements::OutboxLookupsSql;
+use super::statements::{BucketReadsSql, OutboxLookupsSql};
 
 /// The `outbox` table's one-statement operations, as every backend has
 /// them (through [`Driver`]).
@@ -57,6 +59,17 @@ pub trait OutboxLookups {
     /// Drops the claim of an earlier drainer of a bucket just leased
     /// (fenced by that lease).
     async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError>;
+
+    /// The oldest pending row of each given bucket (one index probe each).
+    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError>;
+
+    /// Which of `partition_keys` have a head that is ready to publish (the
+    /// polling that replaces notifications where they cannot work).
+    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError>;
+
+    /// How many rows a purge with this cut-off would delete (a full count:
+    /// for `--dry-run`, not for the relay).
+    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
 }
 
 #[async_trait]
@@ -120,6 +133,34 @@ impl<D: Driver> OutboxLookups for D {
             .execute(sql, &args, "clearing earlier claims")
             .await
     }
+
+    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
+        let sql = &self.lookups_sql().buckets.bucket_heads;
+        let args = [Arg::Labels(partition_keys)];
+        self.reads()
+            .fetch_all(sql, &args, "reading bucket heads")
+            .await
+    }
+
+    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
+        let sql = &self.lookups_sql().buckets.ready_buckets;
+        let args = [Arg::Labels(partition_keys)];
+        let rows: Vec<(String,)> = self
+            .reads()
+            .fetch_all(sql, &args, "polling for new rows")
+            .await?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
+        let sql = &self.lookups_sql().buckets.count_purgeable;
+        let args = [Arg::Duration(older_than)];
+        let rows: Vec<(i64,)> = self
+            .reads()
+            .fetch_all(sql, &args, "counting purgeable rows")
+            .await?;
+        Ok(rows.first().map_or(0, |r| r.0))
+    }
 }
 
 /// The partitions table's reads, as every backend has them (through
@@ -162,11 +203,16 @@ impl<D: Driver> PartitionLookups for D {
     }
 }
 
-/// Renders [`OutboxLookupsSql`] for a backend whose statements differ from
+/// Renders [`OutboxLookupsSql`] (but for `buckets`, which each backend
+/// writes in its own SQL) for a backend whose statements differ from
 /// the common text only in their placeholders: `?` (MySQL/MariaDB, SQLite)
 /// or, through `number`, `$1, $2, …` (PostgreSQL). `render` is the
 /// backend's template renderer (table names, its time functions).
-pub(crate) fn statements(render: impl Fn(&str) -> super::Sql, number: bool) -> OutboxLookupsSql {
+pub(crate) fn statements(
+    render: impl Fn(&str) -> super::Sql,
+    number: bool,
+    buckets: BucketReadsSql,
+) -> OutboxLookupsSql {
     let sql = |template: &str| {
         render(&if number {
             numbered(template)
@@ -201,6 +247,7 @@ pub(crate) fn statements(render: impl Fn(&str) -> super::Sql, number: bool) -> O
              WHERE partition_key = ? AND lease_owner = ? AND lease_epoch = ?
                AND claim_token IS NOT NULL",
         ),
+        buckets,
     }
 }
 

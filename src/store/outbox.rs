@@ -259,13 +259,6 @@ pub trait OutboxStore {
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError>;
 
-    /// The oldest pending row of each given bucket (one index probe each).
-    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError>;
-
-    /// Which of `partition_keys` have a head that is ready to publish (the
-    /// polling that replaces notifications where they cannot work).
-    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError>;
-
     /// A page of messages in `state`, optionally of one key. `cursor` is the
     /// last id of the previous page (pending pages go up, others down).
     async fn list_messages(
@@ -280,10 +273,6 @@ pub trait OutboxStore {
     /// oldest first, unless another process holds the purge lock. Returns
     /// how many rows went.
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError>;
-
-    /// How many rows a purge with this cut-off would delete (a full count:
-    /// for `--dry-run`, not for the relay).
-    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
 
     /// After a large purge: gives the table's space and statistics back
     /// (PostgreSQL: `VACUUM (ANALYZE)`; MySQL: `ANALYZE TABLE`). Slow, and

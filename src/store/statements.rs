@@ -71,6 +71,20 @@ pub struct OutboxLookupsSql {
     pub release_claim: Sql,
     /// Drops an earlier lease's claim: bucket, owner, epoch.
     pub clear_claims: Sql,
+    /// The reads across buckets, in each backend's own SQL.
+    pub buckets: BucketReadsSql,
+}
+
+/// The outbox's reads across buckets, each backend's SQL (its index path,
+/// its clock).
+#[derive(Debug)]
+pub struct BucketReadsSql {
+    /// Which of the listed buckets have a head ready to publish: labels.
+    pub ready_buckets: Sql,
+    /// The head of each listed bucket, as `BucketHead` by label: labels.
+    pub bucket_heads: Sql,
+    /// How many rows were published longer ago than a duration: duration.
+    pub count_purgeable: Sql,
 }
 
 /// The partitions table's reads (`store::lookups`), rendered by each

@@ -17,9 +17,10 @@ use sqlx::{MySql, MySqlExecutor};
 use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
-    MessageSummary, OutboxStore,
+    Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
+    OutboxStore,
 };
+use crate::store::statements::BucketReadsSql;
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
 
@@ -251,50 +252,6 @@ impl OutboxStore for MySqlBackend {
         .await
     }
 
-    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
-        // One probe of the pending index per bucket: its head's id.
-        let sql = self.outbox.sql(&format!(
-            "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
-                    COALESCE(TIMESTAMPDIFF(MICROSECOND, h.created_at, UTC_TIMESTAMP(6)) / 1e6, 0e0)
-                        AS lag_seconds
-             FROM {{partitions}} p
-             LEFT JOIN {{outbox}} h ON h.id = (
-                 SELECT o.id FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
-                 WHERE o.partition_key = p.partition_key
-                   AND o.published_at IS NULL AND o.failed_at IS NULL
-                 ORDER BY o.id LIMIT 1)
-             WHERE p.partition_key IN ({})
-             ORDER BY p.partition_key",
-            placeholders(partition_keys.len())
-        ));
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-        for k in partition_keys {
-            q = q.bind(k);
-        }
-        q.fetch_all(&self.pool)
-            .bounded("reading bucket heads")
-            .await
-    }
-
-    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
-        let sql = self.outbox.sql(&format!(
-            "SELECT p.partition_key FROM {{partitions}} p
-             WHERE p.partition_key IN ({})
-               AND (SELECT o.available_at FROM {{outbox}} o FORCE INDEX ({{outbox}}_pending_idx)
-                    WHERE o.partition_key = p.partition_key
-                      AND o.published_at IS NULL AND o.failed_at IS NULL
-                    ORDER BY o.id LIMIT 1) <= UTC_TIMESTAMP(6)",
-            placeholders(partition_keys.len())
-        ));
-        let mut q = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
-        for k in partition_keys {
-            q = q.bind(k);
-        }
-        q.fetch_all(&self.pool)
-            .bounded("polling for new rows")
-            .await
-    }
-
     async fn list_messages(
         &self,
         state: MessageState,
@@ -337,17 +294,6 @@ impl OutboxStore for MySqlBackend {
             Ok(n)
         })
         .await
-    }
-
-    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(self.outbox.sql(
-            "SELECT COUNT(*) FROM {outbox}
-             WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-        )))
-        .bind(micros(older_than))
-        .fetch_one(&self.pool)
-        .await
-        .doing("counting purgeable rows")
     }
 
     /// `ANALYZE TABLE` (fresh statistics for the optimizer). InnoDB's purge
@@ -412,4 +358,33 @@ async fn record_one_failure(
     .await
     .doing("recording a failed publish")?;
     Ok(Some(parked))
+}
+
+/// The reads across buckets (`store::lookups`), in MySQL's SQL: the listed
+/// buckets found by primary key (`JSON_TABLE` joined first), one probe of
+/// the pending index each for its head.
+pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
+    let sql = |s: &str| Sql::render(t, &s.replace("{labels}", super::steps::LABELS));
+    BucketReadsSql {
+        ready_buckets: sql("SELECT p.partition_key
+             FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
+             WHERE (SELECT o.available_at FROM {outbox} o FORCE INDEX ({outbox}_pending_idx)
+                    WHERE o.partition_key = p.partition_key
+                      AND o.published_at IS NULL AND o.failed_at IS NULL
+                    ORDER BY o.id LIMIT 1) <= UTC_TIMESTAMP(6)"),
+        bucket_heads: sql(
+            "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+                    COALESCE(TIMESTAMPDIFF(MICROSECOND, h.created_at, UTC_TIMESTAMP(6)) / 1e6, 0e0)
+                        AS lag_seconds
+             FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
+             LEFT JOIN {outbox} h ON h.id = (
+                 SELECT o.id FROM {outbox} o FORCE INDEX ({outbox}_pending_idx)
+                 WHERE o.partition_key = p.partition_key
+                   AND o.published_at IS NULL AND o.failed_at IS NULL
+                 ORDER BY o.id LIMIT 1)
+             ORDER BY p.partition_key",
+        ),
+        count_purgeable: sql("SELECT COUNT(*) FROM {outbox}
+             WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"),
+    }
 }

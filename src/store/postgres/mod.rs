@@ -59,7 +59,11 @@ impl PgBackend {
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
             stats: stats::statements(tables),
-            lookups: crate::store::lookups::statements(|s| Sql::render(tables, s), true),
+            lookups: crate::store::lookups::statements(
+                |s| Sql::render(tables, s),
+                true,
+                outbox::bucket_reads(tables),
+            ),
             partition_lookups: partitions::lookups(tables),
             repartition: repartition::statements(tables),
         })

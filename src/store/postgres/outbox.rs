@@ -16,9 +16,10 @@ use sqlx::{PgExecutor, Postgres};
 use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
-    MessageSummary, OutboxStore, ParkedStore,
+    Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
+    OutboxStore, ParkedStore,
 };
+use crate::store::statements::BucketReadsSql;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, query_error};
 
 const SUMMARY_COLUMNS: &str =
@@ -64,8 +65,6 @@ pub struct OutboxSql {
     claim: Sql,
     record_published: Sql,
     record_failure: Sql,
-    bucket_heads: Sql,
-    ready_buckets: Sql,
     list_pending: Sql,
     list_pending_key: Sql,
     list_published: Sql,
@@ -75,7 +74,6 @@ pub struct OutboxSql {
     requeue: Sql,
     drop_parked: Sql,
     purge_batch: Sql,
-    count_purgeable: Sql,
 }
 
 /// The plan must stay a bounded range scan of the pending index
@@ -223,14 +221,12 @@ const REQUEUE: &str = "WITH requeued AS (
                  CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', r.partition_key)) n
                  ORDER BY r.id";
 
-const COUNT_PURGEABLE: &str =
-    "SELECT count(*) FROM {outbox} WHERE published_at < now() - make_interval(secs => $1::float8)";
+const COUNT_PURGEABLE: &str = "SELECT count(*) FROM {outbox} WHERE published_at < now() - make_interval(secs => $1::float8 / 1000)";
 
 impl OutboxSql {
     pub fn new(t: &TablesConfig) -> Self {
         Self {
             enqueue: enqueue_statement(t),
-            ready_buckets: Sql::render(t, READY_BUCKETS),
             claim: Sql::render(t, CLAIM),
             record_published: Sql::render(t, &record_published()),
             record_failure: Sql::render(t, &record_failure()),
@@ -268,9 +264,7 @@ impl OutboxSql {
 
             purge_batch: Sql::render(t, PURGE_BATCH),
 
-            count_purgeable: Sql::render(t, COUNT_PURGEABLE),
             requeue: Sql::render(t, REQUEUE),
-            bucket_heads: Sql::render(t, BUCKET_HEADS),
         }
     }
 
@@ -421,22 +415,6 @@ impl OutboxStore for PgBackend {
         .await
     }
 
-    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
-        sqlx::query_as(self.outbox.bucket_heads.q())
-            .bind(partition_keys)
-            .fetch_all(&self.pool)
-            .bounded("reading bucket heads")
-            .await
-    }
-
-    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar(self.outbox.ready_buckets.q())
-            .bind(partition_keys)
-            .fetch_all(&self.pool)
-            .bounded("polling for new rows")
-            .await
-    }
-
     async fn list_messages(
         &self,
         state: MessageState,
@@ -475,14 +453,6 @@ impl OutboxStore for PgBackend {
             .bounded("purging published rows")
             .await?
             .rows_affected())
-    }
-
-    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
-        sqlx::query_scalar(self.outbox.count_purgeable.q())
-            .bind(older_than.as_secs_f64())
-            .fetch_one(&self.pool)
-            .await
-            .doing("counting purgeable rows")
     }
 
     /// `VACUUM (ANALYZE)` of the outbox table. Until a vacuum, the pending
@@ -563,3 +533,12 @@ pub(crate) async fn enqueue<'e, E: PgExecutor<'e>>(
 
 /// Advisory lock that lets one process purge at a time ("purge" in ASCII).
 pub const PURGE_LOCK: i64 = 0x0070_7572_6765;
+
+/// The reads across buckets (`store::lookups`), in PostgreSQL's SQL.
+pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
+    BucketReadsSql {
+        ready_buckets: Sql::render(t, READY_BUCKETS),
+        bucket_heads: Sql::render(t, BUCKET_HEADS),
+        count_purgeable: Sql::render(t, COUNT_PURGEABLE),
+    }
+}

@@ -134,7 +134,11 @@ impl SqliteBackend {
             partitions: partitions::PartitionsSql::new(tables),
             workers: workers::statements(tables),
             stats: stats::statements(tables),
-            lookups: crate::store::lookups::statements(|s| sql(tables, s), false),
+            lookups: crate::store::lookups::statements(
+                |s| sql(tables, s),
+                false,
+                outbox::bucket_reads(tables),
+            ),
             partition_lookups: partitions::lookups(tables),
             repartition: repartition::statements(tables),
             lease_steps: steps::lease_steps(tables),

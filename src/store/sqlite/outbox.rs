@@ -24,9 +24,10 @@ use super::driver::millis;
 use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    BucketHead, Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState,
-    MessageSummary, OutboxStore,
+    Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
+    OutboxStore,
 };
+use crate::store::statements::BucketReadsSql;
 use crate::store::views;
 use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
 
@@ -284,43 +285,6 @@ impl OutboxStore for SqliteBackend {
         .await
     }
 
-    async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
-        let sql = self.outbox.sql(&format!(
-            "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
-                    COALESCE({}, 0.0) AS lag_seconds
-             FROM {{partitions}} p
-             LEFT JOIN {{outbox}} h ON h.id = (
-                 SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
-                 WHERE o.partition_key = p.partition_key
-                   AND o.published_at IS NULL AND o.failed_at IS NULL
-                 ORDER BY o.id LIMIT 1)
-             WHERE p.partition_key IN (SELECT value FROM json_each(?))
-             ORDER BY p.partition_key",
-            seconds_between("h.created_at", "{now}")
-        ));
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(json_list(partition_keys))
-            .fetch_all(&self.pool)
-            .bounded("reading bucket heads")
-            .await
-    }
-
-    async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
-        let sql = self.outbox.sql(
-            "SELECT p.partition_key FROM {partitions} p
-             WHERE p.partition_key IN (SELECT value FROM json_each(?))
-               AND (SELECT o.available_at FROM {outbox} o INDEXED BY {outbox}_pending_idx
-                    WHERE o.partition_key = p.partition_key
-                      AND o.published_at IS NULL AND o.failed_at IS NULL
-                    ORDER BY o.id LIMIT 1) <= {now}",
-        );
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(json_list(partition_keys))
-            .fetch_all(&self.pool)
-            .bounded("polling for new rows")
-            .await
-    }
-
     async fn list_messages(
         &self,
         state: MessageState,
@@ -348,19 +312,6 @@ impl OutboxStore for SqliteBackend {
         .bounded("purging published rows")
         .await
         .map(|done| done.rows_affected())
-    }
-
-    async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(self.outbox.sql(
-            "SELECT COUNT(*) FROM {outbox}
-             WHERE published_at IS NOT NULL
-               AND published_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                           printf('%+.3f seconds', -? / 1000.0))",
-        )))
-        .bind(millis(older_than))
-        .fetch_one(&self.pool)
-        .await
-        .doing("counting purgeable rows")
     }
 
     /// `PRAGMA optimize` (fresh statistics where they matter) and a WAL
@@ -406,5 +357,43 @@ impl SqliteBackend {
             .map(|r| r.row)
             .collect();
         Ok((ready, held))
+    }
+}
+
+/// The reads across buckets (`store::lookups`), in SQLite's SQL.
+pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
+    BucketReadsSql {
+        ready_buckets: sql(
+            t,
+            "SELECT p.partition_key FROM {partitions} p
+             WHERE p.partition_key IN (SELECT value FROM json_each(?))
+               AND (SELECT o.available_at FROM {outbox} o INDEXED BY {outbox}_pending_idx
+                    WHERE o.partition_key = p.partition_key
+                      AND o.published_at IS NULL AND o.failed_at IS NULL
+                    ORDER BY o.id LIMIT 1) <= {now}",
+        ),
+        bucket_heads: sql(
+            t,
+            &format!(
+                "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
+                        COALESCE({}, 0.0) AS lag_seconds
+                 FROM {{partitions}} p
+                 LEFT JOIN {{outbox}} h ON h.id = (
+                     SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
+                     WHERE o.partition_key = p.partition_key
+                       AND o.published_at IS NULL AND o.failed_at IS NULL
+                     ORDER BY o.id LIMIT 1)
+                 WHERE p.partition_key IN (SELECT value FROM json_each(?))
+                 ORDER BY p.partition_key",
+                seconds_between("h.created_at", "{now}")
+            ),
+        ),
+        count_purgeable: sql(
+            t,
+            "SELECT COUNT(*) FROM {outbox}
+             WHERE published_at IS NOT NULL
+               AND published_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                           printf('%+.3f seconds', -? / 1000.0))",
+        ),
     }
 }
