@@ -29,6 +29,19 @@ pub(crate) struct Dialect {
     pub parked: &'static str,
 }
 
+impl Dialect {
+    /// `column` of the head of bucket `p.partition_key` (its oldest
+    /// unpublished, unparked row): one probe of the pending index, as a
+    /// template (`{outbox}`).
+    pub(crate) fn head(&self, column: &str) -> String {
+        format!(
+            "(SELECT o.{column} FROM {} WHERE o.partition_key = p.partition_key
+                AND o.published_at IS NULL AND o.failed_at IS NULL ORDER BY o.id LIMIT 1)",
+            self.pending
+        )
+    }
+}
+
 /// A page of messages in `state` (see `OutboxStore::list_messages`).
 pub(crate) async fn list_messages<D: Driver>(
     d: &D,

@@ -364,24 +364,23 @@ async fn record_one_failure(
 /// buckets found by primary key (`JSON_TABLE` joined first), one probe of
 /// the pending index each for its head.
 pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
-    let sql = |s: &str| Sql::render(t, &s.replace("{labels}", super::steps::LABELS));
+    let sql = |s: &str| {
+        let s = s
+            .replace("{labels}", super::steps::LABELS)
+            .replace("{head.id}", &VIEWS.head("id"))
+            .replace("{head.available_at}", &VIEWS.head("available_at"));
+        Sql::render(t, &s)
+    };
     BucketReadsSql {
         ready_buckets: sql("SELECT p.partition_key
              FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
-             WHERE (SELECT o.available_at FROM {outbox} o FORCE INDEX ({outbox}_pending_idx)
-                    WHERE o.partition_key = p.partition_key
-                      AND o.published_at IS NULL AND o.failed_at IS NULL
-                    ORDER BY o.id LIMIT 1) <= UTC_TIMESTAMP(6)"),
+             WHERE {head.available_at} <= UTC_TIMESTAMP(6)"),
         bucket_heads: sql(
             "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                     COALESCE(TIMESTAMPDIFF(MICROSECOND, h.created_at, UTC_TIMESTAMP(6)) / 1e6, 0e0)
                         AS lag_seconds
              FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
-             LEFT JOIN {outbox} h ON h.id = (
-                 SELECT o.id FROM {outbox} o FORCE INDEX ({outbox}_pending_idx)
-                 WHERE o.partition_key = p.partition_key
-                   AND o.published_at IS NULL AND o.failed_at IS NULL
-                 ORDER BY o.id LIMIT 1)
+             LEFT JOIN {outbox} h ON h.id = {head.id}
              ORDER BY p.partition_key",
         ),
         count_purgeable: sql("SELECT COUNT(*) FROM {outbox}

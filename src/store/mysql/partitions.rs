@@ -8,6 +8,7 @@
 //! computes (`old + 1`) is the one it writes. Here: the bucket overview's
 //! lines and the partitions table's reads.
 
+use super::VIEWS;
 use crate::config::TablesConfig;
 use crate::store::Sql;
 use crate::store::statements::PartitionLookupsSql;
@@ -24,7 +25,7 @@ impl PartitionsSql {
         Self {
             overview_lines: Sql::render(
                 t,
-                "SELECT p.partition_key, p.lease_owner, p.lease_epoch,
+                &"SELECT p.partition_key, p.lease_owner, p.lease_epoch,
                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), p.lease_until) / 1e6
                             AS lease_ttl_seconds,
                         h.id AS head_id,
@@ -34,12 +35,9 @@ impl PartitionsSql {
                         CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
                         CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
                  FROM {partitions} p
-                 LEFT JOIN {outbox} h ON h.id = (
-                     SELECT o.id FROM {outbox} o FORCE INDEX ({outbox}_pending_idx)
-                     WHERE o.partition_key = p.partition_key
-                       AND o.published_at IS NULL AND o.failed_at IS NULL
-                     ORDER BY o.id LIMIT 1)
-                 ORDER BY p.partition_key",
+                 LEFT JOIN {outbox} h ON h.id = {head}
+                 ORDER BY p.partition_key"
+                    .replace("{head}", &VIEWS.head("id")),
             ),
         }
     }

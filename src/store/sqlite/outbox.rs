@@ -365,12 +365,10 @@ pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
     BucketReadsSql {
         ready_buckets: sql(
             t,
-            "SELECT p.partition_key FROM {partitions} p
+            &"SELECT p.partition_key FROM {partitions} p
              WHERE p.partition_key IN (SELECT value FROM json_each(?))
-               AND (SELECT o.available_at FROM {outbox} o INDEXED BY {outbox}_pending_idx
-                    WHERE o.partition_key = p.partition_key
-                      AND o.published_at IS NULL AND o.failed_at IS NULL
-                    ORDER BY o.id LIMIT 1) <= {now}",
+               AND {head.available_at} <= {now}"
+                .replace("{head.available_at}", &VIEWS.head("available_at")),
         ),
         bucket_heads: sql(
             t,
@@ -378,14 +376,11 @@ pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
                 "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                         COALESCE({}, 0.0) AS lag_seconds
                  FROM {{partitions}} p
-                 LEFT JOIN {{outbox}} h ON h.id = (
-                     SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
-                     WHERE o.partition_key = p.partition_key
-                       AND o.published_at IS NULL AND o.failed_at IS NULL
-                     ORDER BY o.id LIMIT 1)
+                 LEFT JOIN {{outbox}} h ON h.id = {head}
                  WHERE p.partition_key IN (SELECT value FROM json_each(?))
                  ORDER BY p.partition_key",
-                seconds_between("h.created_at", "{now}")
+                seconds_between("h.created_at", "{now}"),
+                head = VIEWS.head("id"),
             ),
         ),
         count_purgeable: sql(

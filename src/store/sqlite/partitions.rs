@@ -7,7 +7,7 @@
 //! the epoch each acquirer computes (`old + 1`) is the one it writes. Here:
 //! the bucket overview's lines and the partitions table's reads.
 
-use super::{seconds_between, sql};
+use super::{VIEWS, seconds_between, sql};
 use crate::config::TablesConfig;
 use crate::store::Sql;
 use crate::store::statements::PartitionLookupsSql;
@@ -33,14 +33,11 @@ impl PartitionsSql {
                             CASE WHEN h.attempts > 0 THEN h.last_error END AS head_error,
                             CASE WHEN h.attempts > 0 THEN h.available_at END AS head_retry_at
                      FROM {{partitions}} p
-                     LEFT JOIN {{outbox}} h ON h.id = (
-                         SELECT o.id FROM {{outbox}} o INDEXED BY {{outbox}}_pending_idx
-                         WHERE o.partition_key = p.partition_key
-                           AND o.published_at IS NULL AND o.failed_at IS NULL
-                         ORDER BY o.id LIMIT 1)
+                     LEFT JOIN {{outbox}} h ON h.id = {head}
                      ORDER BY p.partition_key",
                     ttl = seconds_between("{now}", "p.lease_until"),
                     lag = seconds_between("h.created_at", "{now}"),
+                    head = VIEWS.head("id"),
                 ),
             ),
         }
