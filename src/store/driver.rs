@@ -44,7 +44,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Database, Executor};
 use uuid::Uuid;
 
-use super::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
+use super::statements::Rendered;
 use super::{Bounded, Sql, StoreError, query_error};
 
 /// A statement's argument, bound by each backend as its SQL expects.
@@ -195,15 +195,6 @@ pub trait Driver: Send + Sync + 'static {
 
     fn rollback(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The `outbox_workers` statements.
-    fn workers_sql(&self) -> &WorkersSql;
-
-    /// The throughput tables' statements.
-    fn stats_sql(&self) -> &StatsSql;
-
-    /// The `outbox` table's one-statement operations.
-    fn lookups_sql(&self) -> &OutboxLookupsSql;
-
-    /// The partitions table's reads.
-    fn partition_lookups_sql(&self) -> &PartitionLookupsSql;
+    /// Every statement set, in this backend's SQL.
+    fn sql(&self) -> &Rendered;
 }

@@ -75,7 +75,7 @@ pub trait OutboxLookups {
 #[async_trait]
 impl<D: Driver> OutboxLookups for D {
     async fn newest_id(&self) -> Result<i64, StoreError> {
-        let sql = &self.lookups_sql().newest_id;
+        let sql = &self.sql().lookups.newest_id;
         let rows: Vec<(i64,)> = self
             .reads()
             .fetch_all(sql, &[], "reading the newest id")
@@ -84,7 +84,7 @@ impl<D: Driver> OutboxLookups for D {
     }
 
     async fn added_after(&self, after: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
-        let sql = &self.lookups_sql().added_after;
+        let sql = &self.sql().lookups.added_after;
         let args = [Arg::Int(after), Arg::Int(limit)];
         self.reads()
             .fetch_all(sql, &args, "probing for new rows")
@@ -92,7 +92,7 @@ impl<D: Driver> OutboxLookups for D {
     }
 
     async fn message_detail(&self, id: i64) -> Result<Option<MessageDetail>, StoreError> {
-        let sql = &self.lookups_sql().detail;
+        let sql = &self.sql().lookups.detail;
         let rows = self
             .reads()
             .fetch_all(sql, &[Arg::Int(id)], "reading a message")
@@ -105,7 +105,7 @@ impl<D: Driver> OutboxLookups for D {
         partition_key: &str,
         limit: i64,
     ) -> Result<Vec<MessageSummary>, StoreError> {
-        let sql = &self.lookups_sql().parked_in_bucket;
+        let sql = &self.sql().lookups.parked_in_bucket;
         let args = [Arg::Text(Some(partition_key)), Arg::Int(limit)];
         self.reads()
             .fetch_all(sql, &args, "listing parked messages")
@@ -117,13 +117,13 @@ impl<D: Driver> OutboxLookups for D {
         partition_key: &str,
         token: ClaimToken,
     ) -> Result<u64, StoreError> {
-        let sql = &self.lookups_sql().release_claim;
+        let sql = &self.sql().lookups.release_claim;
         let args = [Arg::Text(Some(partition_key)), Arg::Uuid(token.0)];
         self.pool().execute(sql, &args, "releasing a claim").await
     }
 
     async fn clear_claims(&self, partition_key: &str, fence: Fence) -> Result<u64, StoreError> {
-        let sql = &self.lookups_sql().clear_claims;
+        let sql = &self.sql().lookups.clear_claims;
         let args = [
             Arg::Text(Some(partition_key)),
             Arg::Uuid(fence.owner),
@@ -135,7 +135,7 @@ impl<D: Driver> OutboxLookups for D {
     }
 
     async fn bucket_heads(&self, partition_keys: &[String]) -> Result<Vec<BucketHead>, StoreError> {
-        let sql = &self.lookups_sql().buckets.bucket_heads;
+        let sql = &self.sql().lookups.buckets.bucket_heads;
         let args = [Arg::Labels(partition_keys)];
         self.reads()
             .fetch_all(sql, &args, "reading bucket heads")
@@ -143,7 +143,7 @@ impl<D: Driver> OutboxLookups for D {
     }
 
     async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError> {
-        let sql = &self.lookups_sql().buckets.ready_buckets;
+        let sql = &self.sql().lookups.buckets.ready_buckets;
         let args = [Arg::Labels(partition_keys)];
         let rows: Vec<(String,)> = self
             .reads()
@@ -153,7 +153,7 @@ impl<D: Driver> OutboxLookups for D {
     }
 
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {
-        let sql = &self.lookups_sql().buckets.count_purgeable;
+        let sql = &self.sql().lookups.buckets.count_purgeable;
         let args = [Arg::Duration(older_than)];
         let rows: Vec<(i64,)> = self
             .reads()
@@ -181,12 +181,12 @@ pub trait PartitionLookups {
 #[async_trait]
 impl<D: Driver> PartitionLookups for D {
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        let sql = &self.partition_lookups_sql().leases;
+        let sql = &self.sql().partition_lookups.leases;
         self.reads().fetch_all(sql, &[], "reading leases").await
     }
 
     async fn events_since(&self, after_id: i64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        let sql = &self.partition_lookups_sql().events_since;
+        let sql = &self.sql().partition_lookups.events_since;
         let args = [Arg::Int(after_id), Arg::Int(limit)];
         self.reads()
             .fetch_all(sql, &args, "reading lease events")
@@ -194,7 +194,7 @@ impl<D: Driver> PartitionLookups for D {
     }
 
     async fn events_within(&self, seconds: f64, limit: i64) -> Result<Vec<LeaseEvent>, StoreError> {
-        let sql = &self.partition_lookups_sql().events_within;
+        let sql = &self.sql().partition_lookups.events_within;
         let within = Duration::from_secs_f64(seconds.clamp(0.0, 1e9));
         let args = [Arg::Duration(within), Arg::Int(limit)];
         self.reads()

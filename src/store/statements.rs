@@ -4,6 +4,7 @@
 //! are written once.
 
 use super::Sql;
+use super::repartition::flow::RepartitionSql;
 
 /// The `outbox_workers` statements, rendered by each backend. Parameters in
 /// order, as every backend binds them; durations as `Arg::Duration`.
@@ -155,4 +156,22 @@ pub struct OperatorStepsSql {
     /// An operator action in `<outbox>_audit`: actor, action, detail (JSON
     /// text).
     pub audit: Sql,
+}
+
+/// Every statement set of the contract, as one backend renders them for
+/// its table names.
+#[derive(Debug)]
+pub struct Rendered {
+    pub workers: WorkersSql,
+    pub stats: StatsSql,
+    pub lookups: OutboxLookupsSql,
+    pub partition_lookups: PartitionLookupsSql,
+    pub repartition: RepartitionSql,
+}
+
+/// The statement sets of the stepwise flows (`store::stepwise`).
+#[derive(Debug)]
+pub struct StepsSql {
+    pub leases: LeaseStepsSql,
+    pub operator: OperatorStepsSql,
 }

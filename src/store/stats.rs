@@ -77,7 +77,7 @@ async fn slots<D: Driver>(d: &D, rows: &Sql) -> Result<(DateTime<Utc>, Vec<Slot>
     let doing = "reading throughput";
     bounded_op(doing, async {
         let now: Vec<(DateTime<Utc>,)> =
-            d.reads().fetch_all(&d.stats_sql().now, &[], doing).await?;
+            d.reads().fetch_all(&d.sql().stats.now, &[], doing).await?;
         let now = now.first().map_or_else(Utc::now, |(t,)| *t);
         let rows = d.reads().fetch_all(rows, &[], doing).await?;
         Ok((now, rows))
@@ -89,7 +89,7 @@ async fn slots<D: Driver>(d: &D, rows: &Sql) -> Result<(DateTime<Utc>, Vec<Slot>
 impl<D: Driver> StatsStore for D {
     async fn record_throughput(&self, published: u64, failed: u64) -> Result<(), StoreError> {
         let args = [Arg::Int(published as i64), Arg::Int(failed as i64)];
-        for sql in &self.stats_sql().record {
+        for sql in &self.sql().stats.record {
             self.pool()
                 .execute(sql, &args, "recording throughput")
                 .await?;
@@ -98,7 +98,7 @@ impl<D: Driver> StatsStore for D {
     }
 
     async fn last_hour(&self) -> Result<Vec<Minute>, StoreError> {
-        let (now, rows) = slots(self, &self.stats_sql().minutes).await?;
+        let (now, rows) = slots(self, &self.sql().stats.minutes).await?;
         Ok(zero_filled(now, TimeDelta::minutes(1), 60, &rows)
             .into_iter()
             .map(|(minute, published, failed)| Minute {
@@ -110,7 +110,7 @@ impl<D: Driver> StatsStore for D {
     }
 
     async fn last_minutes(&self) -> Result<Vec<Second>, StoreError> {
-        let (now, rows) = slots(self, &self.stats_sql().seconds).await?;
+        let (now, rows) = slots(self, &self.sql().stats.seconds).await?;
         Ok(zero_filled(now, TimeDelta::seconds(1), 300, &rows)
             .into_iter()
             .map(|(second, published, failed)| Second {
@@ -123,7 +123,7 @@ impl<D: Driver> StatsStore for D {
 
     async fn prune_throughput(&self) -> Result<u64, StoreError> {
         let mut n = 0;
-        for sql in &self.stats_sql().prune {
+        for sql in &self.sql().stats.prune {
             n += self.pool().execute(sql, &[], "pruning throughput").await?;
         }
         Ok(n)

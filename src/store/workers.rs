@@ -190,7 +190,7 @@ impl<D: Driver> WorkerStore for D {
         me: Registration<'_>,
         admit: Admission<'_>,
     ) -> Result<Joined, StoreError> {
-        let sql = self.workers_sql();
+        let sql = &self.sql().workers;
         bounded_op("registering the worker", async {
             let mut tx = self.begin().await?;
             tx.execute(&sql.lock_registrations, &[], "taking the registration lock")
@@ -232,19 +232,19 @@ impl<D: Driver> WorkerStore for D {
         ];
         let changed = self
             .pool()
-            .execute(&self.workers_sql().heartbeat, &args, "heartbeating")
+            .execute(&self.sql().workers.heartbeat, &args, "heartbeating")
             .await?;
         Ok(changed == 1)
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerView>, StoreError> {
         self.reads()
-            .fetch_all(&self.workers_sql().list, &[], "listing workers")
+            .fetch_all(&self.sql().workers.list, &[], "listing workers")
             .await
     }
 
     async fn remove_worker(&self, worker_id: Uuid) -> Result<(), StoreError> {
-        let sql = &self.workers_sql().remove;
+        let sql = &self.sql().workers.remove;
         self.pool()
             .execute(sql, &[Arg::Uuid(worker_id)], "removing the worker row")
             .await?;
@@ -262,7 +262,7 @@ impl<D: Driver> WorkerStore for D {
             Arg::Text(broker_error),
             Arg::Uuid(worker_id),
         ];
-        let sql = &self.workers_sql().set_broker_state;
+        let sql = &self.sql().workers.set_broker_state;
         let changed = self
             .pool()
             .execute(sql, &args, "recording the broker state")
@@ -276,7 +276,7 @@ impl<D: Driver> WorkerStore for D {
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         let args = [Arg::Text(reason), Arg::Uuid(worker_id)];
-        let sql = &self.workers_sql().set_broker_blocked;
+        let sql = &self.sql().workers.set_broker_blocked;
         self.pool()
             .execute(sql, &args, "recording broker flow control")
             .await?;
@@ -284,7 +284,7 @@ impl<D: Driver> WorkerStore for D {
     }
 
     async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError> {
-        let sql = &self.workers_sql().live_leasing;
+        let sql = &self.sql().workers.live_leasing;
         let rows: Vec<(Uuid,)> = self
             .reads()
             .fetch_all(sql, &[], "listing live workers")
@@ -293,13 +293,13 @@ impl<D: Driver> WorkerStore for D {
     }
 
     async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError> {
-        let sql = &self.workers_sql().remove_dead;
+        let sql = &self.sql().workers.remove_dead;
         self.pool()
             .execute(sql, &[Arg::Duration(grace)], "removing dead worker rows")
             .await
     }
 
     async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError> {
-        live_others(self.workers_sql(), &mut self.reads(), me).await
+        live_others(&self.sql().workers, &mut self.reads(), me).await
     }
 }

@@ -12,7 +12,7 @@ use super::{MySqlBackend, micros};
 /// A transaction on MySQL/MariaDB.
 pub type Tx = sqlx::Transaction<'static, MySql>;
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
-use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
+use crate::store::statements::Rendered;
 use crate::store::{QueryContext, StoreError};
 
 impl Binding for MySql {
@@ -81,19 +81,7 @@ impl Driver for MySqlBackend {
         tx.rollback().await.doing("rolling back")
     }
 
-    fn workers_sql(&self) -> &WorkersSql {
-        &self.workers
-    }
-
-    fn stats_sql(&self) -> &StatsSql {
-        &self.stats
-    }
-
-    fn lookups_sql(&self) -> &OutboxLookupsSql {
-        &self.lookups
-    }
-
-    fn partition_lookups_sql(&self) -> &PartitionLookupsSql {
-        &self.partition_lookups
+    fn sql(&self) -> &Rendered {
+        &self.sql
     }
 }

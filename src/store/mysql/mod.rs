@@ -67,13 +67,8 @@ pub struct MySqlBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: crate::store::statements::WorkersSql,
-    stats: crate::store::statements::StatsSql,
-    lookups: crate::store::statements::OutboxLookupsSql,
-    partition_lookups: crate::store::statements::PartitionLookupsSql,
-    repartition: crate::store::repartition::flow::RepartitionSql,
-    lease_steps: crate::store::statements::LeaseStepsSql,
-    operator_steps: crate::store::statements::OperatorStepsSql,
+    sql: crate::store::statements::Rendered,
+    steps: crate::store::statements::StepsSql,
 }
 
 impl MySqlBackend {
@@ -90,17 +85,21 @@ impl MySqlBackend {
             tables: tables.clone(),
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
-            workers: workers::statements(tables),
-            stats: stats::statements(tables),
-            lookups: crate::store::lookups::statements(
-                |s| Sql::render(tables, s),
-                false,
-                outbox::bucket_reads(tables),
-            ),
-            partition_lookups: partitions::lookups(tables),
-            repartition: repartition::statements(tables),
-            lease_steps: steps::lease_steps(tables),
-            operator_steps: steps::operator_steps(tables),
+            sql: crate::store::statements::Rendered {
+                workers: workers::statements(tables),
+                stats: stats::statements(tables),
+                lookups: crate::store::lookups::statements(
+                    |s| Sql::render(tables, s),
+                    false,
+                    outbox::bucket_reads(tables),
+                ),
+                partition_lookups: partitions::lookups(tables),
+                repartition: repartition::statements(tables),
+            },
+            steps: crate::store::statements::StepsSql {
+                leases: steps::lease_steps(tables),
+                operator: steps::operator_steps(tables),
+            },
         })
     }
 

@@ -14,7 +14,7 @@ use sqlx::AssertSqlSafe;
 use super::MySqlBackend;
 use super::steps::LABELS;
 use crate::config::TablesConfig;
-use crate::store::repartition::flow::{self, Relabel, RepartitionSql, Repartitioning};
+use crate::store::repartition::flow::{self, Relabel, RepartitionSql};
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
@@ -56,12 +56,6 @@ pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
             "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, 'repartition', ?)",
         ),
         park: sql("UPDATE {outbox} SET failed_at = UTC_TIMESTAMP(6), last_error = ? WHERE id = ?"),
-    }
-}
-
-impl Repartitioning for MySqlBackend {
-    fn repartition_sql(&self) -> &RepartitionSql {
-        &self.repartition
     }
 }
 

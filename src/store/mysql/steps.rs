@@ -8,7 +8,7 @@
 use super::{MySqlBackend, VIEWS};
 use crate::config::TablesConfig;
 use crate::store::Sql;
-use crate::store::statements::{LeaseStepsSql, OperatorStepsSql};
+use crate::store::statements::{LeaseStepsSql, OperatorStepsSql, StepsSql};
 use crate::store::stepwise::{Stepwise, Views};
 
 /// The listed ids (one JSON argument), as rows `j.v`.
@@ -127,12 +127,8 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
 }
 
 impl Stepwise for MySqlBackend {
-    fn lease_steps(&self) -> &LeaseStepsSql {
-        &self.lease_steps
-    }
-
-    fn operator_steps(&self) -> &OperatorStepsSql {
-        &self.operator_steps
+    fn steps(&self) -> &StepsSql {
+        &self.steps
     }
 
     fn views(&self) -> Views<'_> {

@@ -9,7 +9,7 @@ use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
-use crate::store::statements::{OutboxLookupsSql, PartitionLookupsSql, StatsSql, WorkersSql};
+use crate::store::statements::Rendered;
 use crate::store::{QueryContext, StoreError};
 
 /// Milliseconds of a duration, as PostgreSQL's statements take them
@@ -84,19 +84,7 @@ impl Driver for PgBackend {
         tx.rollback().await.doing("rolling back")
     }
 
-    fn workers_sql(&self) -> &WorkersSql {
-        &self.workers
-    }
-
-    fn stats_sql(&self) -> &StatsSql {
-        &self.stats
-    }
-
-    fn lookups_sql(&self) -> &OutboxLookupsSql {
-        &self.lookups
-    }
-
-    fn partition_lookups_sql(&self) -> &PartitionLookupsSql {
-        &self.partition_lookups
+    fn sql(&self) -> &Rendered {
+        &self.sql
     }
 }

@@ -35,11 +35,7 @@ pub struct PgBackend {
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
-    workers: crate::store::statements::WorkersSql,
-    stats: crate::store::statements::StatsSql,
-    lookups: crate::store::statements::OutboxLookupsSql,
-    partition_lookups: crate::store::statements::PartitionLookupsSql,
-    repartition: crate::store::repartition::flow::RepartitionSql,
+    sql: crate::store::statements::Rendered,
 }
 
 impl PgBackend {
@@ -57,15 +53,17 @@ impl PgBackend {
             tables: tables.clone(),
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
-            workers: workers::statements(tables),
-            stats: stats::statements(tables),
-            lookups: crate::store::lookups::statements(
-                |s| Sql::render(tables, s),
-                true,
-                outbox::bucket_reads(tables),
-            ),
-            partition_lookups: partitions::lookups(tables),
-            repartition: repartition::statements(tables),
+            sql: crate::store::statements::Rendered {
+                workers: workers::statements(tables),
+                stats: stats::statements(tables),
+                lookups: crate::store::lookups::statements(
+                    |s| Sql::render(tables, s),
+                    true,
+                    outbox::bucket_reads(tables),
+                ),
+                partition_lookups: partitions::lookups(tables),
+                repartition: repartition::statements(tables),
+            },
         })
     }
 

@@ -11,7 +11,7 @@ use sqlx::AssertSqlSafe;
 
 use super::PgBackend;
 use crate::config::TablesConfig;
-use crate::store::repartition::flow::{self, Relabel, RepartitionSql, Repartitioning};
+use crate::store::repartition::flow::{self, Relabel, RepartitionSql};
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
@@ -57,12 +57,6 @@ pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
         audit: sql("INSERT INTO {outbox}_audit (actor, action, detail)
              VALUES ($1, 'repartition', $2::jsonb)"),
         park: sql("UPDATE {outbox} SET failed_at = now(), last_error = $1 WHERE id = $2"),
-    }
-}
-
-impl Repartitioning for PgBackend {
-    fn repartition_sql(&self) -> &RepartitionSql {
-        &self.repartition
     }
 }
 

@@ -69,21 +69,16 @@ pub struct RepartitionSql {
     pub park: Sql,
 }
 
-/// A backend that repartitions through [`repartition`].
-pub(crate) trait Repartitioning: Driver {
-    fn repartition_sql(&self) -> &RepartitionSql;
-}
-
 /// Changes the bucket count to `to` (see [`super::RepartitionStore`]).
-pub(crate) async fn repartition<D: Repartitioning>(
+pub(crate) async fn repartition<D: Driver>(
     d: &D,
     to: u32,
     dry_run: bool,
     actor: &str,
 ) -> Result<RepartitionReport, RepartitionError> {
-    let sql = d.repartition_sql();
+    let sql = &d.sql().repartition;
     let mut tx = d.begin().await?;
-    let w = d.workers_sql();
+    let w = &d.sql().workers;
     tx.execute(&w.lock_registrations, &[], "taking the registration lock")
         .await?;
     let live = workers::live_others(w, &mut tx, Uuid::nil()).await?;
@@ -201,12 +196,12 @@ async fn replace_bucket_rows<D: Driver>(
 /// Parks `strays` — (id, label, message key) of pending rows whose label is
 /// no bucket — in `tx`, each with an error naming the bucket its key
 /// belongs to.
-pub(crate) async fn park<D: Repartitioning>(
+pub(crate) async fn park<D: Driver>(
     d: &D,
     tx: &mut D::Tx,
     strays: Vec<(i64, String, String)>,
 ) -> Result<Vec<ParkedUnknown>, StoreError> {
-    let sql = d.repartition_sql();
+    let sql = &d.sql().repartition;
     let count = partition_count(tx, &sql.count).await?;
     let partitioner = Partitioner::new(count);
     for (id, label, key) in &strays {

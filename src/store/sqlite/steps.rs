@@ -6,7 +6,7 @@
 
 use super::{SqliteBackend, VIEWS, sql};
 use crate::config::TablesConfig;
-use crate::store::statements::{LeaseStepsSql, OperatorStepsSql};
+use crate::store::statements::{LeaseStepsSql, OperatorStepsSql, StepsSql};
 use crate::store::stepwise::{Stepwise, Views};
 
 /// The held leases of the first parameter, as rows `h(k, e)`.
@@ -119,12 +119,8 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
 }
 
 impl Stepwise for SqliteBackend {
-    fn lease_steps(&self) -> &LeaseStepsSql {
-        &self.lease_steps
-    }
-
-    fn operator_steps(&self) -> &OperatorStepsSql {
-        &self.operator_steps
+    fn steps(&self) -> &StepsSql {
+        &self.steps
     }
 
     fn views(&self) -> Views<'_> {

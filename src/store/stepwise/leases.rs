@@ -40,7 +40,7 @@ async fn log_events<D: Stepwise>(
             Arg::Int(e.new_epoch),
             Arg::Text(Some(e.reason)),
         ];
-        let sql = &d.lease_steps().log_event;
+        let sql = &d.steps().leases.log_event;
         tx.execute(sql, &args, "recording lease events").await?;
     }
     Ok(())
@@ -51,7 +51,7 @@ pub async fn ensure_bucket_rows<D: Stepwise>(d: &D, labels: &[String]) -> Result
     if labels.is_empty() {
         return Ok(0);
     }
-    let sql = &d.lease_steps().ensure_rows;
+    let sql = &d.steps().leases.ensure_rows;
     d.pool()
         .execute(sql, &[Arg::Labels(labels)], "creating bucket rows")
         .await
@@ -68,7 +68,7 @@ pub async fn acquire<D: Stepwise>(
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = d.lease_steps();
+    let sql = &d.steps().leases;
     bounded_op("acquiring leases", async {
         let mut tx = d.begin().await?;
         let candidates: Vec<(String, Option<Uuid>, i64)> = tx
@@ -122,7 +122,7 @@ pub async fn renew<D: Stepwise>(
     if held.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = d.lease_steps();
+    let sql = &d.steps().leases;
     bounded_op("renewing leases", async {
         let args = [Arg::Pairs(held), Arg::Duration(ttl), Arg::Uuid(me)];
         let matched = d
@@ -152,7 +152,7 @@ pub async fn release_leases<D: Stepwise>(
     if held.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = &d.lease_steps().held;
+    let sql = &d.steps().leases.held;
     release(d, me, reason, sql, &[Arg::Pairs(held), Arg::Uuid(me)]).await
 }
 
@@ -162,7 +162,7 @@ pub async fn release_all_leases<D: Stepwise>(
     me: Uuid,
     reason: &str,
 ) -> Result<Vec<String>, StoreError> {
-    let sql = &d.lease_steps().owned;
+    let sql = &d.steps().leases.owned;
     release(d, me, reason, sql, &[Arg::Uuid(me)]).await
 }
 
@@ -181,7 +181,7 @@ async fn release<D: Stepwise>(
             return Ok(Vec::new());
         }
         let labels: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
-        let free = &d.lease_steps().free;
+        let free = &d.steps().leases.free;
         let args = [Arg::Labels(&labels), Arg::Uuid(me)];
         tx.execute(free, &args, "releasing leases").await?;
         let events: Vec<Event> = rows

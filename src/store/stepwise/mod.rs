@@ -11,7 +11,7 @@
 //! - [`operator`]: dropping and requeueing parked messages, each with its
 //!   audit record.
 //!
-//! A backend renders [`LeaseStepsSql`] and [`OperatorStepsSql`] and
+//! A backend renders [`StepsSql`] and
 //! implements [`Stepwise`]; it then has `PartitionStore` and `ParkedStore`
 //! from here, whole.
 
@@ -20,7 +20,7 @@ pub mod operator;
 
 use super::Sql;
 use super::driver::Driver;
-use super::statements::{LeaseStepsSql, OperatorStepsSql};
+use super::statements::StepsSql;
 use super::views::Dialect;
 use crate::config::TablesConfig;
 
@@ -35,11 +35,8 @@ pub(crate) struct Views<'a> {
 
 /// A backend whose multi-row changes run as the steps of this module.
 pub(crate) trait Stepwise: Driver {
-    /// The partitions table's changes.
-    fn lease_steps(&self) -> &LeaseStepsSql;
-
-    /// The operator's changes to parked rows.
-    fn operator_steps(&self) -> &OperatorStepsSql;
+    /// The statements of the lease and operator steps.
+    fn steps(&self) -> &StepsSql;
 
     /// How the views read it.
     fn views(&self) -> Views<'_>;

@@ -29,7 +29,7 @@ async fn audit<D: Stepwise>(
         Arg::Text(Some(action)),
         Arg::Text(Some(&detail)),
     ];
-    let sql = &d.operator_steps().audit;
+    let sql = &d.steps().operator.audit;
     tx.execute(sql, &args, "writing the audit record").await?;
     Ok(())
 }
@@ -45,7 +45,7 @@ pub async fn drop_parked<D: Stepwise>(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = d.operator_steps();
+    let sql = &d.steps().operator;
     bounded_op("dropping parked messages", async {
         let mut tx = d.begin().await?;
         let dropped: Vec<Dropped> = tx
@@ -80,7 +80,7 @@ pub async fn requeue<D: Stepwise>(
     all: bool,
     actor: &str,
 ) -> Result<Vec<i64>, StoreError> {
-    let sql = d.operator_steps();
+    let sql = &d.steps().operator;
     bounded_op("requeueing messages", async {
         let mut tx = d.begin().await?;
         let args = [Arg::Ids(ids), Arg::Labels(buckets), Arg::Bool(all)];
