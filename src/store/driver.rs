@@ -24,16 +24,23 @@
 //!
 //! To add a backend: implement [`Binding`] for its sqlx database (how each
 //! [`Arg`] is bound), [`Runs`] for its pool and its transaction, and
-//! [`Driver`]; render each table's statement set (`store::statements`); make every
-//! [`Record`] decode from its rows; and run the store conformance suite
-//! (`tests/store.rs`) on it.
+//! [`Driver`]; render every statement set (`store::statements::Rendered`);
+//! make every [`Record`] decode from its rows; and run the store
+//! conformance suite (`tests/store.rs`) on it. A backend without
+//! data-modifying `WITH` renders `StepsSql` too and implements
+//! `stepwise::Stepwise`: it then has the lease changes and the operator's
+//! actions on parked rows whole.
 //!
-//! Tables on the contract so far: `outbox_workers` ([`super::workers`]),
-//! the throughput tables ([`super::stats`]), the one-statement operations
-//! of the `outbox` and partitions tables ([`super::lookups`]) and the
-//! multi-bucket views ([`super::views`]). The rest of those two tables
-//! (claims, records, requeue, purge; acquire, renew, release), the schema
-//! and notifications are still implemented per backend.
+//! On the contract: `outbox_workers` ([`super::workers`]), the throughput
+//! tables ([`super::stats`]), the one-statement operations and the reads
+//! across buckets ([`super::lookups`]), the multi-bucket views
+//! ([`super::views`]), the repartition ([`super::repartition::flow`]), and
+//! on MySQL/MariaDB and SQLite the lease changes and the operator's actions
+//! ([`super::stepwise`]; PostgreSQL makes each of those one statement).
+//! Still per backend, as genuinely different flows: the claim and the
+//! records of a drainer (the hot path: one statement on PostgreSQL, a read
+//! then a fenced write elsewhere), enqueueing, purging, migrations and
+//! notifications.
 
 use std::time::Duration;
 
