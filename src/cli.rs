@@ -344,42 +344,7 @@ async fn dispatch(
             }
             Ok(())
         }
-        Command::Work(args) => {
-            let opts = worker::WorkOptions {
-                no_leasing: args.no_leasing,
-                once: args.once,
-                json: args.json,
-                silent: args.silent,
-                interval: Duration::from_millis(args.interval_ms),
-                window: Duration::from_secs(args.window),
-                ui: args.ui.is_some(),
-                traces,
-                source: None,
-            };
-            let cancel = shutdown_on_signals();
-            if config.source.is_empty() {
-                ignore_hangups();
-                if config.worker.reload_on_change {
-                    tracing::warn!(
-                        "worker.reload_on_change: a configuration without [[source]] entries is not reloaded; restart the worker to apply changes"
-                    );
-                }
-                worker::run(&config, &opts, cancel).await?;
-            } else {
-                let watched = config
-                    .worker
-                    .reload_on_change
-                    .then(|| config_file(cli))
-                    .flatten();
-                let cli = cli.clone();
-                let reload = Box::new(move || {
-                    let (config, _) = load_config(&cli)?;
-                    scoped(&cli, config)
-                });
-                worker::sources::run(&config, &opts, cancel, reload, watched).await?;
-            }
-            Ok(())
-        }
+        Command::Work(args) => work(cli, &config, &args, traces).await,
         Command::Ui { .. } if config.source.len() > 1 => {
             let listener = crate::dashboard::bind(config.dashboard.listen).await?;
             let cancel = shutdown_on_signals();
@@ -396,34 +361,7 @@ async fn dispatch(
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;
             Ok(())
         }
-        Command::Status(args) if args.all_sources && args.json => {
-            // A source that cannot be read is an `error` in its place.
-            let (mut all, mut failed) = (serde_json::Map::new(), Vec::new());
-            for source in config.sources()? {
-                let value = match crate::ops::summary(&source.config).await {
-                    Ok(summary) => serde_json::to_value(summary)?,
-                    Err(e) => {
-                        failed.push(source.name.clone());
-                        serde_json::json!({ "error": error_line(&e) })
-                    }
-                };
-                all.insert(source.name, value);
-            }
-            crate::say!("{}", serde_json::to_string_pretty(&all)?);
-            unread(&failed)
-        }
-        Command::Status(args) if args.all_sources => {
-            let mut failed = Vec::new();
-            for source in config.sources()? {
-                crate::say!("== source {} ==", source.name);
-                if let Err(e) = crate::ops::status(&source.config, &args).await {
-                    crate::say!("cannot read it: {}", error_line(&e));
-                    failed.push(source.name);
-                }
-                crate::say!();
-            }
-            unread(&failed)
-        }
+        Command::Status(args) if args.all_sources => status_all_sources(&config, &args).await,
         Command::Status(args) => crate::ops::status(&config, &args).await,
         Command::Purge(args) => crate::ops::purge(&config, &args).await,
         Command::Repartition(args) => crate::ops::repartition(&config, &args).await,
@@ -441,27 +379,105 @@ async fn dispatch(
             }
             Ok(())
         }
-        Command::Config => {
-            let text = toml::to_string(&redacted(&config))
-                .context("cannot print the configuration as TOML")?;
-            let file = match &provenance.file {
-                Some(path) => format!("read {path}"),
-                None => "no file read".to_string(),
-            };
-            let variables = match provenance.variables() {
-                v if v.is_empty() => "none".to_string(),
-                v => v.join(", "),
-            };
-            crate::say!(
-                "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
-                 # passwords and the dashboard token redacted. Valid as a config file once the\n\
-                 # redacted secrets are filled in. Each value says where it came from.\n\
-                 # Configuration file: {file}. Variables used: {variables}.\n\n{}",
-                with_sources(&text, &provenance).trim_end()
-            );
-            Ok(())
-        }
+        Command::Config => print_config(&config, &provenance),
     }
+}
+
+/// `outboxd work`: one source, or every `[[source]]` with reloads.
+async fn work(
+    cli: &Cli,
+    config: &Config,
+    args: &WorkArgs,
+    traces: Option<crate::otel::ExportConfig>,
+) -> anyhow::Result<()> {
+    let opts = worker::WorkOptions {
+        no_leasing: args.no_leasing,
+        once: args.once,
+        json: args.json,
+        silent: args.silent,
+        interval: Duration::from_millis(args.interval_ms),
+        window: Duration::from_secs(args.window),
+        ui: args.ui.is_some(),
+        traces,
+        source: None,
+    };
+    let cancel = shutdown_on_signals();
+    if config.source.is_empty() {
+        ignore_hangups();
+        if config.worker.reload_on_change {
+            tracing::warn!(
+                "worker.reload_on_change: a configuration without [[source]] entries is not reloaded; restart the worker to apply changes"
+            );
+        }
+        worker::run(config, &opts, cancel).await?;
+    } else {
+        let watched = config
+            .worker
+            .reload_on_change
+            .then(|| config_file(cli))
+            .flatten();
+        let cli = cli.clone();
+        let reload = Box::new(move || {
+            let (config, _) = load_config(&cli)?;
+            scoped(&cli, config)
+        });
+        worker::sources::run(config, &opts, cancel, reload, watched).await?;
+    }
+    Ok(())
+}
+
+/// `outboxd status --all-sources`: every source in turn; one that cannot be
+/// read is said in its place (an `error` in `--json`), and the exit is 1.
+async fn status_all_sources(config: &Config, args: &crate::ops::StatusArgs) -> anyhow::Result<()> {
+    if args.json {
+        let (mut all, mut failed) = (serde_json::Map::new(), Vec::new());
+        for source in config.sources()? {
+            let value = match crate::ops::summary(&source.config).await {
+                Ok(summary) => serde_json::to_value(summary)?,
+                Err(e) => {
+                    failed.push(source.name.clone());
+                    serde_json::json!({ "error": error_line(&e) })
+                }
+            };
+            all.insert(source.name, value);
+        }
+        crate::say!("{}", serde_json::to_string_pretty(&all)?);
+        return unread(&failed);
+    }
+    let mut failed = Vec::new();
+    for source in config.sources()? {
+        crate::say!("== source {} ==", source.name);
+        if let Err(e) = crate::ops::status(&source.config, args).await {
+            crate::say!("cannot read it: {}", error_line(&e));
+            failed.push(source.name);
+        }
+        crate::say!();
+    }
+    unread(&failed)
+}
+
+/// `outboxd config`: the effective configuration, redacted, each value
+/// with where it came from.
+fn print_config(config: &Config, provenance: &Provenance) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let text =
+        toml::to_string(&redacted(config)).context("cannot print the configuration as TOML")?;
+    let file = match &provenance.file {
+        Some(path) => format!("read {path}"),
+        None => "no file read".to_string(),
+    };
+    let variables = match provenance.variables() {
+        v if v.is_empty() => "none".to_string(),
+        v => v.join(", "),
+    };
+    crate::say!(
+        "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
+         # passwords and the dashboard token redacted. Valid as a config file once the\n\
+         # redacted secrets are filled in. Each value says where it came from.\n\
+         # Configuration file: {file}. Variables used: {variables}.\n\n{}",
+        with_sources(&text, provenance).trim_end()
+    );
+    Ok(())
 }
 
 /// The error of `status --all-sources` when some sources could not be read.

@@ -14,10 +14,11 @@ use sqlx::AssertSqlSafe;
 use super::MySqlBackend;
 use super::steps::LABELS;
 use crate::config::TablesConfig;
-use crate::store::repartition::flow::{self, Relabel, RepartitionSql};
+use crate::store::repartition::flow;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
+use crate::store::statements::{Relabel, RepartitionSql};
 use crate::store::{QueryContext, Sql, StoreError, label_literal, render};
 
 /// Unpublished rows whose label the new count (recorded in this

@@ -11,10 +11,11 @@ use sqlx::AssertSqlSafe;
 
 use super::PgBackend;
 use crate::config::TablesConfig;
-use crate::store::repartition::flow::{self, Relabel, RepartitionSql};
+use crate::store::repartition::flow;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
+use crate::store::statements::{Relabel, RepartitionSql};
 use crate::store::{QueryContext, Sql, StoreError, render};
 
 /// Labels are computed once per distinct key, not once per row: the CRC

@@ -16,58 +16,8 @@ use uuid::Uuid;
 use super::{ParkedUnknown, RepartitionError, RepartitionReport, unknown_label_error};
 use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Driver, Statements};
+use crate::store::statements::{Relabel, RepartitionSql};
 use crate::store::{Sql, StoreError, workers};
-
-/// Where a backend's new labels are computed.
-#[derive(Debug)]
-pub enum Relabel {
-    /// In SQL, by the table's label function, which reads the count this
-    /// transaction recorded. Statements without parameters: the number of
-    /// unpublished rows; how many of them a new label would move; the
-    /// re-labelling.
-    InSql {
-        unpublished: Sql,
-        count_moved: Sql,
-        relabel: Sql,
-    },
-    /// Here, by the Rust partitioner (a database whose SQL cannot call the
-    /// label function: SQLite): the unpublished rows as (id, partition_key,
-    /// message_key), no parameters; then the new labels written: (label,
-    /// id) pairs.
-    Here {
-        unpublished_rows: Sql,
-        set_labels: Sql,
-    },
-}
-
-/// The repartition's statements, rendered by each backend.
-#[derive(Debug)]
-pub struct RepartitionSql {
-    /// `partition_count`, read so that producers wait for the change where
-    /// their trigger reads it under a shared lock (MySQL: `FOR UPDATE`).
-    /// No parameters.
-    pub settings: Sql,
-    /// `partition_count`, a plain read. No parameters.
-    pub count: Sql,
-    /// Holds new inserts until the transaction ends, where the settings row
-    /// does not (PostgreSQL's table lock). No parameters.
-    pub hold_producers: Option<Sql>,
-    /// Records the new count: count.
-    pub set_count: Sql,
-    pub relabel: Relabel,
-    /// One above the highest epoch of any bucket. No parameters.
-    pub next_epoch: Sql,
-    /// Deletes the buckets not listed: labels.
-    pub drop_buckets: Sql,
-    /// Clears every lease and claim and bumps every epoch. No parameters.
-    pub reset_buckets: Sql,
-    /// Adds the listed buckets that have no row: epoch, labels.
-    pub add_buckets: Sql,
-    /// The audit record of a repartition: actor, detail (JSON text).
-    pub audit: Sql,
-    /// Parks one row: error, id.
-    pub park: Sql,
-}
 
 /// Changes the bucket count to `to` (see [`super::RepartitionStore`]).
 pub(crate) async fn repartition<D: Driver>(

@@ -14,10 +14,11 @@ use sqlx::AssertSqlSafe;
 
 use super::{SqliteBackend, render, sql};
 use crate::config::TablesConfig;
-use crate::store::repartition::flow::{self, Relabel, RepartitionSql};
+use crate::store::repartition::flow;
 use crate::store::repartition::{
     ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
 };
+use crate::store::statements::{Relabel, RepartitionSql};
 use crate::store::{QueryContext, StoreError};
 
 pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
