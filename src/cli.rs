@@ -400,6 +400,7 @@ async fn work(
         ui: args.ui.is_some(),
         traces,
         source: None,
+        board: None,
     };
     let cancel = shutdown_on_signals();
     if config.source.is_empty() {

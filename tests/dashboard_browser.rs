@@ -495,11 +495,13 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
     ui.wait(Duration::from_secs(10));
 }
 
-/// The all-sources overview (`outboxd ui` with three `[[source]]`s, one of
-/// them on a PostgreSQL server of its own, a worker serving all three;
-/// tests/browser/sources.mjs): every source healthy with its worker, live;
-/// then that server is stopped: its row turns unhealthy with the reason and
-/// the other two stay healthy, without a reload; each row leads to that
+/// The all-sources overview (`outboxd ui` with four `[[source]]`s, one of
+/// them on a PostgreSQL server of its own, one with a wrong password, a
+/// worker serving them; tests/browser/sources.mjs): the wrong-password
+/// source unhealthy from the start, its reason naming the password (never
+/// showing it); every other source healthy with its worker, live; then
+/// that server is stopped: its row turns unhealthy with the reason and the
+/// other two stay healthy, without a reload; each row leads to that
 /// source's own dashboard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_healthy_live() {
@@ -514,21 +516,33 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         ..Tuning::fleet()
     })
     .await;
-    let named = [("billing", &billing), ("shop", &shop), ("stock", &stock)];
+    // A fourth source whose password is wrong: unhealthy from the start,
+    // the reason said, the password not.
+    let wrong = "wr0ng-s3cret";
+    let locked_url =
+        billing
+            .worker_db_url
+            .replacen("outboxd:outboxd@", &format!("outboxd:{wrong}@"), 1);
+    assert_ne!(locked_url, billing.worker_db_url);
+    let named = [
+        ("billing", billing.worker_db_url.clone()),
+        ("shop", shop.worker_db_url.clone()),
+        ("stock", stock.worker_db_url.clone()),
+        ("locked", locked_url),
+    ];
     let sources: String = named
         .iter()
-        .map(|(name, env)| {
-            format!(
-                "\n[[source]]\nname = \"{name}\"\nurl = \"{}\"\n",
-                env.worker_db_url
-            )
-        })
+        .map(|(name, url)| format!("\n[[source]]\nname = \"{name}\"\nurl = \"{url}\"\n"))
         .collect();
     let config = billing.config_variant("sources", |text| format!("{text}{sources}"));
     let mut worker = billing.spawn_worker_on(None, &config, &["--silent"]);
     let (mut ui, base) = spawn_ui(&billing, &config);
 
-    let expect = serde_json::json!({ "sources": ["billing", "shop", "stock"], "stopped": "stock" });
+    let expect = serde_json::json!({
+        "sources": ["billing", "shop", "stock"],
+        "stopped": "stock",
+        "bad": { "name": "locked", "why": "password", "secret": wrong },
+    });
     let mut node = Command::new("node")
         .arg(&script)
         .env("DASH_URL", format!("{base}/outbox/"))
@@ -570,9 +584,14 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         .collect();
     assert_eq!(
         healthy,
-        [("billing", true), ("shop", true), ("stock", false)]
-            .map(|(n, h)| (n.to_string(), h))
-            .to_vec(),
+        [
+            ("billing", true),
+            ("shop", true),
+            ("stock", false),
+            ("locked", false)
+        ]
+        .map(|(n, h)| (n.to_string(), h))
+        .to_vec(),
         "{rows}"
     );
     let metrics = http("GET", &format!("{base}/metrics"), &[], None)
@@ -582,6 +601,7 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         "outboxd_database_up{source=\"billing\"} 1",
         "outboxd_database_up{source=\"shop\"} 1",
         "outboxd_database_up{source=\"stock\"} 0",
+        "outboxd_database_up{source=\"locked\"} 0",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),

@@ -372,3 +372,106 @@ async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() 
     assert!(dm.body.contains("outboxd_workers_live 1"), "{}", dm.body);
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
+
+/// With `[[source]]` entries, one listener serves every source's probes:
+/// `/readyz` names each source's state and stays 200 while one source's
+/// database is stopped (the other is ready), `/livez` stays 200, and
+/// `/metrics` carries `outboxd_ready{source}` for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_several_sources_one_listener_says_each_sources_state() {
+    let pg = PrivatePostgres::start();
+    let billing = TestEnv::with(Tuning::hosts()).await;
+    let stock = TestEnv::with(Tuning {
+        server_admin_url: Some(pg.admin_url()),
+        ..Tuning::hosts()
+    })
+    .await;
+    let sources: String = [("billing", &billing), ("stock", &stock)]
+        .iter()
+        .map(|(name, env)| {
+            format!(
+                "\n[[source]]\nname = \"{name}\"\nurl = \"{}\"\n",
+                env.worker_db_url
+            )
+        })
+        .collect();
+    let config = billing.config_variant("sources-probes", |toml| {
+        let with = toml.replace("[worker]\n", "[worker]\nhealth_listen = \"127.0.0.1:0\"\n");
+        format!("{with}{sources}")
+    });
+    let mut worker = billing.spawn_worker_on(None, &config, &["--silent"]);
+    let probes = wait_for_probes_url(&worker);
+    let ready = format!("{probes}/readyz");
+    let both = |a: &Answer| {
+        let v: serde_json::Value = serde_json::from_str(&a.body).unwrap_or_default();
+        (
+            v["sources"]["billing"].as_str().map(str::to_string),
+            v["sources"]["stock"].as_str().map(str::to_string),
+        )
+    };
+    let from = Instant::now();
+    loop {
+        let a = try_get(&ready).await;
+        if let Some(a) = &a
+            && a.status == 200
+            && both(a) == (Some("ready".into()), Some("ready".into()))
+        {
+            break;
+        }
+        assert!(
+            from.elapsed() < Duration::from_secs(30),
+            "both sources never ready: {a:?}\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = try_get(&format!("{probes}/metrics")).await.unwrap();
+    for line in [
+        "outboxd_up 1",
+        "outboxd_ready{source=\"billing\"} 1",
+        "outboxd_ready{source=\"stock\"} 1",
+    ] {
+        assert!(m.body.lines().any(|l| l == line), "no {line}:\n{}", m.body);
+    }
+
+    pg.run(&["stop", "immediate"]);
+    let from = Instant::now();
+    let a = loop {
+        let a = try_get(&ready).await.unwrap();
+        if both(&a).1.is_some_and(|s| s != "ready") {
+            break a;
+        }
+        assert!(
+            from.elapsed() < DEAD_PEER + Duration::from_secs(5),
+            "stock still ready: {}",
+            a.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "stock's database stopped: /readyz {} {} after {:.2?}",
+        a.status,
+        a.body,
+        from.elapsed()
+    );
+    assert_eq!(a.status, 200, "one source down made the process unready");
+    assert_eq!(both(&a).0.as_deref(), Some("ready"));
+    assert!(
+        both(&a)
+            .1
+            .is_some_and(|s| s.contains("database unreachable")),
+        "{}",
+        a.body
+    );
+    let live = try_get(&format!("{probes}/livez")).await.unwrap();
+    assert_eq!(live.status, 200, "{}", live.body);
+    let m = try_get(&format!("{probes}/metrics")).await.unwrap();
+    assert!(
+        m.body
+            .lines()
+            .any(|l| l == "outboxd_ready{source=\"stock\"} 0"),
+        "{}",
+        m.body
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}

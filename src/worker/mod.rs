@@ -68,6 +68,9 @@ pub struct WorkOptions {
     pub traces: Option<ExportConfig>,
     /// The source served, named in the report, when there are several.
     pub source: Option<String>,
+    /// With several sources and `worker.health_listen`: where this source's
+    /// probes go (one listener serves them all).
+    pub(crate) board: Option<probes::Board>,
 }
 
 /// Why a worker stopped with an error.
@@ -133,7 +136,9 @@ pub async fn run(
     } = start_draining(config, opts, &started, &relay, &labels, &wakeups, &cancel);
 
     let report_turns = Beat::new("report");
-    if let Some(listener) = started.probes.take() {
+    let listener = started.probes.take();
+    let mut _on_board = None;
+    if listener.is_some() || opts.board.is_some() {
         let mut loops = vec![report_turns.clone()];
         if publishing.is_some() {
             let coordinator = Beat::new("coordinator");
@@ -155,7 +160,12 @@ pub async fn run(
             .clone()
             .ping_database(started.store.clone(), tasks.token());
         tasks.spawn("database ping", ping);
-        tasks.spawn("probes", probes::serve(listener, probes, tasks.token()));
+        if let (Some(board), Some(source)) = (&opts.board, &opts.source) {
+            _on_board = Some(board.put(source, probes.clone()));
+        }
+        if let Some(listener) = listener {
+            tasks.spawn("probes", probes::serve(listener, probes, tasks.token()));
+        }
     }
 
     let mut report = Report::new(

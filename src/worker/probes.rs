@@ -264,3 +264,173 @@ async fn metrics(State(p): State<Arc<Probes>>) -> Response {
     m::process(&mut out, &p.stats);
     m::text(out)
 }
+
+/// Several sources' probes behind one listener (`worker.health_listen`
+/// with `[[source]]` entries): each source's worker registers its
+/// [`Probes`] while it runs.
+///
+/// - **Live** while every running source's loops turn (a wedged loop is a
+///   fault of this process).
+/// - **Ready** while the process is not shutting down and at least one
+///   source is ready: one tenant's outage must not make the process
+///   unready for all the others. The body says each configured source's
+///   state; `/metrics` has `outboxd_ready{source}` to alert on one.
+#[derive(Clone, Default)]
+pub(crate) struct Board(Arc<Mutex<BoardState>>);
+
+impl std::fmt::Debug for Board {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Board")
+    }
+}
+
+#[derive(Default)]
+struct BoardState {
+    configured: Vec<String>,
+    running: std::collections::BTreeMap<String, Arc<Probes>>,
+}
+
+/// A source's probes on the [`Board`]; taken off when dropped.
+pub(super) struct OnBoard {
+    board: Board,
+    name: String,
+}
+
+impl Drop for OnBoard {
+    fn drop(&mut self) {
+        self.board.state().running.remove(&self.name);
+    }
+}
+
+impl Board {
+    fn state(&self) -> std::sync::MutexGuard<'_, BoardState> {
+        self.0.lock().expect("not poisoned")
+    }
+
+    /// The sources the configuration names (after a reload too).
+    pub(super) fn configure(&self, names: Vec<String>) {
+        self.state().configured = names;
+    }
+
+    pub(super) fn put(&self, name: &str, probes: Arc<Probes>) -> OnBoard {
+        self.state().running.insert(name.to_string(), probes);
+        OnBoard {
+            board: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Each configured source's readiness: `None` when ready, else why not.
+    fn states(&self) -> Vec<(String, Option<String>)> {
+        let state = self.state();
+        state
+            .configured
+            .iter()
+            .map(|name| {
+                let why = match state.running.get(name) {
+                    Some(p) => p.not_ready(),
+                    None => Some("not served (see the worker's log)".into()),
+                };
+                (name.clone(), why)
+            })
+            .collect()
+    }
+
+    fn running(&self) -> Vec<(String, Arc<Probes>)> {
+        let state = self.state();
+        state
+            .running
+            .iter()
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect()
+    }
+}
+
+/// Serves `board`'s probes on `listener` until `stop` fires; `shutdown` is
+/// the process's shutdown token.
+pub(super) async fn serve_board(
+    listener: tokio::net::TcpListener,
+    board: Board,
+    shutdown: CancellationToken,
+    stop: CancellationToken,
+) {
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!(%local, "probes listening for every source (/livez, /readyz, /metrics)");
+    }
+    let app = Router::new()
+        .route("/livez", get(board_livez))
+        .route("/readyz", get(board_readyz))
+        .route("/metrics", get(board_metrics))
+        .with_state((board, shutdown));
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "the probes' server stopped");
+    }
+}
+
+type BoardApp = (Board, CancellationToken);
+
+async fn board_livez(State((board, _)): State<BoardApp>) -> Response {
+    let stalled = board
+        .running()
+        .into_iter()
+        .find_map(|(name, p)| p.not_live().map(|why| format!("source {name}: {why}")));
+    answer(stalled.is_none(), "live", stalled)
+}
+
+async fn board_readyz(State((board, shutdown)): State<BoardApp>) -> Response {
+    let states = board.states();
+    let ready = !shutdown.is_cancelled() && states.iter().any(|(_, why)| why.is_none());
+    let mut sources = serde_json::Map::new();
+    for (name, why) in &states {
+        let state = why.clone().unwrap_or_else(|| "ready".into());
+        sources.insert(name.clone(), state.into());
+    }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut body = serde_json::Map::new();
+    body.insert("ready".into(), ready.into());
+    if shutdown.is_cancelled() {
+        body.insert("reason".into(), "shutting down".into());
+    } else if !ready {
+        body.insert("reason".into(), "no source is ready".into());
+    }
+    body.insert("sources".into(), sources.into());
+    (
+        status,
+        [(header::CACHE_CONTROL, "no-store")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// Each running source's counters, latencies and readiness, with a
+/// `source` label.
+async fn board_metrics(State((board, _)): State<BoardApp>) -> Response {
+    use crate::dashboard::metrics as m;
+    let parts: Vec<(String, String)> = board
+        .running()
+        .into_iter()
+        .map(|(name, p)| {
+            let mut out = String::with_capacity(4 * 1024);
+            let ready = p.not_ready().is_none();
+            m::gauge(
+                &mut out,
+                "outboxd_ready",
+                "1 while this source's worker is ready (see /readyz)",
+                f64::from(u8::from(ready)),
+            );
+            m::process(&mut out, &p.stats);
+            (name, out)
+        })
+        .collect();
+    let mut out = String::new();
+    m::gauge(&mut out, "outboxd_up", "1 while this process answers", 1.0);
+    out.push_str(&m::labelled(&parts, "source"));
+    m::text(out)
+}

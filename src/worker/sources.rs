@@ -14,8 +14,12 @@
 //! configuration file's content changes — the configuration is read again
 //! and the served sources made to match it ([`run`]).
 //!
-//! Not yet for several sources: the worker's own dashboard (`--ui`;
-//! `outboxd ui` serves every source's) and `worker.health_listen`.
+//! Probes (`worker.health_listen`): one listener for the process, each
+//! source's worker on its board while it runs (see `probes::Board` for what
+//! live and ready mean with several sources).
+//!
+//! Dashboard (`--ui`): the overview and every source's dashboard, as
+//! `outboxd ui` serves them, following reloads.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,6 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::probes::{Board, serve_board};
 use super::{WorkError, WorkOptions};
 use crate::config::sources::Source;
 use crate::config::{Config, ConfigError};
@@ -54,11 +59,58 @@ pub async fn run(
     reload: Reload,
     watched: Option<PathBuf>,
 ) -> Result<(), WorkError> {
-    refuse_what_is_not_served_yet(config, opts)?;
+    let sources = config.sources()?;
+    let mut opts = opts.clone();
+    // One probes' listener for every source (each source's worker puts its
+    // probes on the board while it runs).
+    let probes = match config.worker.health_listen {
+        Some(addr) => {
+            let listener = crate::dashboard::bind(addr).await?;
+            let board = Board::default();
+            let stop = CancellationToken::new();
+            let server = serve_board(listener, board.clone(), cancel.clone(), stop.clone());
+            opts.board = Some(board);
+            Some((stop, tokio::spawn(server)))
+        }
+        None => None,
+    };
+    // One dashboard for every source, as `outboxd ui` serves it.
+    let mut dashboard = match opts.ui {
+        true => Some(Dashboard::bind(config).await?),
+        false => None,
+    };
+    opts.ui = false;
+    if let Some(d) = &mut dashboard {
+        d.serve(config, &cancel).await;
+    }
+    let served =
+        serve_until_cancelled(sources, &opts, &cancel, reload, watched, &mut dashboard).await;
+    let result = served.finish().await;
+    if let Some(d) = &mut dashboard {
+        d.stop().await;
+    }
+    if let Some((stop, server)) = probes {
+        stop.cancel();
+        let _ = server.await;
+    }
+    result
+}
+
+/// Serves `sources`, reloading on SIGHUP or a changed file, until `cancel`
+/// fires (with `--once`, returns at once); the dashboard, if any, follows
+/// each reload.
+async fn serve_until_cancelled(
+    sources: Vec<Source>,
+    opts: &WorkOptions,
+    cancel: &CancellationToken,
+    reload: Reload,
+    watched: Option<PathBuf>,
+    dashboard: &mut Option<Dashboard>,
+) -> Served {
     let mut served = Served::default();
-    served.apply(config.sources()?, opts, &cancel).await;
+    served.apply(sources, opts, cancel).await;
     if opts.once {
-        return served.finish().await;
+        return served;
     }
     let mut hangups = hangups();
     let mut changes = changes(watched, cancel.clone());
@@ -69,15 +121,82 @@ pub async fn run(
             Some(()) = changes.recv() => "the configuration file changed",
         };
         tracing::info!("{why}: reading the configuration again");
-        match reload().and_then(|new| {
-            refuse_what_is_not_served_yet(&new, opts)?;
-            new.sources()
-        }) {
-            Ok(sources) => served.apply(sources, opts, &cancel).await,
+        match reload().and_then(|new| new.sources().map(|sources| (new, sources))) {
+            Ok((new, sources)) => {
+                served.apply(sources, opts, cancel).await;
+                if let Some(d) = dashboard {
+                    d.serve(&new, cancel).await;
+                }
+            }
             Err(e) => tracing::error!("configuration not reloaded, the running one is kept: {e}"),
         }
     }
-    served.finish().await
+    served
+}
+
+/// `work --ui` with several sources: the overview and every source's
+/// dashboard (as `outboxd ui` serves them) on `dashboard.listen`, served
+/// again with the new sources after a reload — on the same socket, so the
+/// address stays the same.
+struct Dashboard {
+    socket: std::net::TcpListener,
+    current: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Dashboard {
+    async fn bind(config: &Config) -> Result<Self, WorkError> {
+        let listener = crate::dashboard::bind(config.dashboard.listen).await?;
+        let socket =
+            listener
+                .into_std()
+                .map_err(|source| crate::dashboard::DashboardError::Bind {
+                    addr: config.dashboard.listen,
+                    source,
+                })?;
+        Ok(Self {
+            socket,
+            current: None,
+        })
+    }
+
+    /// Serves `config`'s sources, in place of what was served before.
+    async fn serve(&mut self, config: &Config, cancel: &CancellationToken) {
+        self.stop().await;
+        let listener = match self
+            .socket
+            .try_clone()
+            .and_then(tokio::net::TcpListener::from_std)
+        {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(error = %e, "the dashboard cannot be served");
+                return;
+            }
+        };
+        let (config, stop) = (config.clone(), cancel.child_token());
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                use crate::dashboard::{serve_router, sources};
+                let all = match sources::Sources::connect(&config, stop.clone()).await {
+                    Ok(all) => all,
+                    Err(e) => return tracing::error!("the dashboard is not served: {e:#}"),
+                };
+                let app = sources::router(all.clone());
+                if let Err(e) = serve_router(listener, app, &all.home, stop).await {
+                    tracing::error!("the dashboard stopped: {e}");
+                }
+            }
+        });
+        self.current = Some((stop, task));
+    }
+
+    async fn stop(&mut self) {
+        if let Some((stop, task)) = self.current.take() {
+            stop.cancel();
+            let _ = task.await;
+        }
+    }
 }
 
 /// How often a watched configuration file is read.
@@ -127,20 +246,6 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
-fn refuse_what_is_not_served_yet(config: &Config, opts: &WorkOptions) -> Result<(), ConfigError> {
-    if opts.ui {
-        return Err(ConfigError::Env(
-            "the dashboard (--ui) is not served by a worker of several sources yet: run `outboxd ui` beside it (every source's overview and dashboards)".into(),
-        ));
-    }
-    if config.worker.health_listen.is_some() {
-        return Err(ConfigError::Env(
-            "worker.health_listen is not served for several sources yet".into(),
-        ));
-    }
-    Ok(())
-}
-
 /// The sources being served: each its configuration (as TOML, to tell a
 /// change), its stop token and its task.
 #[derive(Default)]
@@ -162,6 +267,9 @@ impl Served {
         opts: &WorkOptions,
         cancel: &CancellationToken,
     ) {
+        if let Some(board) = &opts.board {
+            board.configure(sources.iter().map(|s| s.name.clone()).collect());
+        }
         let fingerprint = |s: &Source| toml::to_string(&s.config).unwrap_or_default();
         let (mut added, mut changed, mut removed, mut unchanged) = (vec![], vec![], vec![], 0);
         let leaving: Vec<String> = self
@@ -237,9 +345,12 @@ async fn serve(
     // At ERROR level, so it is on whenever any line is (`--silent` included).
     let span = tracing::error_span!("source", source = %source.name);
     opts.source = Some(source.name.clone());
+    // The process serves every source's probes on one listener.
+    let mut config = source.config.clone();
+    config.worker.health_listen = None;
     let mut pause = RETRY_FIRST;
     loop {
-        let ran = super::run(&source.config, &opts, cancel.clone())
+        let ran = super::run(&config, &opts, cancel.clone())
             .instrument(span.clone())
             .await;
         let error = match ran {

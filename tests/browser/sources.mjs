@@ -3,7 +3,10 @@
 // serving them. Input in the environment:
 //   DASH_URL     the overview's URL
 //   DASH_EXPECT  JSON: { sources: [names], stopped: the name whose database
-//                the test stops once this script prints "ready" }
+//                the test stops once this script prints "ready",
+//                bad: { name, why, secret }: a source that cannot be served
+//                (wrong password): unhealthy from the start, its reason
+//                containing `why` and never `secret` }
 // Prints "ready" once every source shows healthy with a live worker, then
 // one JSON line of observations; exits non-zero on the first failed check.
 import { check, launch } from "./common.mjs";
@@ -24,8 +27,16 @@ try {
       return tr && tr.classList.contains("healthy") && Number(tr.querySelector(".workers").textContent) >= 1;
     }, row(name));
   }
+  // The source that cannot be served: unhealthy from the start, and why.
+  const bad = expect.bad;
+  await page.waitForSelector(`${row(bad.name)}.unhealthy`);
+  const badWhy = (await page.textContent(`${row(bad.name)} .err`)).trim();
+  check(badWhy.includes(bad.why), `${bad.name}'s reason does not say ${bad.why}: ${badWhy}`);
+  const text = await page.textContent("body");
+  check(!text.includes(bad.secret), "the page shows the wrong password");
+  seen.bad = { source: bad.name, why: badWhy };
   const links = await page.$$eval("#sources tbody tr .name a", (as) => as.map((a) => a.getAttribute("href")));
-  check(links.length === expect.sources.length, `rows: ${links}`);
+  check(links.length === expect.sources.length + 1, `rows: ${links}`);
   seen.healthy_first = expect.sources;
   // Reloading would reset this; the change must come by polling.
   await page.evaluate(() => { window.__sameDocument = true; });
@@ -43,7 +54,7 @@ try {
     check(healthy, `${name} is not shown healthy while only ${expect.stopped} is stopped`);
   }
   const unhealthyCount = (await page.textContent("#kpi-unhealthy")).trim();
-  check(unhealthyCount === "1", `unhealthy count ${unhealthyCount}`);
+  check(unhealthyCount === "2", `unhealthy count ${unhealthyCount} (the stopped and the bad source)`);
   seen.others_healthy = expect.sources.filter((n) => n !== expect.stopped);
 
   // Each source's own dashboard is a click away.

@@ -761,6 +761,8 @@ impl Drop for PrivatePostgres {
 pub struct PrivateMariaDb {
     pub dir: PathBuf,
     pub port: u16,
+    /// The address it listens on.
+    pub host: String,
     /// Extra environment for `services.sh` (TLS: [`tls::TlsServer`]).
     pub env: Vec<(String, String)>,
 }
@@ -772,18 +774,32 @@ impl PrivateMariaDb {
 
     /// A server with `services.sh`'s extra environment `env` (e.g. TLS).
     pub fn start_with(env: Vec<(String, String)>) -> Self {
+        Self::start_at("127.0.0.1", env)
+    }
+
+    /// A server listening on `host` (a test network's gateway).
+    pub fn start_on(host: &str) -> Self {
+        Self::start_at(host, Vec::new())
+    }
+
+    fn start_at(host: &str, env: Vec<(String, String)>) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 29000 + 2 * (rand_u16() % 1000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
                 .join(format!("mariadb-{port}"));
-        let m = Self { dir, port, env };
+        let m = Self {
+            dir,
+            port,
+            host: host.to_string(),
+            env,
+        };
         m.run("start");
         m
     }
 
     pub fn admin_url(&self) -> String {
-        format!("mysql://outboxd:outboxd@127.0.0.1:{}/", self.port)
+        format!("mysql://outboxd:outboxd@{}:{}/", self.host, self.port)
     }
 
     /// `services.sh mariadb ACTION` for this server: `start`, `stop`, `kill`.
@@ -793,6 +809,7 @@ impl PrivateMariaDb {
             .args(["mariadb", action])
             .env("OUTBOXD_STATE_DIR", &self.dir)
             .env("OUTBOXD_MYSQL_PORT", self.port.to_string())
+            .env("OUTBOXD_LISTEN", &self.host)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .status()
