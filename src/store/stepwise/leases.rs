@@ -1,6 +1,12 @@
 //! Leases as steps of one transaction (see [`super`] for why each epoch
 //! goes to one owner): read the rows to change (locked), change them, write
 //! one lease event per bucket, commit.
+//!
+//! Every list is bound **in label order**: MySQL locks the listed rows in
+//! the order of the list (it is joined first), so two transactions given
+//! the same buckets in different orders could each hold one the other
+//! waits for — a deadlock (seen in the lease race of the conformance suite
+//! before the lists were sorted). In one order, they queue instead.
 
 use std::time::Duration;
 
@@ -46,6 +52,14 @@ async fn log_events<D: Stepwise>(
     Ok(())
 }
 
+/// `items` sorted: the order in which MySQL locks the rows they name (see
+/// the module docs).
+fn in_order<T: Ord + Clone>(items: &[T]) -> Vec<T> {
+    let mut sorted = items.to_vec();
+    sorted.sort();
+    sorted
+}
+
 /// Inserts a row for every label that has none.
 pub async fn ensure_bucket_rows<D: Stepwise>(d: &D, labels: &[String]) -> Result<u64, StoreError> {
     if labels.is_empty() {
@@ -68,6 +82,8 @@ pub async fn acquire<D: Stepwise>(
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
+    let wanted = in_order(wanted);
+    let wanted = &wanted[..];
     let sql = &d.steps().leases;
     bounded_op("acquiring leases", async {
         let mut tx = d.begin().await?;
@@ -122,6 +138,8 @@ pub async fn renew<D: Stepwise>(
     if held.is_empty() {
         return Ok(Vec::new());
     }
+    let held = in_order(held);
+    let held = &held[..];
     let sql = &d.steps().leases;
     bounded_op("renewing leases", async {
         let args = [Arg::Pairs(held), Arg::Duration(ttl), Arg::Uuid(me)];
@@ -152,8 +170,9 @@ pub async fn release_leases<D: Stepwise>(
     if held.is_empty() {
         return Ok(Vec::new());
     }
+    let held = in_order(held);
     let sql = &d.steps().leases.held;
-    release(d, me, reason, sql, &[Arg::Pairs(held), Arg::Uuid(me)]).await
+    release(d, me, reason, sql, &[Arg::Pairs(&held), Arg::Uuid(me)]).await
 }
 
 /// Frees every lease `me` holds, whatever its epoch.
@@ -180,7 +199,7 @@ async fn release<D: Stepwise>(
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let labels: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
+        let labels = in_order(&rows.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>());
         let free = &d.steps().leases.free;
         let args = [Arg::Labels(&labels), Arg::Uuid(me)];
         tx.execute(free, &args, "releasing leases").await?;

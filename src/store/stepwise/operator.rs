@@ -45,6 +45,10 @@ pub async fn drop_parked<D: Stepwise>(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    // In id order: MySQL locks the listed rows in the list's order.
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    let ids = &ids[..];
     let sql = &d.steps().operator;
     bounded_op("dropping parked messages", async {
         let mut tx = d.begin().await?;
