@@ -42,10 +42,11 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
 //! plaintext; traces: `relay/traces.rs`, span export on against off;
-//! sources: `relay/sources.rs`, one worker with 50 idle sources against one).
+//! sources: `relay/sources.rs`, one worker with 50 idle sources against one;
+//! reload: the same file, sources added to and removed from a busy worker).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -192,6 +193,9 @@ async fn main() {
     }
     if run("sources") {
         b.sources().await;
+    }
+    if run("reload") {
+        b.reloads().await;
     }
 
     println!(

@@ -10,6 +10,8 @@
 //! drained by one process serving all four against four processes serving
 //! one each (same run). Targets: ≤ 5 MB, ≤ 3 connections and ≤ 0.2 % of a
 //! core per idle source; trickle p99 ≤ 5 ms; one process ≥ 0.9 × four.
+//! Section 11 (`reload`): a source added to and removed from a busy worker
+//! by SIGHUP, joined and left within 2 s.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,8 +22,12 @@ use std::process::Child;
 use std::time::Instant;
 
 use super::{
-    Bench, any_pending, clock_ticks, cpu_ticks, ms, pct, status_kb, terminate, trickle, with_path,
+    Bench, any_pending, clock_ticks, cpu_ticks, ms, pct, pg, status_kb, terminate, trickle,
+    with_path,
 };
+
+/// How many times [`Bench::reload`] adds and removes a source.
+const RELOADS: usize = 5;
 
 /// How long a worker runs before it is measured idle (see [`Bench::idle`]).
 const SETTLE: Duration = Duration::from_secs(45);
@@ -180,6 +186,135 @@ impl Bench {
             self.drop_database(name).await;
         }
         ((rates[0] + rates[3]) / 2.0, (rates[1] + rates[2]) / 2.0)
+    }
+
+    /// Section 11 (`--only reload`): [`Bench::reload`]'s figures.
+    pub(super) async fn reloads(&mut self) {
+        println!(
+            "reload: a source added to and removed from a busy worker by SIGHUP, {RELOADS} times"
+        );
+        let (joins, leaves) = self.reload().await;
+        let spread = |d: &[Duration]| {
+            let mut v = d.to_vec();
+            v.sort();
+            (v[v.len() / 2], v[v.len() - 1])
+        };
+        let ((join_median, join_max), (leave_median, leave_max)) =
+            (spread(&joins), spread(&leaves));
+        self.row(
+            "SIGHUP adds a source to a busy worker: first row published",
+            format!("{:.0} / {:.0} ms", ms(join_median), ms(join_max)),
+            format!("median / max of {RELOADS}; target <= 2 s"),
+        );
+        self.row(
+            "SIGHUP removes it again: every lease released",
+            format!("{:.0} / {:.0} ms", ms(leave_median), ms(leave_max)),
+            format!("median / max of {RELOADS}; target <= 2 s"),
+        );
+        self.results.insert(
+            "reload".into(),
+            json!({ "join_ms": joins.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+                    "leave_ms": leaves.iter().map(|d| ms(*d)).collect::<Vec<_>>() }),
+        );
+    }
+
+    /// Reconfiguration under load (issue 29: an added source joined and
+    /// draining, a removed one's leases released, each within 2 s): one
+    /// worker drains a backlog on two sources; a third, with 200 rows
+    /// waiting, is added to its file and SIGHUP sent, then removed and
+    /// SIGHUP sent, [`RELOADS`] times. Per round: from the signal to the
+    /// third source's first row published, and to none of its buckets
+    /// leased any more.
+    async fn reload(&mut self) -> (Vec<Duration>, Vec<Duration>) {
+        let n = if self.quick { 50_000 } else { 200_000 };
+        let queue = "bench-reload";
+        self.declare_purged(queue).await;
+        let names = [
+            "outboxd_bench_reload_a",
+            "outboxd_bench_reload_b",
+            "outboxd_bench_reload_c",
+        ];
+        let (mut stores, mut urls) = (Vec::new(), Vec::new());
+        for (i, name) in names.iter().enumerate() {
+            let (store, _, url) = self.fresh(name, "").await;
+            if i < 2 {
+                self.seed(&store, n, queue, false).await;
+            }
+            stores.push(store);
+            urls.push(url);
+        }
+        let two = std::fs::read_to_string(self.sources_config(&urls[..2])).unwrap();
+        let three = std::fs::read_to_string(self.sources_config(&urls)).unwrap();
+        let path = self.dir.join("reload.toml");
+        std::fs::write(&path, &two).unwrap();
+        let mut worker = self.spawn(&path, &["--silent"]);
+        let c = &stores[2];
+        let published = async || -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+                .fetch_one(pg(c))
+                .await
+                .unwrap()
+        };
+        let leased = async || -> i64 {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM outbox_partitions WHERE lease_owner IS NOT NULL AND lease_until > now()",
+            )
+            .fetch_one(pg(c))
+            .await
+            .unwrap()
+        };
+        // Busy first: both sources publishing.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let hup = |w: &Child| {
+            let _ = std::process::Command::new("kill")
+                .args(["-HUP", &w.id().to_string()])
+                .status();
+        };
+        let (mut joins, mut leaves) = (Vec::new(), Vec::new());
+        for _ in 0..RELOADS {
+            let before = published().await;
+            self.seed(c, 200, queue, false).await;
+            std::fs::write(&path, &three).unwrap();
+            let sent = Instant::now();
+            hup(&worker);
+            while published().await == before {
+                assert!(
+                    sent.elapsed() < Duration::from_secs(60),
+                    "the added source never published"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            joins.push(sent.elapsed());
+            while any_pending(c).await {
+                assert!(
+                    sent.elapsed() < Duration::from_secs(60),
+                    "the added source never drained"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            std::fs::write(&path, &two).unwrap();
+            let sent = Instant::now();
+            hup(&worker);
+            while leased().await > 0 {
+                assert!(
+                    sent.elapsed() < Duration::from_secs(60),
+                    "the removed source kept its leases"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            leaves.push(sent.elapsed());
+        }
+        let mut busy = false;
+        for store in &stores[..2] {
+            busy |= any_pending(store).await;
+        }
+        assert!(busy, "the backlog ran out before the last reload: raise n");
+        terminate(&mut worker);
+        for (store, name) in stores.into_iter().zip(names) {
+            store.close().await;
+            self.drop_database(name).await;
+        }
+        (joins, leaves)
     }
 
     /// A config file serving the databases `urls` as sources.
