@@ -534,10 +534,13 @@ impl Bench {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let took = start.elapsed();
+            let mut cpu = 0u64;
             for c in &mut children {
                 peak_rss_kb = peak_rss_kb.max(vm_hwm_kb(c.id()));
+                cpu += cpu_ticks(c.id()).unwrap_or(0);
                 terminate(c);
             }
+            let cpu_us = cpu as f64 / clock_ticks() as f64 * 1e6 / n as f64;
             let rate = n as f64 / took.as_secs_f64();
             store.close().await;
             self.drop_database_on(on, "outboxd_bench_tp").await;
@@ -557,7 +560,9 @@ impl Bench {
                     on.name()
                 ),
                 format!("{rate:.0} msg/s"),
-                format!("{ratio:.2} x ceiling ({baseline:.0} msg/s on either side) {target}"),
+                format!(
+                    "{ratio:.2} x ceiling ({baseline:.0} msg/s on either side) {target}; worker CPU {cpu_us:.1} us/msg"
+                ),
             );
             if workers == 1 && on == Backend::Postgres {
                 let mb = peak_rss_kb as f64 / 1024.0;
@@ -576,7 +581,7 @@ impl Bench {
             };
             per_workers.insert(
                 key,
-                json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64() }),
+                json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
             );
         }
         let first = ceilings[0];
