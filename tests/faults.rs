@@ -221,8 +221,40 @@ async fn judge_queue(env: &TestEnv, url: &str, queue: &str) -> Verdict {
     let committed = env.count("true").await as usize;
     let mut reader = QueueReader::open(url, queue).await.unwrap();
     let (all, v) = read_and_judge(&mut reader, env, committed, Duration::from_secs(60)).await;
-    assert!(all, "not everything arrived: {}", v.summary());
+    drop(reader);
+    assert!(
+        all,
+        "not everything arrived: {}; {}",
+        v.summary(),
+        queue_depth(url, queue).await
+    );
     v
+}
+
+/// What the queue still holds, said for a failed read: messages left mean
+/// the read was slow, an empty queue that they were lost.
+async fn queue_depth(url: &str, queue: &str) -> String {
+    use lapin::options::QueueDeclareOptions;
+    let conn = match lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await {
+        Ok(c) => c,
+        Err(e) => return format!("the queue's depth could not be read: {e}"),
+    };
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let depth = match conn.create_channel().await {
+        Ok(ch) => ch
+            .queue_declare(queue.into(), passive, lapin::types::FieldTable::default())
+            .await
+            .map(|q| q.message_count()),
+        Err(e) => Err(e),
+    };
+    let _ = conn.close(200, "bye".into()).await;
+    match depth {
+        Ok(n) => format!("the queue still holds {n} message(s) after the read"),
+        Err(e) => format!("the queue's depth could not be read: {e}"),
+    }
 }
 
 /// Waits until the published count moves past `from`; returns how long.
