@@ -1721,11 +1721,16 @@ fn status_kb(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn terminate(c: &mut Child) {
+/// Sends `signal` (`"TERM"`, `"HUP"`) to a worker.
+fn signal(c: &Child, signal: &str) {
     let _ = Command::new("kill")
-        .arg("-TERM")
+        .arg(format!("-{signal}"))
         .arg(c.id().to_string())
         .status();
+}
+
+fn terminate(c: &mut Child) {
+    signal(c, "TERM");
     let deadline = Instant::now() + Duration::from_secs(20);
     while c.try_wait().unwrap().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));

@@ -22,7 +22,7 @@ use std::process::Child;
 use std::time::Instant;
 
 use super::{
-    Bench, any_pending, clock_ticks, cpu_ticks, ms, pct, pg, status_kb, terminate, trickle,
+    Bench, any_pending, clock_ticks, cpu_ticks, ms, pct, pg, signal, status_kb, terminate, trickle,
     with_path,
 };
 
@@ -265,18 +265,13 @@ impl Bench {
         };
         // Busy first: both sources publishing.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let hup = |w: &Child| {
-            let _ = std::process::Command::new("kill")
-                .args(["-HUP", &w.id().to_string()])
-                .status();
-        };
         let (mut joins, mut leaves) = (Vec::new(), Vec::new());
         for _ in 0..RELOADS {
             let before = published().await;
             self.seed(c, 200, queue, false).await;
             std::fs::write(&path, &three).unwrap();
             let sent = Instant::now();
-            hup(&worker);
+            signal(&worker, "HUP");
             while published().await == before {
                 assert!(
                     sent.elapsed() < Duration::from_secs(60),
@@ -294,7 +289,7 @@ impl Bench {
             }
             std::fs::write(&path, &two).unwrap();
             let sent = Instant::now();
-            hup(&worker);
+            signal(&worker, "HUP");
             while leased().await > 0 {
                 assert!(
                     sent.elapsed() < Duration::from_secs(60),
