@@ -640,6 +640,107 @@ async fn a_published_key_search_that_runs_too_long_is_stopped_and_says_why() {
     ui.wait(Duration::from_secs(10));
 }
 
+/// A source whose database hangs (every process of its server stopped,
+/// connections open, nothing answering) is unhealthy in the overview with
+/// "no answer within 2s", in `/healthz`'s lines and in `/metrics`, while
+/// the other source stays healthy and every poll is answered promptly; once
+/// the server resumes, the source is healthy again by itself. (A read that
+/// ran out of its 2 s used to be stopped, dropping the connection it was
+/// opening: on a loaded machine, where opening one took longer, no source
+/// ever became healthy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_whose_database_hangs_is_unhealthy_the_other_is_not_and_it_recovers() {
+    let pg = PrivatePostgres::start();
+    let billing = TestEnv::with(Tuning::default()).await;
+    let stock = TestEnv::with(Tuning {
+        server_admin_url: Some(pg.admin_url()),
+        ..Tuning::default()
+    })
+    .await;
+    let sources = format!(
+        "\n[[source]]\nname = \"billing\"\nurl = \"{}\"\n\n[[source]]\nname = \"stock\"\nurl = \"{}\"\n",
+        billing.worker_db_url, stock.worker_db_url
+    );
+    let config = billing.config_variant("sources", |text| format!("{text}{sources}"));
+    let (mut ui, base) = spawn_ui(&billing, &config);
+    let overview = format!("{base}/outbox/api/sources");
+    let rows = || async {
+        let started = std::time::Instant::now();
+        let r = get(&overview).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(6), "the overview took {took:?}");
+        let rows: Value = serde_json::from_str(&r.body).unwrap();
+        let row = |name: &str| {
+            let row = rows
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == name)
+                .unwrap()
+                .clone();
+            (row["healthy"].as_bool().unwrap(), row["error"].clone())
+        };
+        (row("billing"), row("stock"))
+    };
+    let until = |want_stock: bool| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (billing, stock) = rows().await;
+            if stock.0 == want_stock || std::time::Instant::now() > deadline {
+                return (billing, stock);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (b, s) = until(true).await;
+    assert!(
+        b.0 && s.0,
+        "both healthy at first: billing {b:?}, stock {s:?}"
+    );
+
+    pg.signal_all("STOP");
+    let (b, s) = until(false).await;
+    assert!(b.0, "billing unhealthy while only stock hangs: {b:?}");
+    assert_eq!(s, (false, Value::from("database: no answer within 2s")));
+    // Polls go on being answered (each waits on the read in flight) while
+    // the other source stays healthy.
+    for _ in 0..4 {
+        let (b, s) = rows().await;
+        assert!(b.0 && !s.0, "billing {b:?}, stock {s:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let health = get(&format!("{base}/healthz")).await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert!(
+        health.body.contains("billing: ok")
+            && health
+                .body
+                .contains("stock: database unreachable: no answer"),
+        "{}",
+        health.body
+    );
+    let metrics = get(&format!("{base}/metrics")).await.body;
+    for line in [
+        "outboxd_database_up{source=\"billing\"} 1",
+        "outboxd_database_up{source=\"stock\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in:\n{metrics}"
+        );
+    }
+
+    pg.signal_all("CONT");
+    let (b, s) = until(true).await;
+    assert!(
+        b.0 && s.0,
+        "after the server resumed: billing {b:?}, stock {s:?}"
+    );
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+}
+
 on_every_db!(
     every_endpoint_answers_what_the_database_holds,
     with_a_token_everything_but_healthz_is_refused_without_it,

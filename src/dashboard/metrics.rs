@@ -34,20 +34,21 @@ pub async fn metrics(State(st): State<Arc<DashboardState>>) -> Response {
 pub async fn render(st: &DashboardState) -> String {
     let mut out = String::with_capacity(8 * 1024);
     gauge(&mut out, "outboxd_up", UP_HELP, 1.0);
-    let fleet = tokio::time::timeout(FLEET_WITHIN, async {
-        tokio::try_join!(st.store.list_workers(), st.store.overview(COUNT_CAP))
+    let store = st.store.clone();
+    let fleet = super::within(FLEET_WITHIN, async move {
+        tokio::try_join!(store.list_workers(), store.overview(COUNT_CAP))
     })
     .await;
     let up = match fleet {
-        Ok(Ok((workers, buckets))) => {
+        Some(Ok((workers, buckets))) => {
             fleet_gauges(&mut out, &workers, &buckets);
             true
         }
-        Ok(Err(e)) => {
+        Some(Err(e)) => {
             tracing::debug!(error = %e, "metrics: the fleet's figures are not available");
             false
         }
-        Err(_) => false,
+        None => false,
     };
     gauge(
         &mut out,

@@ -214,11 +214,32 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
 /// How long `/healthz` waits for the database.
 const HEALTHZ_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// `read`'s answer if it comes within `limit`, `None` if not — the read
+/// goes on regardless, on its own task. Stopping a database read part-way
+/// drops the connection it was opening or using; on a loaded machine, where
+/// opening one takes longer than the limit, a read stopped at every poll
+/// never got a connection, and every source said "no answer" for as long as
+/// the load lasted. Left to finish, it leaves its connections in the pool
+/// and the next poll is answered. (The read itself is bounded by the
+/// store's own timeouts.)
+pub async fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    read: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let task = tokio::spawn(read);
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok(answer)) => Some(answer),
+        // The read panicked: as good as no answer (the panic is logged).
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
 async fn healthz(State(st): State<Arc<DashboardState>>) -> Response {
-    let reason = match tokio::time::timeout(HEALTHZ_WITHIN, st.store.ping()).await {
-        Ok(Ok(())) => return "ok\n".into_response(),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!(
+    let store = st.store.clone();
+    let reason = match within(HEALTHZ_WITHIN, async move { store.ping().await }).await {
+        Some(Ok(())) => return "ok\n".into_response(),
+        Some(Err(e)) => e.to_string(),
+        None => format!(
             "no answer within {}",
             crate::config::fmt_duration(HEALTHZ_WITHIN)
         ),

@@ -16,9 +16,11 @@
 //!
 //! A source whose database is down, slow or not migrated is unhealthy in
 //! its row (with the reason) and the others are unaffected: each source
-//! is read on its own, within [`SOURCE_WITHIN`].
+//! is read on its own, within [`SOURCE_WITHIN`]. A read that takes longer
+//! is not stopped (see [`super::within`]): it finishes on its own task,
+//! and polls that come meanwhile wait on it rather than start another.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -26,6 +28,8 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::{any, get, post};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -61,7 +65,12 @@ pub struct Slot {
     auth: Option<Arc<super::auth::Auth>>,
     config: Config,
     served: RwLock<Served>,
+    /// The overview's read of this source in flight, if any.
+    reading: Mutex<Option<Read>>,
 }
+
+/// One read of a source's summary, shared by the polls that wait on it.
+type Read = Shared<BoxFuture<'static, Result<Arc<api::Summary>, String>>>;
 
 enum Served {
     Waiting(String),
@@ -84,6 +93,7 @@ impl Sources {
                 auth: auth.clone(),
                 config: source.config,
                 served: RwLock::new(Served::Waiting("not connected yet".into())),
+                reading: Mutex::new(None),
             }));
         }
         let tries = sources.iter().map(|slot| slot.try_connect());
@@ -152,6 +162,30 @@ impl Slot {
         *self.served.write().expect("slot lock") = Served::Ready(state, router);
         tracing::info!(source = %self.name, "dashboard: source connected");
         true
+    }
+
+    /// The read of this source's summary in flight, or a new one if none
+    /// is (see the module docs).
+    fn read(&self, st: &Arc<DashboardState>) -> Read {
+        let mut reading = self.reading.lock().expect("slot lock");
+        if let Some(read) = reading.as_ref().filter(|r| r.peek().is_none()) {
+            return read.clone();
+        }
+        let st = st.clone();
+        let task = tokio::spawn(async move {
+            api::load_summary(&st.store, st.partition_count)
+                .await
+                .map(Arc::new)
+                .map_err(|e| format!("database: {e}"))
+        });
+        let read = async move {
+            task.await
+                .unwrap_or_else(|e| Err(format!("reading it failed: {e}")))
+        }
+        .boxed()
+        .shared();
+        *reading = Some(read.clone());
+        read
     }
 
     fn waiting(&self, why: String) -> bool {
@@ -262,12 +296,7 @@ async fn health_of(slot: &Slot) -> SourceHealth {
             return row;
         }
     };
-    let read = tokio::time::timeout(
-        SOURCE_WITHIN,
-        api::load_summary(&st.store, st.partition_count),
-    )
-    .await;
-    match read {
+    match tokio::time::timeout(SOURCE_WITHIN, slot.read(&st)).await {
         Ok(Ok(s)) => {
             let t = &s.totals;
             row.healthy = true;
@@ -279,7 +308,7 @@ async fn health_of(slot: &Slot) -> SourceHealth {
             row.parked = t.parked;
             row.published_last_60s = s.throughput.published_last_60s;
         }
-        Ok(Err(e)) => row.error = Some(format!("database: {e}")),
+        Ok(Err(why)) => row.error = Some(why),
         Err(_) => {
             row.error = Some(format!(
                 "database: no answer within {}",
@@ -299,10 +328,11 @@ async fn healthz(State(all): State<Arc<Sources>>) -> Response {
             Ok(st) => st,
             Err(why) => return (false, format!("{name}: {why}")),
         };
-        match tokio::time::timeout(SOURCE_WITHIN, st.store.ping()).await {
-            Ok(Ok(())) => (true, format!("{name}: ok")),
-            Ok(Err(e)) => (false, format!("{name}: database unreachable: {e}")),
-            Err(_) => (false, format!("{name}: database unreachable: no answer")),
+        let store = st.store.clone();
+        match super::within(SOURCE_WITHIN, async move { store.ping().await }).await {
+            Some(Ok(())) => (true, format!("{name}: ok")),
+            Some(Err(e)) => (false, format!("{name}: database unreachable: {e}")),
+            None => (false, format!("{name}: database unreachable: no answer")),
         }
     });
     let pinged = futures_util::future::join_all(pings).await;

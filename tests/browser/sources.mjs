@@ -9,7 +9,7 @@
 //                containing `why` and never `secret` }
 // Prints "ready" once every source shows healthy with a live worker, then
 // one JSON line of observations; exits non-zero on the first failed check.
-import { check, launch } from "./common.mjs";
+import { check, fail, launch } from "./common.mjs";
 
 const expect = JSON.parse(process.env.DASH_EXPECT);
 const browser = await launch();
@@ -20,12 +20,22 @@ try {
   await page.goto(process.env.DASH_URL);
   const row = (name) => `#sources tbody tr[data-source="${name}"]`;
 
+  // What the table shows, for a failed wait's message.
+  const shown = () => page.evaluate(() => ({
+    updated: document.querySelector("#updated")?.textContent,
+    rows: [...document.querySelectorAll("#sources tbody tr")].map((tr) =>
+      `${tr.dataset.source} ${tr.className} workers=${tr.querySelector(".workers")?.textContent} err=${tr.querySelector(".err")?.textContent}`),
+  }));
   // Every source healthy, each with its worker.
   for (const name of expect.sources) {
-    await page.waitForFunction((sel) => {
-      const tr = document.querySelector(sel);
-      return tr && tr.classList.contains("healthy") && Number(tr.querySelector(".workers").textContent) >= 1;
-    }, row(name));
+    try {
+      await page.waitForFunction((sel) => {
+        const tr = document.querySelector(sel);
+        return tr && tr.classList.contains("healthy") && Number(tr.querySelector(".workers").textContent) >= 1;
+      }, row(name));
+    } catch (e) {
+      fail(`${name} not shown healthy with a worker: ${e.message.split("\n")[0]}; the page shows ${JSON.stringify(await shown())}`);
+    }
   }
   // The source that cannot be served: unhealthy from the start, and why.
   const bad = expect.bad;

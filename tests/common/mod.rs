@@ -749,8 +749,47 @@ impl PrivatePostgres {
     }
 }
 
+impl PrivatePostgres {
+    /// Stops (`STOP`) or resumes (`CONT`) the server and every one of its
+    /// processes: connections stay open and nothing answers — a database
+    /// that hangs rather than refuses.
+    pub fn signal_all(&self, sig: &str) {
+        if let Err(e) = self.try_signal_all(sig) {
+            panic!("kill -{sig} the server's processes: {e}");
+        }
+    }
+
+    fn try_signal_all(&self, sig: &str) -> Result<(), String> {
+        let pidfile = self.dir.join("pg/postmaster.pid");
+        let text = std::fs::read_to_string(&pidfile).map_err(|e| e.to_string())?;
+        let postmaster = text.lines().next().unwrap_or_default().trim().to_string();
+        let children = Command::new("pgrep")
+            .args(["-P", &postmaster])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let mut pids = vec![postmaster];
+        pids.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .split_whitespace()
+                .map(str::to_string),
+        );
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .args(&pids)
+            .status()
+            .map_err(|e| e.to_string())?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("kill failed for {pids:?}"))
+    }
+}
+
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        // A test that failed while the server was stopped: resume it, or
+        // the stop below would wait for it.
+        let _ = self.try_signal_all("CONT");
         self.run(&["stop", "immediate"]);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
