@@ -370,14 +370,31 @@ impl TestEnv {
         args: &[&str],
         vars: &[(&str, &str)],
     ) -> WorkerProcess {
+        self.spawn_program(Path::new(BIN), netns, config, args, vars)
+    }
+
+    /// `outboxd work` of another build of outboxd (an earlier release's,
+    /// tests/upgrade.rs), with this environment's config.
+    pub fn spawn_worker_of(&self, bin: &Path, args: &[&str]) -> WorkerProcess {
+        self.spawn_program(bin, None, &self.config_path, args, &[])
+    }
+
+    fn spawn_program(
+        &self,
+        bin: &Path,
+        netns: Option<&str>,
+        config: &Path,
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> WorkerProcess {
         let log = self.dir.join(format!("{}.log", unique("worker")));
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, BIN]);
+                c.args(["netns", "exec", ns]).arg(bin);
                 c
             }
-            None => Command::new(BIN),
+            None => Command::new(bin),
         };
         cmd.arg("--config")
             .arg(config)
@@ -481,6 +498,11 @@ impl WorkerProcess {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Whether the process is still running (it has not exited).
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
     }
 
     /// SIGTERM, then waits for the exit.
