@@ -17,6 +17,8 @@ command -v node >/dev/null 2>&1 || need+=(nodejs npm)
 # The multi-host tests (tests/hosts.rs, tests/cluster.rs): scripts/hosts.sh.
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The clock-skew fault scenario (tests/faults.rs): libfaketime.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
 # The package test (tests/package.rs): dpkg -i needs the package's dependency.
 command -v adduser >/dev/null 2>&1 || need+=(adduser)
 command -v python3 >/dev/null 2>&1 || need+=(python3)

@@ -117,6 +117,92 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
     );
 }
 
+/// RabbitMQ's disk alarm (`disk_free_limit` raised above what is free)
+/// blocks publishing on every connection, as the memory alarm does — but a
+/// fleet's workers share the broker, so one blocked worker is every worker
+/// blocked. They wait, holding their leases: stepping aside after
+/// `broker_grace` (meant for a worker that cannot *reach* a broker the
+/// others can) would only move buckets between workers that are all
+/// equally blocked. Two workers, an alarm longer than `broker_grace`: no
+/// lease changes hands, nothing is published while it lasts, and the
+/// backlog drains once it clears, nothing lost, order kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disk_alarm_blocks_every_worker_which_keep_their_leases_and_drain_after() {
+    let broker = PrivateBroker::start();
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(broker.url()),
+        confirm_timeout: "3s",
+        broker_grace: "4s",
+        ..Tuning::fleet()
+    })
+    .await;
+    let queue = unique("q");
+    drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
+    let mut fleet: Vec<WorkerProcess> = (0..2).map(|_| env.spawn_worker(&[])).collect();
+    wait_converged(&env, 2, Duration::from_secs(30)).await;
+    produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        300,
+        30,
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(
+        env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
+            .await,
+        300
+    );
+
+    broker.ctl(&["set_disk_free_limit", "100000GB"]);
+    let alarm_at = Instant::now();
+    produce_evenly(
+        env.db.clone(),
+        queue.clone(),
+        1_000,
+        50,
+        Duration::from_secs(2),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = env.count("published_at IS NOT NULL").await;
+    let events = event_count(&env).await;
+    for w in &fleet {
+        let log = w.log_text();
+        assert!(
+            log.contains("blocked publishing"),
+            "a worker did not say it is blocked:\n{log}"
+        );
+    }
+    // Longer than broker_grace (4 s): nobody steps aside, nothing goes out.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        env.count("published_at IS NOT NULL").await,
+        during,
+        "published while blocked"
+    );
+    let moved = event_count(&env).await - events;
+    assert_eq!(moved, 0, "leases changed hands during the alarm");
+
+    broker.ctl(&["set_disk_free_limit", "50MB"]);
+    let cleared = Instant::now();
+    let published = env
+        .wait_count("published_at IS NOT NULL", 1_300, Duration::from_secs(60))
+        .await;
+    let drained_after = cleared.elapsed();
+    assert_eq!(published, 1_300, "backlog not drained");
+    let mut reader = QueueReader::open(&broker.url(), &queue).await.unwrap();
+    let (all, v) = read_and_judge(&mut reader, &env, 1_300, Duration::from_secs(30)).await;
+    println!(
+        "disk alarm: {} published during {:?} of alarm, {moved} lease changes; backlog drained {drained_after:?} after it cleared; {}",
+        during - 300,
+        cleared.duration_since(alarm_at),
+        v.summary()
+    );
+    assert!(all && v.is_clean(), "{v:?}");
+    terminate_all(&mut fleet);
+}
+
 // ------------------------------------------------------------------ shared
 
 /// Long scenarios (minutes) run with `OUTBOXD_LONG_FAULTS=1`; CI runs the
@@ -125,69 +211,6 @@ fn scenario_length(short: u64, long: u64) -> Duration {
     match std::env::var("OUTBOXD_LONG_FAULTS").as_deref() {
         Ok("1") => Duration::from_secs(long),
         _ => Duration::from_secs(short),
-    }
-}
-
-/// Producers for the scenarios: `tasks` transactions in flight at once,
-/// every 7th rolled back. Each task owns its keys, so a key's ids are
-/// committed in id order (the premise of the order check). Database errors
-/// (a restart) are waited out; what was committed is read back from the
-/// table at the end, so an ambiguous commit does not matter.
-struct Producers {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<u64>>,
-}
-
-impl Producers {
-    fn start(env: &TestEnv, exchange: &str, routing_key: &str, tasks: usize, rate: f64) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let period = Duration::from_secs_f64(tasks as f64 / rate);
-        let tasks = (0..tasks)
-            .map(|t| {
-                let (kind, db_url, exchange, routing_key, stop) = (
-                    env.kind,
-                    env.db_url.clone(),
-                    exchange.to_string(),
-                    routing_key.to_string(),
-                    stop.clone(),
-                );
-                tokio::spawn(async move {
-                    let db = TestDb::connect_lazy(kind, &db_url, 1, Duration::from_secs(2));
-                    let mut committed = 0;
-                    let mut next = tokio::time::Instant::now();
-                    for i in 0u64.. {
-                        if stop.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        next += period;
-                        tokio::time::sleep_until(next).await;
-                        let message = Message::new(
-                            format!("t{t}-k{}", i % 40),
-                            exchange.as_str(),
-                            routing_key.as_str(),
-                            i.to_string(),
-                        );
-                        let commit = i % 7 != 6;
-                        if db.enqueue_in_tx(vec![message], commit).await.is_ok() && commit {
-                            committed += 1;
-                        }
-                    }
-                    db.close().await;
-                    committed
-                })
-            })
-            .collect();
-        Self { stop, tasks }
-    }
-
-    /// Stops producing; returns the commits that were acknowledged.
-    async fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut n = 0;
-        for t in self.tasks {
-            n += t.await.unwrap();
-        }
-        n
     }
 }
 
@@ -426,7 +449,11 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing(db: Db)
     .await;
     let queue = unique("q");
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
-    seed(&env, &queue, 20_000).await;
+    // A backlog that outlasts both kills even on a fast machine (the
+    // producers keep the drain going too); reading it back is most of this
+    // scenario's time, so CI's is smaller.
+    let backlog = scenario_length(8, 20).as_secs() as usize * 1_000;
+    seed(&env, &queue, backlog).await;
     let mut fleet = [
         env.spawn_worker(&["--silent"]),
         env.spawn_worker(&["--silent"]),
@@ -698,13 +725,7 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket(db: Db) {
     producers.stop().await;
     wait_drained(&env, Duration::from_secs(60)).await;
 
-    let shared: Vec<(String, i64, i64)> = env
-        .db
-        .rows(
-            "SELECT partition_key, new_epoch, count(DISTINCT worker_id) FROM outbox_lease_events
-             WHERE action = 'acquire' GROUP BY 1, 2 HAVING count(DISTINCT worker_id) > 1",
-        )
-        .await;
+    let shared = epochs_acquired_twice(&env).await;
     let acquisitions: i64 = env
         .db
         .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
@@ -720,21 +741,7 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket(db: Db) {
     let committed = env.count("true").await as usize;
     let (all, v) = read_and_judge(&mut reader, &env, committed, Duration::from_secs(60)).await;
     assert!(all, "{}", v.summary());
-    // First deliveries per bucket, in arrival order: epochs never go back.
-    let mut seen = std::collections::HashSet::new();
-    let mut latest_epoch: HashMap<String, i64> = HashMap::new();
-    let mut epoch_regressions = 0;
-    for d in reader.log.as_ref().unwrap() {
-        if !seen.insert(d.id) {
-            continue;
-        }
-        let e = d.lease_epoch.expect("fleet deliveries carry their epoch");
-        let latest = latest_epoch.entry(d.partition_key.clone()).or_insert(e);
-        if e < *latest {
-            epoch_regressions += 1;
-        }
-        *latest = (*latest).max(e);
-    }
+    let epoch_regressions = epoch_regressions(&reader);
     println!(
         "scale 2↔6: {changes} changes over {length:?}, {acquisitions} lease acquisitions ({after_expiry} of an expired lease); longest a bucket went unowned {worst_unowned:?}; {}",
         v.summary()
@@ -902,6 +909,118 @@ async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clea
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
+// ----------------------------------------------------------- clock skew
+
+/// libfaketime (Debian's `faketime` package), preloaded into a worker: its
+/// wall clock (and its monotonic one, by the same constant) is off by
+/// `FAKETIME`.
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Skewed clocks: a fleet of three whose wall clocks are off by +30 s,
+/// −30 s and +5 min, under load; every 3 s one of them is SIGKILLed (and
+/// restarted with its skew) or SIGSTOPped for longer than its lease (and
+/// resumed, believing for a moment that it still holds it). No epoch is
+/// acquired by two workers, no bucket's first deliveries go back to an
+/// older epoch (nothing published under a lease its worker no longer
+/// held), nothing is lost, order is kept. Every lease decision is made on
+/// the database's clock and every local timeout on the monotonic clock
+/// (DESIGN.md, *Clocks*), so the skew must not matter. (Not on SQLite: its
+/// "database clock" is each process's own — processes that share a file
+/// share a host, and so a clock.)
+async fn workers_with_skewed_clocks_keep_fencing_and_lose_nothing(db: Db) {
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: apt-get install faketime (scripts/test.sh does)"
+    );
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue)
+        .await
+        .unwrap()
+        .keep_log();
+    let skews = [("+30s", 30), ("-30s", -30), ("+5m", 300)];
+    let spawn = |skew: &str| {
+        env.spawn_worker_with(
+            None,
+            &env.config_path,
+            &[],
+            &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", skew)],
+        )
+    };
+    let mut fleet: Vec<WorkerProcess> = skews.iter().map(|(s, _)| spawn(s)).collect();
+    // The skew took: each worker's log is stamped by its own clock.
+    for (w, (skew, secs)) in fleet.iter().zip(skews) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stamp = loop {
+            let log = w.log_text();
+            if let Some(t) = log
+                .lines()
+                .find_map(|l| l.split_whitespace().next())
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            {
+                break t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line from the {skew} worker"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let off = (stamp.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
+        assert!(
+            (off - secs).abs() <= 5,
+            "the {skew} worker's clock is off by {off} s, not {secs} s"
+        );
+    }
+    let producers = Producers::start(&env, "", &queue, 4, 400.0);
+    let length = scenario_length(18, 120);
+    let start = Instant::now();
+    let (mut kills, mut stops) = (0, 0);
+    for round in 0usize.. {
+        if start.elapsed() >= length {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let victim = round % 3;
+        if round % 2 == 0 {
+            fleet[victim].signal("KILL");
+            fleet[victim].wait(Duration::from_secs(5));
+            fleet[victim] = spawn(skews[victim].0);
+            kills += 1;
+        } else {
+            fleet[victim].signal("STOP");
+            fleet[victim].wait_stopped();
+            // Longer than the fleet's 3 s lease: its buckets move on.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            fleet[victim].signal("CONT");
+            stops += 1;
+        }
+    }
+    producers.stop().await;
+    wait_drained(&env, Duration::from_secs(60)).await;
+    let shared = epochs_acquired_twice(&env).await;
+    let acquisitions: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
+        .await;
+    let committed = env.count("true").await as usize;
+    let (all, v) = read_and_judge(&mut reader, &env, committed, Duration::from_secs(60)).await;
+    let regressions = epoch_regressions(&reader);
+    println!(
+        "clock skew (+30 s, -30 s, +5 min): {kills} kills, {stops} stops over {length:?}; {acquisitions} lease acquisitions, {} acquired twice; {regressions} epoch regressions; {}",
+        shared.len(),
+        v.summary()
+    );
+    assert!(all, "{}", v.summary());
+    assert!(
+        shared.is_empty(),
+        "epochs acquired by two workers: {shared:?}"
+    );
+    assert_eq!(regressions, 0, "first deliveries under an older epoch");
+    assert!(v.is_clean(), "{}", v.summary());
+    terminate_all(&mut fleet);
+}
+
 on_every_db!(
     a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears,
     the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents,
@@ -915,4 +1034,7 @@ on_every_db!(
 
 // A crash of the database server: SQLite has no server (a file; a worker
 // that loses its host loses the file with it).
-on_server_dbs!(the_database_crashed_and_restarted_during_a_drain_loses_nothing);
+on_server_dbs!(
+    the_database_crashed_and_restarted_during_a_drain_loses_nothing,
+    workers_with_skewed_clocks_keep_fencing_and_lose_nothing,
+);

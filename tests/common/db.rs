@@ -312,13 +312,27 @@ impl TestDb {
             + Send
             + Unpin,
     {
+        self.try_rows(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {}", short(sql)))
+    }
+
+    /// [`TestDb::rows`], or the error (a test that reads while its
+    /// database may be down).
+    pub async fn try_rows<T>(&self, sql: &str) -> Result<Vec<T>, sqlx::Error>
+    where
+        T: for<'r> sqlx::FromRow<'r, PgRow>
+            + for<'r> sqlx::FromRow<'r, MySqlRow>
+            + for<'r> sqlx::FromRow<'r, SqliteRow>
+            + Send
+            + Unpin,
+    {
         let q = AssertSqlSafe(sql.to_string());
         match self {
             TestDb::Pg(p) => sqlx::query_as(q).fetch_all(p).await,
             TestDb::My(p) => sqlx::query_as(q).fetch_all(p).await,
             TestDb::Lite(p) => sqlx::query_as(q).fetch_all(p).await,
         }
-        .unwrap_or_else(|e| panic!("{e}: {}", short(sql)))
     }
 
     /// The one row of a query.

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod hosts;
+pub mod load;
 pub mod otlp;
 pub mod pooler;
 pub mod readme;
@@ -35,6 +36,8 @@ pub mod db;
 pub mod tls;
 #[allow(unused_imports)]
 pub use db::{Db, Held, TestDb, list, plain_insert};
+#[allow(unused_imports)]
+pub use load::{Producers, epoch_regressions, epochs_acquired_twice};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 
