@@ -1,0 +1,474 @@
+//! The nemesis soak: a seeded random schedule of overlapping faults — a
+//! worker SIGKILLed (restarted a moment later) or SIGSTOPped (resumed
+//! later), a database server crashed and restarted, the broker's VM killed
+//! with SIGKILL and restarted — against two fleets at once, one on a
+//! PostgreSQL server and one on a MariaDB server of their own, both
+//! publishing to one RabbitMQ node, with producers writing to both
+//! throughout.
+//!
+//! Per run: each fleet's checker verdict (nothing lost, nothing unexpected,
+//! per-key order), duplicates, epochs acquired twice and first deliveries
+//! under an older epoch (fencing), the longest time any bucket went
+//! without a valid lease, and each worker's RSS, open file descriptors and
+//! database connections sampled every second, with their slopes.
+//!
+//! Three minutes in `scripts/test.sh`; thirty with `OUTBOXD_LONG_SOAK=1
+//! scripts/test.sh --test soak`. The seed is printed; `OUTBOXD_SEED=<seed>`
+//! replays the same schedule. A failure prints the seed and the schedule
+//! as far as it ran.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use outboxd::demo::QueueReader;
+
+/// splitmix64: the schedule from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..=hi`.
+    fn within(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// What the nemesis does to whom; `fleet` 0 is PostgreSQL's, 1 MariaDB's.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Kill { fleet: usize, worker: usize },
+    Spawn { fleet: usize, worker: usize },
+    Stop { fleet: usize, worker: usize },
+    Cont { fleet: usize, worker: usize },
+    CrashDatabase { fleet: usize },
+    RestartDatabase { fleet: usize },
+    KillBroker,
+    RestartBroker,
+}
+
+const WORKERS: usize = 3;
+
+/// The whole schedule: `(ms from the start, action)`, in time order. Faults
+/// start every 2–6 s and overlap; a thing already down is not hit again
+/// until it is back; everything is back before `length` ends.
+fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
+    let mut rng = Rng(seed);
+    let end = length.as_millis() as u64;
+    let mut actions = Vec::new();
+    // When each target is back: [fleet][worker], databases, the broker.
+    let mut worker_free = [[0u64; WORKERS]; 2];
+    let mut db_free = [0u64; 2];
+    let mut broker_free = 0u64;
+    let mut t = 3_000;
+    while t < end {
+        let fleet = rng.within(0, 1) as usize;
+        let worker = rng.within(0, WORKERS as u64 - 1) as usize;
+        match rng.within(0, 9) {
+            0..=3 if worker_free[fleet][worker] <= t => {
+                let back = t + rng.within(0, 2_000);
+                actions.push((t, Action::Kill { fleet, worker }));
+                actions.push((back, Action::Spawn { fleet, worker }));
+                worker_free[fleet][worker] = back;
+            }
+            4..=6 if worker_free[fleet][worker] <= t => {
+                let back = t + rng.within(1_000, 8_000);
+                actions.push((t, Action::Stop { fleet, worker }));
+                actions.push((back, Action::Cont { fleet, worker }));
+                worker_free[fleet][worker] = back;
+            }
+            7 | 8 if db_free[fleet] <= t => {
+                let back = t + rng.within(1_000, 5_000);
+                actions.push((t, Action::CrashDatabase { fleet }));
+                actions.push((back, Action::RestartDatabase { fleet }));
+                db_free[fleet] = back + 3_000;
+            }
+            9 if broker_free <= t => {
+                let back = t + rng.within(1_000, 4_000);
+                actions.push((t, Action::KillBroker));
+                actions.push((back, Action::RestartBroker));
+                broker_free = back + 8_000;
+            }
+            _ => {}
+        }
+        t += rng.within(2_000, 6_000);
+    }
+    actions.sort_by_key(|(at, _)| *at);
+    actions
+}
+
+/// What ran so far; printed with the seed if the test fails.
+struct Journal {
+    seed: u64,
+    lines: Vec<String>,
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "soak failed: seed {} (OUTBOXD_SEED={} replays it); the schedule as far as it ran:\n{}",
+                self.seed,
+                self.seed,
+                self.lines.join("\n")
+            );
+        }
+    }
+}
+
+/// One fleet: its server, its test environment, its workers.
+struct Fleet {
+    server: PrivateDatabase,
+    env: TestEnv,
+    queue: String,
+    workers: Vec<WorkerProcess>,
+    producers: Option<Producers>,
+}
+
+/// A worker's resources at one sample: RSS (kB), open descriptors, and
+/// established connections to its database server.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: f64,
+    rss_kb: f64,
+    fds: f64,
+    db_conns: f64,
+}
+
+fn sample(pid: u32, db_port: u16, at: f64) -> Option<Sample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let mut inodes = std::collections::HashSet::new();
+    let mut fds = 0.0;
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        fds += 1.0;
+        if let Ok(target) = std::fs::read_link(fd.path()) {
+            let t = target.to_string_lossy().to_string();
+            if let Some(inode) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                inodes.insert(inode.to_string());
+            }
+        }
+    }
+    // /proc/net/tcp: remote address in field 2 (hex ip:port), state in 3
+    // (01 = established), inode in 9.
+    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let db_conns = tcp
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 9
+                && f[3] == "01"
+                && f[2]
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                    == Some(db_port)
+                && inodes.contains(f[9])
+        })
+        .count() as f64;
+    Some(Sample {
+        at,
+        rss_kb,
+        fds,
+        db_conns,
+    })
+}
+
+/// Least-squares slope of `value` over time, per minute.
+fn slope(samples: &[Sample], value: impl Fn(&Sample) -> f64) -> f64 {
+    let n = samples.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mx = samples.iter().map(|s| s.at).sum::<f64>() / n;
+    let my = samples.iter().map(&value).sum::<f64>() / n;
+    let (mut num, mut den) = (0.0, 0.0);
+    for s in samples {
+        num += (s.at - mx) * (value(s) - my);
+        den += (s.at - mx).powi(2);
+    }
+    if den == 0.0 { 0.0 } else { num / den * 60.0 }
+}
+
+fn server_port(server: &PrivateDatabase) -> u16 {
+    match server {
+        PrivateDatabase::Pg(pg) => pg.port,
+        PrivateDatabase::My(my) => my.port,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing() {
+    let seed = std::env::var("OUTBOXD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let long = std::env::var("OUTBOXD_LONG_SOAK").as_deref() == Ok("1");
+    let length = Duration::from_secs(if long { 30 * 60 } else { 3 * 60 });
+    let plan = schedule(seed, length);
+    println!(
+        "soak: seed {seed} (OUTBOXD_SEED={seed} replays it), {length:?}, {} actions",
+        plan.len()
+    );
+    let mut journal = Journal {
+        seed,
+        lines: Vec::new(),
+    };
+
+    let broker = PrivateBroker::start();
+    let mut fleets = Vec::new();
+    for db in [Db::Postgres, Db::MariaDb] {
+        let server = PrivateDatabase::start(db);
+        let env = TestEnv::with(Tuning {
+            server_admin_url: Some(server.admin_url()),
+            amqp_url: Some(broker.url()),
+            ..Tuning::fleet().on(db)
+        })
+        .await;
+        let queue = unique("q");
+        drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
+        let workers = (0..WORKERS)
+            .map(|_| env.spawn_worker(&["--silent"]))
+            .collect();
+        let producers = Some(Producers::start(&env, "", &queue, 4, 150.0));
+        fleets.push(Fleet {
+            server,
+            env,
+            queue,
+            workers,
+            producers,
+        });
+    }
+    let ports: Vec<u16> = fleets.iter().map(|f| server_port(&f.server)).collect();
+    let pids: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(
+        fleets
+            .iter()
+            .map(|f| f.workers.iter().map(WorkerProcess::pid).collect())
+            .collect(),
+    ));
+
+    // Every second: each worker's resources, and how long each bucket has
+    // been without a valid lease (skipped while its database is down).
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let sampler = {
+        let (pids, stop, ports) = (pids.clone(), stop.clone(), ports.clone());
+        let dbs: Vec<(TestDb, String)> = fleets
+            .iter()
+            .map(|f| {
+                let q = format!(
+                    "SELECT partition_key, lease_owner IS NOT NULL AND lease_until > {} FROM outbox_partitions",
+                    f.env.db.now()
+                );
+                (f.env.db.clone(), q)
+            })
+            .collect();
+        tokio::spawn(async move {
+            let mut series: HashMap<(usize, u32), Vec<Sample>> = HashMap::new();
+            let mut unowned_since: HashMap<(usize, String), Instant> = HashMap::new();
+            let mut worst = [Duration::ZERO; 2];
+            while !stop.load(Ordering::Relaxed) {
+                let at = started.elapsed().as_secs_f64();
+                let now: Vec<Vec<u32>> = pids.lock().unwrap().clone();
+                for (fleet, fleet_pids) in now.iter().enumerate() {
+                    for pid in fleet_pids {
+                        if let Some(s) = sample(*pid, ports[fleet], at) {
+                            series.entry((fleet, *pid)).or_default().push(s);
+                        }
+                    }
+                }
+                for (fleet, (db, q)) in dbs.iter().enumerate() {
+                    let read = tokio::time::timeout(
+                        Duration::from_millis(800),
+                        db.try_rows::<(String, bool)>(q),
+                    )
+                    .await;
+                    let Ok(Ok(rows)) = read else { continue };
+                    for (bucket, owned) in rows {
+                        let key = (fleet, bucket);
+                        if owned {
+                            if let Some(since) = unowned_since.remove(&key) {
+                                worst[fleet] = worst[fleet].max(since.elapsed());
+                            }
+                        } else {
+                            unowned_since.entry(key).or_insert_with(Instant::now);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            for ((fleet, _), since) in &unowned_since {
+                worst[*fleet] = worst[*fleet].max(since.elapsed());
+            }
+            (series, worst)
+        })
+    };
+
+    for (at, action) in &plan {
+        let due = started + Duration::from_millis(*at);
+        tokio::time::sleep_until(due.into()).await;
+        journal.lines.push(format!(
+            "{:>8.1}s {action:?}",
+            started.elapsed().as_secs_f64()
+        ));
+        match *action {
+            Action::Kill { fleet, worker } => {
+                let w = &mut fleets[fleet].workers[worker];
+                w.signal("KILL");
+                w.wait(Duration::from_secs(10));
+            }
+            Action::Spawn { fleet, worker } => {
+                let f = &mut fleets[fleet];
+                f.workers[worker] = f.env.spawn_worker(&["--silent"]);
+                pids.lock().unwrap()[fleet][worker] = f.workers[worker].pid();
+            }
+            Action::Stop { fleet, worker } => fleets[fleet].workers[worker].signal("STOP"),
+            Action::Cont { fleet, worker } => fleets[fleet].workers[worker].signal("CONT"),
+            Action::CrashDatabase { fleet } => fleets[fleet].server.crash(),
+            Action::RestartDatabase { fleet } => fleets[fleet].server.restart(),
+            Action::KillBroker => broker.kill9(),
+            Action::RestartBroker => broker.run("start"),
+        }
+    }
+    journal.lines.push(format!(
+        "{:>8.1}s schedule done; producers stop",
+        started.elapsed().as_secs_f64()
+    ));
+
+    let mut report = Vec::new();
+    for (i, f) in fleets.iter_mut().enumerate() {
+        let acknowledged = f.producers.take().unwrap().stop().await;
+        let published = f
+            .env
+            .wait_count(
+                "published_at IS NOT NULL",
+                f.env.count("true").await,
+                Duration::from_secs(120),
+            )
+            .await;
+        let total = f.env.count("true").await;
+        let mut reader = QueueReader::open(&broker.url(), &f.queue)
+            .await
+            .unwrap()
+            .keep_log();
+        let (all, v) = read_and_judge(
+            &mut reader,
+            &f.env,
+            total as usize,
+            Duration::from_secs(120),
+        )
+        .await;
+        let twice = epochs_acquired_twice(&f.env).await;
+        let regressions = epoch_regressions(&reader);
+        report.push((
+            i,
+            acknowledged,
+            total,
+            published,
+            all,
+            v,
+            twice,
+            regressions,
+        ));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (series, worst) = sampler.await.unwrap();
+
+    let names = ["PostgreSQL", "MariaDB"];
+    for (i, acknowledged, total, published, _, v, twice, regressions) in &report {
+        println!(
+            "soak {}: {acknowledged} commits acknowledged, {total} rows, {published} published; {}; {} epochs acquired twice, {regressions} epoch regressions; longest a bucket went unowned {:?}",
+            names[*i],
+            v.summary(),
+            twice.len(),
+            worst[*i]
+        );
+    }
+    // Slopes per worker process that lived at least a minute, from its
+    // 30th second on (start-up growth is not a leak).
+    let mut worst_slopes = (0.0f64, 0.0f64, 0.0f64);
+    for ((fleet, pid), samples) in &series {
+        let settled: Vec<Sample> = samples
+            .iter()
+            .copied()
+            .filter(|s| s.at - samples[0].at >= 30.0)
+            .collect();
+        if samples.last().unwrap().at - samples[0].at < 60.0 {
+            continue;
+        }
+        let (rss, fds, conns) = (
+            slope(&settled, |s| s.rss_kb / 1024.0),
+            slope(&settled, |s| s.fds),
+            slope(&settled, |s| s.db_conns),
+        );
+        println!(
+            "soak {} worker {pid}: {} samples, RSS {:.1}→{:.1} MB ({rss:+.3} MB/min), fds {}→{} ({fds:+.3}/min), database connections {}→{} ({conns:+.3}/min)",
+            names[*fleet],
+            samples.len(),
+            samples[0].rss_kb / 1024.0,
+            samples.last().unwrap().rss_kb / 1024.0,
+            samples[0].fds,
+            samples.last().unwrap().fds,
+            samples[0].db_conns,
+            samples.last().unwrap().db_conns,
+        );
+        worst_slopes.0 = worst_slopes.0.max(rss);
+        worst_slopes.1 = worst_slopes.1.max(fds);
+        worst_slopes.2 = worst_slopes.2.max(conns);
+    }
+    println!(
+        "soak: steepest slopes (MB/min, fds/min, connections/min): {:.3}, {:.3}, {:.3}",
+        worst_slopes.0, worst_slopes.1, worst_slopes.2
+    );
+
+    for (i, _, total, published, all, v, twice, regressions) in &report {
+        let name = names[*i];
+        assert_eq!(published, total, "{name}: rows left unpublished");
+        assert!(*all, "{name}: {}", v.summary());
+        assert!(v.is_clean(), "{name}: {}", v.summary());
+        assert!(twice.is_empty(), "{name}: epochs acquired twice: {twice:?}");
+        assert_eq!(
+            *regressions, 0,
+            "{name}: first deliveries under an older epoch"
+        );
+    }
+    if long {
+        // Thirty minutes: whatever a worker still grows by is a leak.
+        assert!(
+            worst_slopes.0 < 0.5,
+            "RSS grows {:.3} MB/min",
+            worst_slopes.0
+        );
+        assert!(
+            worst_slopes.1 < 0.5,
+            "descriptors grow {:.3}/min",
+            worst_slopes.1
+        );
+        assert!(
+            worst_slopes.2 < 0.2,
+            "connections grow {:.3}/min",
+            worst_slopes.2
+        );
+    }
+    for f in &mut fleets {
+        terminate_all(&mut f.workers);
+    }
+    drop(journal);
+}
