@@ -31,6 +31,9 @@ fi
 [ -x "$binary" ] || { echo "package.sh: no executable at $binary" >&2; exit 1; }
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+# Semver's pre-release (0.2.0-dev) is Debian's tilde (0.2.0~dev), which
+# sorts before 0.2.0 as semver's does.
+version=${version/-/\~}
 arch=$(dpkg --print-architecture)
 stage=$(mktemp -d)
 chmod 0755 "$stage"
