@@ -7,8 +7,10 @@
 //! throughout.
 //!
 //! Per run: each fleet's checker verdict (nothing lost, nothing unexpected,
-//! per-key order), duplicates, epochs acquired twice and first deliveries
-//! under an older epoch (fencing), the longest time any bucket went
+//! per-key order), duplicates, epochs acquired twice, first deliveries
+//! under an older epoch and any delivery under a superseded epoch (fencing:
+//! a build without the broker connection's send gate fails on the last),
+//! the longest time any bucket went
 //! without a valid lease, and each worker's RSS, open file descriptors and
 //! database connections sampled every second, with their slopes.
 //!
@@ -207,6 +209,20 @@ fn slope(samples: &[Sample], value: impl Fn(&Sample) -> f64) -> f64 {
     if den == 0.0 { 0.0 } else { num / den * 60.0 }
 }
 
+/// What one fleet's run came to.
+struct Outcome {
+    fleet: usize,
+    acknowledged: u64,
+    total: i64,
+    published: i64,
+    /// Every committed row was read from the queue.
+    all: bool,
+    verdict: outboxd::checker::Verdict,
+    twice: Vec<(String, i64, i64)>,
+    regressions: usize,
+    late: Vec<(String, i64, i64)>,
+}
+
 fn server_port(server: &PrivateDatabase) -> u16 {
     match server {
         PrivateDatabase::Pg(pg) => pg.port,
@@ -376,29 +392,34 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
         )
         .await;
         let twice = epochs_acquired_twice(&f.env).await;
-        let regressions = epoch_regressions(&reader);
-        report.push((
-            i,
+        report.push(Outcome {
+            fleet: i,
             acknowledged,
             total,
             published,
             all,
-            v,
+            regressions: epoch_regressions(&reader),
+            late: late_deliveries(&reader),
+            verdict: v,
             twice,
-            regressions,
-        ));
+        });
     }
     stop.store(true, Ordering::Relaxed);
     let (series, worst) = sampler.await.unwrap();
 
     let names = ["PostgreSQL", "MariaDB"];
-    for (i, acknowledged, total, published, _, v, twice, regressions) in &report {
+    for o in &report {
         println!(
-            "soak {}: {acknowledged} commits acknowledged, {total} rows, {published} published; {}; {} epochs acquired twice, {regressions} epoch regressions; longest a bucket went unowned {:?}",
-            names[*i],
-            v.summary(),
-            twice.len(),
-            worst[*i]
+            "soak {}: {} commits acknowledged, {} rows, {} published; {}; {} epochs acquired twice, {} epoch regressions, {} deliveries under a superseded epoch; longest a bucket went unowned {:?}",
+            names[o.fleet],
+            o.acknowledged,
+            o.total,
+            o.published,
+            o.verdict.summary(),
+            o.twice.len(),
+            o.regressions,
+            o.late.len(),
+            worst[o.fleet]
         );
     }
     // Slopes per worker process that lived at least a minute, from its
@@ -438,15 +459,24 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
         worst_slopes.0, worst_slopes.1, worst_slopes.2
     );
 
-    for (i, _, total, published, all, v, twice, regressions) in &report {
-        let name = names[*i];
-        assert_eq!(published, total, "{name}: rows left unpublished");
-        assert!(*all, "{name}: {}", v.summary());
+    for o in &report {
+        let (name, v) = (names[o.fleet], &o.verdict);
+        assert_eq!(o.published, o.total, "{name}: rows left unpublished");
+        assert!(o.all, "{name}: {}", v.summary());
         assert!(v.is_clean(), "{name}: {}", v.summary());
-        assert!(twice.is_empty(), "{name}: epochs acquired twice: {twice:?}");
+        assert!(
+            o.twice.is_empty(),
+            "{name}: epochs acquired twice: {:?}",
+            o.twice
+        );
         assert_eq!(
-            *regressions, 0,
+            o.regressions, 0,
             "{name}: first deliveries under an older epoch"
+        );
+        assert!(
+            o.late.is_empty(),
+            "{name}: sent after its bucket was taken over (bucket, epoch, newer epoch seen): {:?}",
+            o.late
         );
     }
     if long {

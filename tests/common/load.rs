@@ -112,3 +112,23 @@ pub fn epoch_regressions(reader: &QueueReader) -> usize {
     }
     regressions
 }
+
+/// Deliveries of a bucket — any, duplicates too — under an older lease
+/// epoch than one that had already arrived: a message sent by a worker
+/// after another had taken its bucket over. Fencing stops a worker's sends
+/// when its trust ends, before anyone can take its buckets, so there are
+/// none; without the send gate, a worker resumed after SIGSTOP sends what
+/// it had in flight. Returns `(bucket, late epoch, newer epoch seen)`.
+pub fn late_deliveries(reader: &QueueReader) -> Vec<(String, i64, i64)> {
+    let mut latest_epoch: HashMap<String, i64> = HashMap::new();
+    let mut late = Vec::new();
+    for d in reader.log.as_ref().unwrap() {
+        let e = d.lease_epoch.expect("fleet deliveries carry their epoch");
+        let latest = latest_epoch.entry(d.partition_key.clone()).or_insert(e);
+        if e < *latest {
+            late.push((d.partition_key.clone(), e, *latest));
+        }
+        *latest = (*latest).max(e);
+    }
+    late
+}

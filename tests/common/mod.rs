@@ -37,7 +37,7 @@ pub mod tls;
 #[allow(unused_imports)]
 pub use db::{Db, Held, TestDb, list, plain_insert};
 #[allow(unused_imports)]
-pub use load::{Producers, epoch_regressions, epochs_acquired_twice};
+pub use load::{Producers, epoch_regressions, epochs_acquired_twice, late_deliveries};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 
