@@ -920,9 +920,9 @@ const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.
 /// −30 s and +5 min, under load; every 3 s one of them is SIGKILLed (and
 /// restarted with its skew) or SIGSTOPped for longer than its lease (and
 /// resumed, believing for a moment that it still holds it). No epoch is
-/// acquired by two workers, no bucket's first deliveries go back to an
-/// older epoch (nothing published under a lease its worker no longer
-/// held), nothing is lost, order is kept. Every lease decision is made on
+/// acquired by two workers, no delivery at all under a superseded epoch
+/// (nothing published under a lease its worker no longer held), nothing is
+/// lost, order is kept. Every lease decision is made on
 /// the database's clock and every local timeout on the monotonic clock
 /// (DESIGN.md, *Clocks*), so the skew must not matter. (Not on SQLite: its
 /// "database clock" is each process's own — processes that share a file
@@ -1006,9 +1006,11 @@ async fn workers_with_skewed_clocks_keep_fencing_and_lose_nothing(db: Db) {
     let committed = env.count("true").await as usize;
     let (all, v) = read_and_judge(&mut reader, &env, committed, Duration::from_secs(60)).await;
     let regressions = epoch_regressions(&reader);
+    let late = late_deliveries(&reader);
     println!(
-        "clock skew (+30 s, -30 s, +5 min): {kills} kills, {stops} stops over {length:?}; {acquisitions} lease acquisitions, {} acquired twice; {regressions} epoch regressions; {}",
+        "clock skew (+30 s, -30 s, +5 min): {kills} kills, {stops} stops over {length:?}; {acquisitions} lease acquisitions, {} acquired twice; {regressions} epoch regressions, {} deliveries under a superseded epoch; {}",
         shared.len(),
+        late.len(),
         v.summary()
     );
     assert!(all, "{}", v.summary());
@@ -1017,6 +1019,10 @@ async fn workers_with_skewed_clocks_keep_fencing_and_lose_nothing(db: Db) {
         "epochs acquired by two workers: {shared:?}"
     );
     assert_eq!(regressions, 0, "first deliveries under an older epoch");
+    assert!(
+        late.is_empty(),
+        "sent after the bucket was taken over: {late:?}"
+    );
     assert!(v.is_clean(), "{}", v.summary());
     terminate_all(&mut fleet);
 }
