@@ -37,30 +37,11 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
     // blocked, but keeping the test to one connection at a time is simpler.
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
-    produce_evenly(
-        env.db.clone(),
-        queue.clone(),
-        300,
-        30,
-        Duration::from_secs(1),
-    )
-    .await;
-    assert_eq!(
-        env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
-            .await,
-        300
-    );
+    publish_300(&env, &queue).await;
 
     broker.ctl(&["set_vm_memory_high_watermark", "0"]);
     let alarm_at = Instant::now();
-    produce_evenly(
-        env.db.clone(),
-        queue.clone(),
-        1_000,
-        50,
-        Duration::from_secs(2),
-    )
-    .await;
+    produce_1000_blocked(&env, &queue).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let during = env.count("published_at IS NOT NULL").await;
     let log = worker.log_text();
@@ -140,30 +121,11 @@ async fn a_disk_alarm_blocks_every_worker_which_keep_their_leases_and_drain_afte
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
     let mut fleet: Vec<WorkerProcess> = (0..2).map(|_| env.spawn_worker(&[])).collect();
     wait_converged(&env, 2, Duration::from_secs(30)).await;
-    produce_evenly(
-        env.db.clone(),
-        queue.clone(),
-        300,
-        30,
-        Duration::from_secs(1),
-    )
-    .await;
-    assert_eq!(
-        env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
-            .await,
-        300
-    );
+    publish_300(&env, &queue).await;
 
     broker.ctl(&["set_disk_free_limit", "100000GB"]);
     let alarm_at = Instant::now();
-    produce_evenly(
-        env.db.clone(),
-        queue.clone(),
-        1_000,
-        50,
-        Duration::from_secs(2),
-    )
-    .await;
+    produce_1000_blocked(&env, &queue).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during = env.count("published_at IS NOT NULL").await;
     let events = event_count(&env).await;
@@ -204,6 +166,35 @@ async fn a_disk_alarm_blocks_every_worker_which_keep_their_leases_and_drain_afte
 }
 
 // ------------------------------------------------------------------ shared
+
+/// The alarm scenarios' first 300 messages, published before the alarm.
+async fn publish_300(env: &TestEnv, queue: &str) {
+    produce_evenly(
+        env.db.clone(),
+        queue.to_string(),
+        300,
+        30,
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(
+        env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
+            .await,
+        300
+    );
+}
+
+/// The 1,000 messages the alarm scenarios write while publishing is blocked.
+async fn produce_1000_blocked(env: &TestEnv, queue: &str) {
+    produce_evenly(
+        env.db.clone(),
+        queue.to_string(),
+        1_000,
+        50,
+        Duration::from_secs(2),
+    )
+    .await;
+}
 
 /// Long scenarios (minutes) run with `OUTBOXD_LONG_FAULTS=1`; CI runs the
 /// short versions of the same code.

@@ -1017,27 +1017,23 @@ async fn insert_with_lock_timeout(env: &TestEnv, m: Message) -> Result<i64, Stri
 
 // ------------------------------------------------ rows of any shape
 
-/// A small seeded generator (splitmix64): the seed is printed, and
-/// `OUTBOXD_SEED=<seed>` replays the same rows.
-struct Gen(u64);
+/// Rows of any shape from a seeded generator ([`Seeded`]).
+struct Gen(Seeded);
+
+impl std::ops::Deref for Gen {
+    type Target = Seeded;
+    fn deref(&self) -> &Seeded {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Gen {
+    fn deref_mut(&mut self) -> &mut Seeded {
+        &mut self.0
+    }
+}
 
 impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
     /// A string of `len` characters from every class a producer might
     /// send: ASCII, accents, CJK, emoji, control characters, quotes and
     /// backslashes, JSON and SQL metacharacters (no NUL: PostgreSQL's text
@@ -1111,12 +1107,9 @@ impl Gen {
 /// nothing else does, per-key order holds, every plain message is published
 /// (no bucket held up for good), and the worker never exits.
 async fn rows_of_any_shape_are_published_or_parked_and_hold_up_nothing(db: Db) {
-    let seed = std::env::var("OUTBOXD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let seed = Seeded::seed();
     println!("seed {seed} (OUTBOXD_SEED={seed} replays these rows)");
-    let mut g = Gen(seed);
+    let mut g = Gen(Seeded(seed));
     let env = TestEnv::with(Tuning {
         max_attempts: 2,
         retry_backoff_initial: "50ms",

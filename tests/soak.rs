@@ -29,24 +29,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use outboxd::demo::QueueReader;
 
-/// splitmix64: the schedule from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    fn within(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
 /// What the nemesis does to whom; `fleet` 0 is PostgreSQL's, 1 MariaDB's.
 #[derive(Debug, Clone, Copy)]
 enum Action {
@@ -66,7 +48,7 @@ const WORKERS: usize = 3;
 /// start every 2–6 s and overlap; a thing already down is not hit again
 /// until it is back; everything is back before `length` ends.
 fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
-    let mut rng = Rng(seed);
+    let mut rng = Seeded(seed);
     let end = length.as_millis() as u64;
     let mut actions = Vec::new();
     // When each target is back: [fleet][worker], databases, the broker.
@@ -232,10 +214,7 @@ fn server_port(server: &PrivateDatabase) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing() {
-    let seed = std::env::var("OUTBOXD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let seed = Seeded::seed();
     let long = std::env::var("OUTBOXD_LONG_SOAK").as_deref() == Ok("1");
     let length = Duration::from_secs(if long { 30 * 60 } else { 3 * 60 });
     let plan = schedule(seed, length);

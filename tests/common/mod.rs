@@ -1224,3 +1224,40 @@ pub async fn produce_evenly(db: TestDb, queue: String, total: usize, keys: usize
         tokio::time::sleep_until(next).await;
     }
 }
+
+/// A small seeded generator (splitmix64) for tests that print their seed:
+/// `OUTBOXD_SEED=<seed>` replays the run.
+pub struct Seeded(pub u64);
+
+impl Seeded {
+    /// `OUTBOXD_SEED`, or a random seed.
+    pub fn seed() -> u64 {
+        std::env::var("OUTBOXD_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| Uuid::new_v4().as_u64_pair().0)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A number in `lo..=hi`.
+    pub fn within(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
