@@ -3,7 +3,9 @@
 # on loopback (started, and installed if missing, by scripts/services.sh).
 # The multi-host tests make network namespaces (scripts/hosts.sh): root.
 # Extra arguments go to the test runner, e.g. `scripts/test.sh relay`.
-# OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 run the long scenarios.
+# OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 / OUTBOXD_LONG_SOAK=1 run the
+# long scenarios; `scripts/test.sh --run-ignored only -E 'binary(upgrade)'`
+# the rolling upgrade from the previous release (it builds that release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
