@@ -54,7 +54,7 @@ use futures_util::future::BoxFuture;
 use crate::config::TablesConfig;
 pub use crate::otel::TraceContext;
 pub use crate::store::outbox::Message;
-use crate::store::{Sql, StoreError};
+use crate::store::{Bounds, Sql, StoreError};
 
 /// Enqueues messages into one deployment's outbox table, on PostgreSQL or
 /// MySQL/MariaDB: whichever database the executor it is given talks to.
@@ -62,6 +62,8 @@ pub struct Producer {
     postgres: Sql,
     mysql: Sql,
     sqlite: Sql,
+    /// Each enqueue fails after `database.query_timeout`'s default.
+    bounds: Bounds,
     trace_source: Option<TraceSource>,
 }
 
@@ -93,6 +95,7 @@ impl Producer {
             postgres: crate::store::postgres::outbox::enqueue_statement(tables),
             mysql: crate::store::mysql::outbox::enqueue_statement(tables),
             sqlite: crate::store::sqlite::outbox::enqueue_statement(tables),
+            bounds: Bounds::default(),
             trace_source: None,
         }
     }
@@ -147,6 +150,7 @@ impl ProducerDatabase for sqlx::Postgres {
         Box::pin(crate::store::postgres::outbox::enqueue(
             &producer.postgres,
             exec,
+            &producer.bounds,
             message,
         ))
     }
@@ -161,6 +165,7 @@ impl ProducerDatabase for sqlx::MySql {
         Box::pin(crate::store::mysql::outbox::enqueue(
             &producer.mysql,
             exec,
+            &producer.bounds,
             message,
         ))
     }
@@ -175,6 +180,7 @@ impl ProducerDatabase for sqlx::Sqlite {
         Box::pin(crate::store::sqlite::outbox::enqueue(
             &producer.sqlite,
             exec,
+            &producer.bounds,
             message,
         ))
     }

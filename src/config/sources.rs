@@ -8,8 +8,7 @@
 //! naming the source. Without `[[source]]` entries the top level is the one
 //! source, named [`DEFAULT_SOURCE`]. What belongs to the process and not to
 //! a source (`worker.name`, `worker.threads`, `worker.health_listen`,
-//! `[dashboard]`, `[log]`) is refused inside a source, and so, for now, is
-//! a `database.query_timeout` of its own (the bound is process-wide).
+//! `[dashboard]`, `[log]`) is refused inside a source.
 
 use serde::{Deserialize, Serialize};
 
@@ -162,12 +161,6 @@ impl Config {
         }
         let config = Config::deserialize_table(table).map_err(ConfigError::Env)?;
         config.validate_one()?;
-        // Bounded once per process for now (store::query_timeout).
-        if config.database.query_timeout != self.database.query_timeout {
-            return Err(ConfigError::Env(
-                "database.query_timeout is one for the whole process (for now): set it in the top-level [database]".into(),
-            ));
-        }
         Ok(config)
     }
 }
@@ -210,6 +203,9 @@ fn overlay(into: &mut toml::Table, keys: &toml::Table) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::super::DEFAULT_QUERY_TIMEOUT;
     use super::*;
 
     const TWO: &str = r#"
@@ -224,6 +220,8 @@ partition_count = 32
 url = "amqp://u:pw@mq/billing"
 [source.outbox]
 max_attempts = 5
+[source.database]
+query_timeout = "3s"
 
 [[source]]
 name = "shop"
@@ -244,6 +242,9 @@ outbox = "shop_outbox"
         assert_eq!(billing.outbox.max_attempts, 5);
         assert_eq!(billing.outbox.batch_size, 200);
         assert_eq!(billing.amqp.url, "amqp://u:pw@mq/billing");
+        // Every source's statements are bounded by its own query_timeout.
+        assert_eq!(billing.database.query_timeout, Duration::from_secs(3));
+        assert_eq!(shop.database.query_timeout, DEFAULT_QUERY_TIMEOUT);
         assert_eq!(shop.database.url, "mysql://u@db2/shop");
         assert_eq!(shop.outbox.batch_size, 200);
         assert_eq!(shop.outbox.partition_count, 16);
@@ -282,13 +283,6 @@ outbox = "shop_outbox"
         );
         let e = bad("name = \"billing\"\nurl = \"postgres://h/d\"");
         assert!(e.contains("named twice"), "{e}");
-        let e = bad(
-            "name = \"x\"\nurl = \"postgres://h/d\"\n[source.database]\nquery_timeout = \"3s\"",
-        );
-        assert!(
-            e.contains("query_timeout is one for the whole process"),
-            "{e}"
-        );
         let e = bad("name = \"x\"\nurl = \"postgres://h/d\"\n[source.worker]\nthreads = 2");
         assert!(e.contains("worker.threads belongs to the process"), "{e}");
         let e = bad(

@@ -52,7 +52,7 @@ use sqlx::{Database, Executor};
 use uuid::Uuid;
 
 use super::statements::Rendered;
-use super::{Bounded, Sql, StoreError, query_error};
+use super::{Bounded, Bounds, Sql, StoreError, query_error};
 
 /// A statement's argument, bound by each backend as its SQL expects.
 #[derive(Debug, Clone, Copy)]
@@ -136,11 +136,66 @@ pub trait Binding: Database {
     fn decode<T: Record>(row: &Self::Row) -> Result<T, sqlx::Error>;
 }
 
-/// Something statements run on: a pool or a transaction of `Db`.
+/// Something statements run on: a pool or a transaction of `Db`, with
+/// its store's [`Bounds`].
 pub trait Runs: Send {
     type Db: Binding;
 
     fn on(&mut self) -> impl Executor<'_, Database = Self::Db>;
+
+    fn bounds(&self) -> &Bounds;
+}
+
+/// A sqlx pool with its store's [`Bounds`]: where the single statements of
+/// MySQL/MariaDB and SQLite run (PostgreSQL's `DbPool` carries its own).
+#[derive(Debug, Clone, Copy)]
+pub struct OnPool<'a, DB: Database> {
+    pub pool: &'a sqlx::Pool<DB>,
+    pub bounds: &'a Bounds,
+}
+
+/// A sqlx transaction with its store's [`Bounds`] (MySQL/MariaDB and
+/// SQLite; PostgreSQL's `Tx` carries its own). Dereferences to the
+/// connection, as a sqlx transaction does.
+#[derive(Debug)]
+pub struct BoundTx<DB: Database> {
+    inner: sqlx::Transaction<'static, DB>,
+    bounds: Bounds,
+}
+
+impl<DB: Database> BoundTx<DB> {
+    pub(crate) fn new(inner: sqlx::Transaction<'static, DB>, bounds: &Bounds) -> Self {
+        Self {
+            inner,
+            bounds: bounds.clone(),
+        }
+    }
+
+    pub(crate) fn bounds(&self) -> &Bounds {
+        &self.bounds
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.inner.commit().await
+    }
+
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.inner.rollback().await
+    }
+}
+
+impl<DB: Database> std::ops::Deref for BoundTx<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.inner
+    }
+}
+
+impl<DB: Database> std::ops::DerefMut for BoundTx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.inner
+    }
 }
 
 fn bind<DB: Binding>(args: &[Arg<'_>], doing: &'static str) -> Result<DB::Args, StoreError> {
@@ -154,9 +209,10 @@ impl<R: Runs> Statements for R {
         args: &[Arg<'_>],
         doing: &'static str,
     ) -> Result<u64, StoreError> {
+        let bounds = self.bounds().clone();
         let done = sqlx::query_with(sql.q(), bind::<R::Db>(args, doing)?)
             .execute(self.on())
-            .bounded(doing)
+            .bounded(&bounds, doing)
             .await?;
         Ok(R::Db::rows_affected(&done))
     }
@@ -167,9 +223,10 @@ impl<R: Runs> Statements for R {
         args: &[Arg<'_>],
         doing: &'static str,
     ) -> Result<Vec<T>, StoreError> {
+        let bounds = self.bounds().clone();
         let rows = sqlx::query_with(sql.q(), bind::<R::Db>(args, doing)?)
             .fetch_all(self.on())
-            .bounded(doing)
+            .bounded(&bounds, doing)
             .await?;
         rows.iter()
             .map(R::Db::decode)
@@ -201,6 +258,9 @@ pub trait Driver: Send + Sync + 'static {
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn rollback(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// What bounds this store's statements.
+    fn bounds(&self) -> &Bounds;
 
     /// Every statement set, in this backend's SQL.
     fn sql(&self) -> &Rendered;

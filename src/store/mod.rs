@@ -56,7 +56,6 @@ pub(crate) mod views;
 pub mod workers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use lookups::{OutboxLookups, PartitionLookups};
@@ -66,6 +65,7 @@ pub use partitions::PartitionStore;
 pub use repartition::RepartitionStore;
 pub use schema::SchemaStore;
 pub use stats::StatsStore;
+pub use switchover::Switchover;
 pub use workers::WorkerStore;
 
 use crate::config::{Config, DatabaseConfig, Redacted, TablesConfig, fmt_duration};
@@ -154,7 +154,6 @@ impl Store {
         tables: &TablesConfig,
         application_name: &str,
     ) -> Result<Self, StoreError> {
-        QUERY_TIMEOUT_MS.store(db.query_timeout.as_millis() as u64, Ordering::Relaxed);
         let backend: Arc<dyn Backend> = match BackendKind::of_url(&db.url) {
             Some(BackendKind::MySql) => {
                 Arc::new(mysql::MySqlBackend::connect(db, tables, application_name).await?)
@@ -331,30 +330,80 @@ impl<T> QueryContext<T> for Result<T, sqlx::Error> {
 }
 
 pub(crate) fn query_error(doing: &'static str, source: sqlx::Error) -> StoreError {
-    switchover::note_failure(&source);
     StoreError::Query { doing, source }
 }
 
-/// Bound on each worker statement, in milliseconds (`database.query_timeout`;
-/// set once by [`Store::connect`], process-wide like the pool it applies to).
-static QUERY_TIMEOUT_MS: AtomicU64 =
-    AtomicU64::new(crate::config::DEFAULT_QUERY_TIMEOUT.as_millis() as u64);
-
-/// The current bound on one worker statement.
-pub fn query_timeout() -> Duration {
-    Duration::from_millis(QUERY_TIMEOUT_MS.load(Ordering::Relaxed))
+/// What bounds one store's statements on a worker's path: its
+/// `database.query_timeout` and its [`Switchover`] marker. Every store
+/// (every source) has its own, so one source's settings and one source's
+/// read-only answer never reach another's. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    query_timeout: Duration,
+    switchover: Arc<Switchover>,
 }
 
-/// A database call that fails after [`query_timeout`] instead of waiting
-/// on a database that stopped answering.
+impl Default for Bounds {
+    /// The default `database.query_timeout`, and a marker of its own.
+    fn default() -> Self {
+        Self {
+            query_timeout: crate::config::DEFAULT_QUERY_TIMEOUT,
+            switchover: Arc::default(),
+        }
+    }
+}
+
+impl Bounds {
+    pub(crate) fn new(db: &DatabaseConfig) -> Self {
+        Self {
+            query_timeout: db.query_timeout,
+            switchover: Arc::default(),
+        }
+    }
+
+    /// The bound on one statement (`database.query_timeout`).
+    pub fn query_timeout(&self) -> Duration {
+        self.query_timeout
+    }
+
+    /// The store's switchover marker (its pool's `before_acquire` asks it).
+    pub(crate) fn switchover(&self) -> Arc<Switchover> {
+        self.switchover.clone()
+    }
+
+    /// A failed statement of this store, said with what was being done; a
+    /// read-only answer marks the store's connections stale.
+    pub(crate) fn error(&self, doing: &'static str, source: sqlx::Error) -> StoreError {
+        self.switchover.note_failure(&source);
+        StoreError::Query { doing, source }
+    }
+
+    /// An error of a whole operation: a read-only answer inside it marks
+    /// the store's connections stale too.
+    fn noted(&self, error: StoreError) -> StoreError {
+        if let StoreError::Query { source, .. } = &error {
+            self.switchover.note_failure(source);
+        }
+        error
+    }
+}
+
+/// A database call that fails after its store's `query_timeout` instead of
+/// waiting on a database that stopped answering.
 pub(crate) trait Bounded<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
     /// Bounds the call and says what it was doing when it failed.
-    fn bounded(self, doing: &'static str) -> impl Future<Output = Result<T, StoreError>> {
-        let after = query_timeout();
+    fn bounded(
+        self,
+        bounds: &Bounds,
+        doing: &'static str,
+    ) -> impl Future<Output = Result<T, StoreError>> {
         async move {
-            match tokio::time::timeout(after, self).await {
-                Ok(result) => result.map_err(|source| query_error(doing, source)),
-                Err(_) => Err(StoreError::Timeout { doing, after }),
+            match tokio::time::timeout(bounds.query_timeout, self).await {
+                Ok(result) => result.map_err(|source| bounds.error(doing, source)),
+                Err(_) => Err(StoreError::Timeout {
+                    doing,
+                    after: bounds.query_timeout,
+                }),
             }
         }
     }
@@ -363,14 +412,15 @@ pub(crate) trait Bounded<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
 impl<T, F: Future<Output = Result<T, sqlx::Error>>> Bounded<T> for F {}
 
 /// Bounds a whole multi-statement operation (a transaction of several
-/// statements) by [`query_timeout`].
+/// statements) by its store's `query_timeout`.
 pub(crate) async fn bounded_op<T>(
+    bounds: &Bounds,
     doing: &'static str,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let after = query_timeout();
+    let after = bounds.query_timeout;
     match tokio::time::timeout(after, op).await {
-        Ok(result) => result,
+        Ok(result) => result.map_err(|e| bounds.noted(e)),
         Err(_) => Err(StoreError::Timeout { doing, after }),
     }
 }

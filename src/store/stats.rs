@@ -75,7 +75,7 @@ type Slot = (DateTime<Utc>, i64, i64);
 /// The database's clock and the rows of one throughput table.
 async fn slots<D: Driver>(d: &D, rows: &Sql) -> Result<(DateTime<Utc>, Vec<Slot>), StoreError> {
     let doing = "reading throughput";
-    bounded_op(doing, async {
+    bounded_op(d.bounds(), doing, async {
         let now: Vec<(DateTime<Utc>,)> =
             d.reads().fetch_all(&d.sql().stats.now, &[], doing).await?;
         let now = now.first().map_or_else(Utc::now, |(t,)| *t);

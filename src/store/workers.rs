@@ -191,7 +191,7 @@ impl<D: Driver> WorkerStore for D {
         admit: Admission<'_>,
     ) -> Result<Joined, StoreError> {
         let sql = &self.sql().workers;
-        bounded_op("registering the worker", async {
+        bounded_op(self.bounds(), "registering the worker", async {
             let mut tx = self.begin().await?;
             tx.execute(&sql.lock_registrations, &[], "taking the registration lock")
                 .await?;

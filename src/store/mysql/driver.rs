@@ -5,15 +5,16 @@
 
 use sqlx::error::BoxDynError;
 use sqlx::mysql::{MySqlArguments, MySqlQueryResult, MySqlRow};
-use sqlx::{Arguments, Executor, MySql, MySqlPool};
+use sqlx::{Arguments, Executor, MySql};
 
 use super::{MySqlBackend, micros};
 
-/// A transaction on MySQL/MariaDB.
-pub type Tx = sqlx::Transaction<'static, MySql>;
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Record, Runs, json_list};
 use crate::store::statements::Rendered;
-use crate::store::{QueryContext, StoreError};
+use crate::store::{Bounds, QueryContext, StoreError};
+
+/// A transaction on MySQL/MariaDB.
+pub type Tx = BoundTx<MySql>;
 
 impl Binding for MySql {
     type Args = MySqlArguments;
@@ -45,32 +46,44 @@ impl Binding for MySql {
     }
 }
 
-impl Runs for &MySqlPool {
+impl Runs for OnPool<'_, MySql> {
     type Db = MySql;
 
     fn on(&mut self) -> impl Executor<'_, Database = MySql> {
-        *self
+        self.pool
+    }
+
+    fn bounds(&self) -> &Bounds {
+        self.bounds
     }
 }
 
-impl Runs for sqlx::Transaction<'_, MySql> {
+impl Runs for Tx {
     type Db = MySql;
 
     fn on(&mut self) -> impl Executor<'_, Database = MySql> {
         &mut **self
     }
+
+    fn bounds(&self) -> &Bounds {
+        BoundTx::bounds(self)
+    }
 }
 
 impl Driver for MySqlBackend {
-    type Pool<'a> = &'a MySqlPool;
+    type Pool<'a> = OnPool<'a, MySql>;
     type Tx = Tx;
 
-    fn pool(&self) -> &MySqlPool {
-        &self.pool
+    fn pool(&self) -> OnPool<'_, MySql> {
+        OnPool {
+            pool: &self.pool,
+            bounds: &self.bounds,
+        }
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {
-        self.pool.begin().await.doing("starting a transaction")
+        let tx = self.pool.begin().await.doing("starting a transaction")?;
+        Ok(BoundTx::new(tx, &self.bounds))
     }
 
     async fn commit(tx: Tx) -> Result<(), StoreError> {
@@ -83,5 +96,9 @@ impl Driver for MySqlBackend {
 
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    fn bounds(&self) -> &Bounds {
+        &self.bounds
     }
 }

@@ -57,13 +57,14 @@ use sqlx::MySqlPool;
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
-use super::{Backend, BackendKind, Sql, StoreError};
+use super::{Backend, BackendKind, Bounds, Sql, StoreError};
 use crate::config::{DatabaseConfig, TablesConfig};
 
 /// A store on MySQL or MariaDB.
 #[derive(Debug)]
 pub struct MySqlBackend {
     pool: MySqlPool,
+    bounds: Bounds,
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
     partitions: partitions::PartitionsSql,
@@ -79,9 +80,11 @@ impl MySqlBackend {
         tables: &TablesConfig,
         application_name: &str,
     ) -> Result<Self, StoreError> {
-        let pool = pool::connect(db, application_name).await?;
+        let bounds = Bounds::new(db);
+        let pool = pool::connect(db, &bounds, application_name).await?;
         Ok(Self {
             pool,
+            bounds,
             tables: tables.clone(),
             outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
@@ -129,7 +132,7 @@ impl Backend for MySqlBackend {
         Box::pin(async move {
             sqlx::query("SELECT 1")
                 .execute(&self.pool)
-                .bounded("checking that the database answers")
+                .bounded(&self.bounds, "checking that the database answers")
                 .await
                 .map(|_| ())
         })

@@ -16,13 +16,14 @@ use sqlx::{MySql, MySqlExecutor};
 
 use super::{MySqlBackend, VIEWS, micros, placeholders};
 use crate::config::TablesConfig;
+use crate::store::driver::BoundTx;
 use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore,
 };
 use crate::store::statements::BucketReadsSql;
 use crate::store::views;
-use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, render};
+use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, render};
 
 /// The condition every write of a drainer carries (see the PostgreSQL
 /// backend): the bucket's claim is this drainer's and, in fleet mode, the
@@ -95,6 +96,7 @@ impl OutboxSql {
 
     async fn record_published<'e, E: MySqlExecutor<'e>>(
         &self,
+        bounds: &Bounds,
         exec: E,
         h: Holder<'_>,
         ids: &[i64],
@@ -110,7 +112,7 @@ impl OutboxSql {
         }
         let q = bind_holder(q.bind(h.partition_key), h);
         Ok(q.execute(exec)
-            .bounded("recording published rows")
+            .bounded(bounds, "recording published rows")
             .await?
             .rows_affected())
     }
@@ -145,6 +147,7 @@ pub(crate) fn enqueue_statement(t: &TablesConfig) -> Sql {
 pub(crate) async fn enqueue<'e, E: MySqlExecutor<'e>>(
     sql: &Sql,
     exec: E,
+    bounds: &Bounds,
     m: &Message,
 ) -> Result<i64, StoreError> {
     let done = sqlx::query(sql.q())
@@ -155,7 +158,7 @@ pub(crate) async fn enqueue<'e, E: MySqlExecutor<'e>>(
         .bind(&m.headers)
         .bind(m.content_type.as_deref())
         .execute(exec)
-        .bounded("enqueueing a message")
+        .bounded(bounds, "enqueueing a message")
         .await?;
     Ok(done.last_insert_id() as i64)
 }
@@ -166,11 +169,11 @@ pub(crate) const PURGE_LOCK: &str = "purge";
 #[async_trait]
 impl OutboxStore for MySqlBackend {
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
-        enqueue(&self.outbox.enqueue, &self.pool, message).await
+        enqueue(&self.outbox.enqueue, &self.pool, &self.bounds, message).await
     }
 
     async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
-        bounded_op("claiming a batch", async {
+        bounded_op(&self.bounds, "claiming a batch", async {
             // Rows still in flight from the previous batch are skipped, never
             // a row behind them (a lower id that committed late is taken).
             let sql = if c.in_flight.is_empty() {
@@ -224,7 +227,9 @@ impl OutboxStore for MySqlBackend {
     }
 
     async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
-        self.outbox.record_published(&self.pool, holder, ids).await
+        self.outbox
+            .record_published(&self.bounds, &self.pool, holder, ids)
+            .await
     }
 
     async fn record_failure(
@@ -233,13 +238,14 @@ impl OutboxStore for MySqlBackend {
         confirmed: &[i64],
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError> {
-        bounded_op("recording a failed publish", async {
-            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+        bounded_op(&self.bounds, "recording a failed publish", async {
+            let tx = self.pool.begin().await.doing("starting a transaction")?;
+            let mut tx = BoundTx::new(tx, &self.bounds);
             let published = if confirmed.is_empty() {
                 0
             } else {
                 self.outbox
-                    .record_published(&mut *tx, holder, confirmed)
+                    .record_published(&self.bounds, &mut *tx, holder, confirmed)
                     .await?
             };
             let parked = match failure {
@@ -264,7 +270,7 @@ impl OutboxStore for MySqlBackend {
     }
 
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
-        bounded_op("purging published rows", async {
+        bounded_op(&self.bounds, "purging published rows", async {
             let mut tx = self.pool.begin().await.doing("starting a transaction")?;
             // Only whoever holds the purge lock purges; the others skip.
             let locked: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
@@ -315,7 +321,7 @@ impl OutboxStore for MySqlBackend {
 /// `None` when the row no longer matched (claim or lease lost).
 async fn record_one_failure(
     sql: &OutboxSql,
-    tx: &mut sqlx::Transaction<'_, MySql>,
+    tx: &mut BoundTx<MySql>,
     h: Holder<'_>,
     f: Failure<'_>,
 ) -> Result<Option<bool>, StoreError> {

@@ -14,13 +14,13 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 
 use crate::config::DatabaseConfig;
 use crate::stamp::Stamp;
-use crate::store::switchover::opened_before_stale;
 use crate::store::trim;
-use crate::store::{BackendKind, StoreError, shown};
+use crate::store::{BackendKind, Bounds, StoreError, shown};
 
 /// Opens a pool for a worker or a command on `db.url`.
 pub async fn connect(
     db: &DatabaseConfig,
+    bounds: &Bounds,
     _application_name: &str,
 ) -> Result<MySqlPool, StoreError> {
     let url = db.url.as_str();
@@ -50,6 +50,7 @@ pub async fn connect(
     let _ = first.close().await;
     let opened = Stamp::default();
     let opening = opened.clone();
+    let switchover = bounds.switchover();
     let pool = MySqlPoolOptions::new()
         .max_connections(db.max_connections)
         .min_connections(0)
@@ -66,7 +67,10 @@ pub async fn connect(
                 Ok(())
             })
         })
-        .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
+        .before_acquire(move |_conn, meta| {
+            let fresh = !switchover.opened_before_stale(meta.age);
+            Box::pin(async move { Ok(fresh) })
+        })
         .connect_lazy_with(options);
     trim::spawn(pool.clone(), opened);
     Ok(pool)

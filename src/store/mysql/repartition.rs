@@ -73,7 +73,7 @@ impl RepartitionStore for MySqlBackend {
 
     async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {
         let sql = |template: &str| render(&self.tables, template);
-        let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+        let mut tx = crate::store::driver::Driver::begin(self).await?;
         let known: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql(
             "SELECT partition_key FROM {partitions} ORDER BY partition_key",
         )))

@@ -10,7 +10,7 @@ use sqlx::{Arguments, Executor, Postgres};
 use super::{DbPool, PgBackend, Tx};
 use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
 use crate::store::statements::Rendered;
-use crate::store::{QueryContext, StoreError};
+use crate::store::{Bounds, QueryContext, StoreError};
 
 /// Milliseconds of a duration, as PostgreSQL's statements take them
 /// (`make_interval(secs => $n::float8 / 1000)`).
@@ -54,6 +54,10 @@ impl Runs for &DbPool {
     fn on(&mut self) -> impl Executor<'_, Database = Postgres> {
         *self
     }
+
+    fn bounds(&self) -> &Bounds {
+        DbPool::bounds(self)
+    }
 }
 
 impl Runs for Tx {
@@ -61,6 +65,10 @@ impl Runs for Tx {
 
     fn on(&mut self) -> impl Executor<'_, Database = Postgres> {
         self
+    }
+
+    fn bounds(&self) -> &Bounds {
+        Tx::bounds(self)
     }
 }
 
@@ -86,5 +94,9 @@ impl Driver for PgBackend {
 
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    fn bounds(&self) -> &Bounds {
+        self.pool.bounds()
     }
 }

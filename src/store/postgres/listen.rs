@@ -31,7 +31,7 @@ impl NotifyStore for PgBackend {
             .bind(self.channel_name(channel))
             .bind(payload)
             .execute(&self.pool)
-            .bounded("sending a notification")
+            .bounded(self.pool.bounds(), "sending a notification")
             .await?;
         Ok(())
     }

@@ -94,7 +94,7 @@ impl Backend for PgBackend {
         Box::pin(async move {
             sqlx::query("SELECT 1")
                 .execute(self.pool.sqlx())
-                .bounded("checking that the database answers")
+                .bounded(self.pool.bounds(), "checking that the database answers")
                 .await
                 .map(|_| ())
         })

@@ -20,7 +20,7 @@ use crate::store::outbox::{
     OutboxStore, ParkedStore,
 };
 use crate::store::statements::BucketReadsSql;
-use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op, query_error};
+use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, query_error};
 
 const SUMMARY_COLUMNS: &str =
     "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
@@ -275,6 +275,7 @@ impl OutboxSql {
 
     async fn claim<'e, E: PgExecutor<'e>>(
         &self,
+        bounds: &Bounds,
         exec: E,
         c: Claim<'_>,
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
@@ -289,12 +290,13 @@ impl OutboxSql {
             .bind(c.in_flight)
             .bind(c.in_flight.iter().max())
             .fetch_all(exec)
-            .bounded("claiming a batch")
+            .bounded(bounds, "claiming a batch")
             .await
     }
 
     async fn record_published<'e, E: PgExecutor<'e>>(
         &self,
+        bounds: &Bounds,
         exec: E,
         h: Holder<'_>,
         ids: &[i64],
@@ -306,13 +308,14 @@ impl OutboxSql {
             .bind(h.fence.map(|f| f.owner))
             .bind(h.fence.map(|f| f.epoch))
             .execute(exec)
-            .bounded("recording published rows")
+            .bounded(bounds, "recording published rows")
             .await?
             .rows_affected())
     }
 
     async fn record_failure<'e, E: PgExecutor<'e>>(
         &self,
+        bounds: &Bounds,
         exec: E,
         h: Holder<'_>,
         f: Failure<'_>,
@@ -329,7 +332,7 @@ impl OutboxSql {
             .bind(h.fence.map(|f| f.owner))
             .bind(h.fence.map(|f| f.epoch))
             .fetch_optional(exec)
-            .bounded("recording a failed publish")
+            .bounded(bounds, "recording a failed publish")
             .await
     }
 }
@@ -353,7 +356,7 @@ async fn published_of_key(
     pool: &DbPool,
     q: QueryAs<'_, Postgres, MessageSummary, PgArguments>,
 ) -> Result<Vec<MessageSummary>, StoreError> {
-    bounded_op(SEARCHING_PUBLISHED, async {
+    bounded_op(pool.bounds(), SEARCHING_PUBLISHED, async {
         let mut tx = pool.begin().await.doing("starting a transaction")?;
         sqlx::query("SELECT set_config('statement_timeout', $1, true)")
             .bind(PUBLISHED_KEY_SEARCH_MS.to_string())
@@ -379,15 +382,25 @@ async fn published_of_key(
 #[async_trait]
 impl OutboxStore for PgBackend {
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
-        enqueue(&self.outbox.enqueue, &self.pool, message).await
+        enqueue(
+            &self.outbox.enqueue,
+            &self.pool,
+            self.pool.bounds(),
+            message,
+        )
+        .await
     }
 
     async fn claim(&self, claim: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
-        self.outbox.claim(&self.pool, claim).await
+        self.outbox
+            .claim(self.pool.bounds(), &self.pool, claim)
+            .await
     }
 
     async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
-        self.outbox.record_published(&self.pool, holder, ids).await
+        self.outbox
+            .record_published(self.pool.bounds(), &self.pool, holder, ids)
+            .await
     }
 
     async fn record_failure(
@@ -396,17 +409,22 @@ impl OutboxStore for PgBackend {
         confirmed: &[i64],
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError> {
-        bounded_op("recording a failed publish", async {
+        let bounds = self.pool.bounds();
+        bounded_op(bounds, "recording a failed publish", async {
             let mut tx = self.pool.begin().await.doing("starting a transaction")?;
             let published = if confirmed.is_empty() {
                 0
             } else {
                 self.outbox
-                    .record_published(&mut tx, holder, confirmed)
+                    .record_published(bounds, &mut tx, holder, confirmed)
                     .await?
             };
             let parked = match failure {
-                Some(f) => self.outbox.record_failure(&mut tx, holder, f).await?,
+                Some(f) => {
+                    self.outbox
+                        .record_failure(bounds, &mut tx, holder, f)
+                        .await?
+                }
                 None => None,
             };
             tx.commit().await.doing("committing a failure")?;
@@ -441,7 +459,9 @@ impl OutboxStore for PgBackend {
         if scans_table {
             return published_of_key(&self.pool, q).await;
         }
-        q.fetch_all(&self.pool).bounded("listing messages").await
+        q.fetch_all(&self.pool)
+            .bounded(self.pool.bounds(), "listing messages")
+            .await
     }
 
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
@@ -450,7 +470,7 @@ impl OutboxStore for PgBackend {
             .bind(limit)
             .bind(PURGE_LOCK)
             .execute(&self.pool)
-            .bounded("purging published rows")
+            .bounded(self.pool.bounds(), "purging published rows")
             .await?
             .rows_affected())
     }
@@ -485,7 +505,7 @@ impl ParkedStore for PgBackend {
             .bind(actor)
             .bind(reason)
             .fetch_all(&self.pool)
-            .bounded("dropping parked messages")
+            .bounded(self.pool.bounds(), "dropping parked messages")
             .await
     }
 
@@ -502,7 +522,7 @@ impl ParkedStore for PgBackend {
             .bind(actor)
             .bind(all)
             .fetch_all(&self.pool)
-            .bounded("requeueing messages")
+            .bounded(self.pool.bounds(), "requeueing messages")
             .await
     }
 }
@@ -517,6 +537,7 @@ pub(crate) fn enqueue_statement(t: &TablesConfig) -> Sql {
 pub(crate) async fn enqueue<'e, E: PgExecutor<'e>>(
     sql: &Sql,
     exec: E,
+    bounds: &Bounds,
     m: &Message,
 ) -> Result<i64, StoreError> {
     sqlx::query_scalar(sql.q())
@@ -527,7 +548,7 @@ pub(crate) async fn enqueue<'e, E: PgExecutor<'e>>(
         .bind(&m.headers)
         .bind(m.content_type.as_deref())
         .fetch_one(exec)
-        .bounded("enqueueing a message")
+        .bounded(bounds, "enqueueing a message")
         .await
 }
 

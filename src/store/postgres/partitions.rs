@@ -13,11 +13,12 @@ use super::driver::millis;
 use crate::config::TablesConfig;
 use crate::store::partitions::{Acquired, BucketView, PartitionStore};
 use crate::store::statements::PartitionLookupsSql;
-use crate::store::{Bounded, Sql, StoreError, render};
+use crate::store::{Bounded, Bounds, Sql, StoreError, render};
 
 /// Inserts a row for every bucket label that has none.
 pub(crate) async fn ensure_rows<'e, E: PgExecutor<'e>>(
     exec: E,
+    bounds: &Bounds,
     tables: &TablesConfig,
     labels: &[String],
 ) -> Result<u64, StoreError> {
@@ -27,7 +28,7 @@ pub(crate) async fn ensure_rows<'e, E: PgExecutor<'e>>(
     )))
     .bind(labels)
     .execute(exec)
-    .bounded("creating bucket rows").await?
+    .bounded(bounds, "creating bucket rows").await?
     .rows_affected())
 }
 
@@ -136,7 +137,7 @@ impl PartitionsSql {
 #[async_trait]
 impl PartitionStore for PgBackend {
     async fn ensure_bucket_rows(&self, labels: &[String]) -> Result<u64, StoreError> {
-        ensure_rows(&self.pool, &self.tables, labels).await
+        ensure_rows(&self.pool, self.pool.bounds(), &self.tables, labels).await
     }
 
     /// Takes every bucket of `wanted` that is free or whose lease expired.
@@ -153,7 +154,7 @@ impl PartitionStore for PgBackend {
             .bind(millis(ttl))
             .bind(reason)
             .fetch_all(&self.pool)
-            .bounded("acquiring leases")
+            .bounded(self.pool.bounds(), "acquiring leases")
             .await
     }
 
@@ -172,7 +173,7 @@ impl PartitionStore for PgBackend {
             .bind(keys)
             .bind(epochs)
             .fetch_all(&self.pool)
-            .bounded("renewing leases")
+            .bounded(self.pool.bounds(), "renewing leases")
             .await
     }
 
@@ -190,7 +191,7 @@ impl PartitionStore for PgBackend {
             .bind(epochs)
             .bind(reason)
             .fetch_all(&self.pool)
-            .bounded("releasing leases")
+            .bounded(self.pool.bounds(), "releasing leases")
             .await
     }
 
@@ -202,7 +203,7 @@ impl PartitionStore for PgBackend {
             .bind(me)
             .bind(reason)
             .fetch_all(&self.pool)
-            .bounded("releasing leases")
+            .bounded(self.pool.bounds(), "releasing leases")
             .await
     }
 
@@ -211,7 +212,7 @@ impl PartitionStore for PgBackend {
         sqlx::query_as(self.partitions.overview.q())
             .bind(cap)
             .fetch_all(&self.pool)
-            .bounded("reading the bucket overview")
+            .bounded(self.pool.bounds(), "reading the bucket overview")
             .await
     }
 }

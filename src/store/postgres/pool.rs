@@ -24,7 +24,10 @@
 //!   holds a session lock) refuses or uses `listen_url`.
 //!
 //! After a switchover the pool closes the connections opened before the
-//! database was seen read-only ([`crate::store::switchover`]).
+//! database was seen read-only ([`crate::store::switchover`]): a read-only
+//! answer to any statement run through the pool or one of its
+//! transactions — the store's, or a producer's — marks the pool's own
+//! marker, never another pool's.
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -38,9 +41,8 @@ use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
 
 use crate::config::{DatabaseConfig, Pooler};
 use crate::stamp::Stamp;
-use crate::store::switchover::opened_before_stale;
 use crate::store::trim;
-use crate::store::{BackendKind, StoreError, shown};
+use crate::store::{BackendKind, Bounds, StoreError, Switchover, shown};
 
 /// A pool of database connections that knows what sits in front of the
 /// database (see the module docs). Cheap to clone.
@@ -48,6 +50,7 @@ use crate::store::{BackendKind, StoreError, shown};
 pub struct DbPool {
     inner: PgPool,
     pooler: Pooler,
+    bounds: Bounds,
 }
 
 impl DbPool {
@@ -61,7 +64,13 @@ impl DbPool {
         Ok(Tx {
             inner: self.inner.begin().await?,
             unnamed: self.unnamed_statements(),
+            bounds: self.bounds.clone(),
         })
+    }
+
+    /// What bounds this pool's statements.
+    pub fn bounds(&self) -> &Bounds {
+        &self.bounds
     }
 
     /// A connection of the pool, for statements that must share one
@@ -95,9 +104,15 @@ impl DbPool {
 pub struct Tx {
     inner: sqlx::Transaction<'static, Postgres>,
     unnamed: bool,
+    bounds: Bounds,
 }
 
 impl Tx {
+    /// What bounds this transaction's statements (its pool's).
+    pub fn bounds(&self) -> &Bounds {
+        &self.bounds
+    }
+
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         self.inner.commit().await
     }
@@ -151,6 +166,8 @@ pub async fn connect_to(
     let _ = first.close().await;
     let opened = Stamp::default();
     let opening = opened.clone();
+    let bounds = Bounds::new(db);
+    let switchover = bounds.switchover();
     let inner = PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
@@ -165,10 +182,17 @@ pub async fn connect_to(
                 Ok(())
             })
         })
-        .before_acquire(|_conn, meta| Box::pin(async move { Ok(!opened_before_stale(meta.age)) }))
+        .before_acquire(move |_conn, meta| {
+            let fresh = !switchover.opened_before_stale(meta.age);
+            Box::pin(async move { Ok(fresh) })
+        })
         .connect_lazy_with(options);
     trim::spawn(inner.clone(), opened);
-    Ok(DbPool { inner, pooler })
+    Ok(DbPool {
+        inner,
+        pooler,
+        bounds,
+    })
 }
 
 /// libpq's rule, which sqlx lacks: `sslmode=require` with `sslrootcert`
@@ -239,6 +263,16 @@ fn route<'q, E: Execute<'q, Postgres>>(mut query: E) -> Result<Route<E>, sqlx::E
     }
 }
 
+/// Notes a failed statement with the pool's switchover marker (a
+/// read-only answer makes its older connections stale), whoever ran it:
+/// the store's flows, or a producer in a transaction of this pool.
+fn noted<T>(switchover: &Switchover, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+    if let Err(e) = &result {
+        switchover.note_failure(e);
+    }
+    result
+}
+
 impl<'p> Executor<'p> for &'_ DbPool {
     type Database = Postgres;
 
@@ -249,24 +283,27 @@ impl<'p> Executor<'p> for &'_ DbPool {
     where
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.unnamed_statements() {
-            return (&self.inner).fetch_many(query);
-        }
-        let pool = self.inner.clone();
-        let rows = async move {
-            let taken = match route(query)? {
-                Route::AsIs(query) => return collect((&pool).fetch_many(query)).await,
-                Route::Unnamed(taken) => taken,
+        let switchover = self.bounds.switchover();
+        let rows = if !self.unnamed_statements() {
+            (&self.inner).fetch_many(query)
+        } else {
+            let pool = self.inner.clone();
+            let rows = async move {
+                let taken = match route(query)? {
+                    Route::AsIs(query) => return collect((&pool).fetch_many(query)).await,
+                    Route::Unnamed(taken) => taken,
+                };
+                let mut tx = pool.begin().await?;
+                let rows = collect(tx.fetch_many(taken)).await?;
+                tx.commit().await?;
+                Ok(rows)
             };
-            let mut tx = pool.begin().await?;
-            let rows = collect(tx.fetch_many(taken)).await?;
-            tx.commit().await?;
-            Ok(rows)
+            futures_util::stream::once(rows)
+                .map_ok(|rows| futures_util::stream::iter(rows.into_iter().map(Ok)))
+                .try_flatten()
+                .boxed()
         };
-        futures_util::stream::once(rows)
-            .map_ok(|rows| futures_util::stream::iter(rows.into_iter().map(Ok)))
-            .try_flatten()
-            .boxed()
+        rows.map(move |r| noted(&switchover, r)).boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -276,19 +313,24 @@ impl<'p> Executor<'p> for &'_ DbPool {
     where
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.unnamed_statements() {
-            return (&self.inner).fetch_optional(query);
-        }
+        let switchover = self.bounds.switchover();
+        let unnamed = self.unnamed_statements();
         let pool = self.inner.clone();
         Box::pin(async move {
-            let taken = match route(query)? {
-                Route::AsIs(query) => return (&pool).fetch_optional(query).await,
-                Route::Unnamed(taken) => taken,
+            if !unnamed {
+                return noted(&switchover, (&pool).fetch_optional(query).await);
+            }
+            let row = async {
+                let taken = match route(query)? {
+                    Route::AsIs(query) => return (&pool).fetch_optional(query).await,
+                    Route::Unnamed(taken) => taken,
+                };
+                let mut tx = pool.begin().await?;
+                let row = tx.fetch_optional(taken).await?;
+                tx.commit().await?;
+                Ok(row)
             };
-            let mut tx = pool.begin().await?;
-            let row = tx.fetch_optional(taken).await?;
-            tx.commit().await?;
-            Ok(row)
+            noted(&switchover, row.await)
         })
     }
 
@@ -325,15 +367,18 @@ impl<'c> Executor<'c> for &'c mut Tx {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        let switchover = self.bounds.switchover();
         let conn: &'c mut PgConnection = &mut self.inner;
-        if !self.unnamed {
-            return conn.fetch_many(query);
-        }
-        match route(query) {
-            Ok(Route::AsIs(query)) => conn.fetch_many(query),
-            Ok(Route::Unnamed(taken)) => conn.fetch_many(taken),
-            Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
-        }
+        let rows = if !self.unnamed {
+            conn.fetch_many(query)
+        } else {
+            match route(query) {
+                Ok(Route::AsIs(query)) => conn.fetch_many(query),
+                Ok(Route::Unnamed(taken)) => conn.fetch_many(taken),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).boxed(),
+            }
+        };
+        rows.map(move |r| noted(&switchover, r)).boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -344,15 +389,18 @@ impl<'c> Executor<'c> for &'c mut Tx {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        let switchover = self.bounds.switchover();
         let conn: &'c mut PgConnection = &mut self.inner;
-        if !self.unnamed {
-            return conn.fetch_optional(query);
-        }
-        match route(query) {
-            Ok(Route::AsIs(query)) => conn.fetch_optional(query),
-            Ok(Route::Unnamed(taken)) => conn.fetch_optional(taken),
-            Err(e) => Box::pin(async move { Err(e) }),
-        }
+        let row = if !self.unnamed {
+            conn.fetch_optional(query)
+        } else {
+            match route(query) {
+                Ok(Route::AsIs(query)) => conn.fetch_optional(query),
+                Ok(Route::Unnamed(taken)) => conn.fetch_optional(taken),
+                Err(e) => Box::pin(async move { Err(e) }),
+            }
+        };
+        Box::pin(async move { noted(&switchover, row.await) })
     }
 
     fn prepare_with<'e>(

@@ -177,7 +177,13 @@ impl SchemaStore for PgBackend {
         if recorded != partitioner.count() {
             return Err(partition_count_mismatch(recorded, partitioner.count()));
         }
-        super::partitions::ensure_rows(&mut tx, &self.tables, &partitioner.labels()).await?;
+        super::partitions::ensure_rows(
+            &mut tx,
+            self.pool.bounds(),
+            &self.tables,
+            &partitioner.labels(),
+        )
+        .await?;
         tx.commit()
             .await
             .doing("committing the settings transaction")?;

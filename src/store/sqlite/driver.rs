@@ -5,15 +5,15 @@
 
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
-use sqlx::{Arguments, Executor, Sqlite, SqlitePool};
+use sqlx::{Arguments, Executor, Sqlite};
 
 use super::SqliteBackend;
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Record, Runs, json_list};
 use crate::store::statements::Rendered;
-use crate::store::{QueryContext, StoreError};
+use crate::store::{Bounds, QueryContext, StoreError};
 
 /// A transaction on SQLite.
-pub type Tx = sqlx::Transaction<'static, Sqlite>;
+pub type Tx = BoundTx<Sqlite>;
 
 /// Milliseconds of a duration, for `{now+?}`.
 pub(crate) fn millis(d: std::time::Duration) -> i64 {
@@ -50,35 +50,48 @@ impl Binding for Sqlite {
     }
 }
 
-impl Runs for &SqlitePool {
+impl Runs for OnPool<'_, Sqlite> {
     type Db = Sqlite;
 
     fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
-        *self
+        self.pool
+    }
+
+    fn bounds(&self) -> &Bounds {
+        self.bounds
     }
 }
 
-impl Runs for sqlx::Transaction<'_, Sqlite> {
+impl Runs for Tx {
     type Db = Sqlite;
 
     fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
         &mut **self
     }
+
+    fn bounds(&self) -> &Bounds {
+        BoundTx::bounds(self)
+    }
 }
 
 impl Driver for SqliteBackend {
-    type Pool<'a> = &'a SqlitePool;
+    type Pool<'a> = OnPool<'a, Sqlite>;
     type Tx = Tx;
 
     /// The writer: the one writer keeps the worker's writes in one queue.
-    #[allow(clippy::misnamed_getters)]
-    fn pool(&self) -> &SqlitePool {
-        &self.writer
+    fn pool(&self) -> OnPool<'_, Sqlite> {
+        OnPool {
+            pool: &self.writer,
+            bounds: &self.bounds,
+        }
     }
 
     /// The readers: a read never waits behind the writer's queue.
-    fn reads(&self) -> &SqlitePool {
-        &self.pool
+    fn reads(&self) -> OnPool<'_, Sqlite> {
+        OnPool {
+            pool: &self.pool,
+            bounds: &self.bounds,
+        }
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {
@@ -95,5 +108,9 @@ impl Driver for SqliteBackend {
 
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    fn bounds(&self) -> &Bounds {
+        &self.bounds
     }
 }

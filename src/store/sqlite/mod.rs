@@ -99,6 +99,7 @@ pub struct SqliteBackend {
     /// SQLite's busy handler (which sleeps 1, 2, 5, 10… ms between tries
     /// and made a trickle's p99 hundreds of ms with 16 drainers).
     writer: SqlitePool,
+    bounds: super::Bounds,
     /// The database file (for the change watch).
     file: std::path::PathBuf,
     /// Raised on every change of the file, once a poller asked.
@@ -122,6 +123,7 @@ impl SqliteBackend {
         Ok(Self {
             pool,
             writer,
+            bounds: super::Bounds::new(db),
             file,
             changes: std::sync::OnceLock::new(),
             tables: tables.clone(),
@@ -153,10 +155,12 @@ impl SqliteBackend {
     /// A write transaction: `BEGIN IMMEDIATE` (see the module docs).
     pub(crate) async fn write(&self) -> Result<driver::Tx, StoreError> {
         use super::QueryContext;
-        self.writer
+        let tx = self
+            .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .doing("starting a write transaction")
+            .doing("starting a write transaction")?;
+        Ok(crate::store::driver::BoundTx::new(tx, &self.bounds))
     }
 }
 
@@ -174,7 +178,7 @@ impl Backend for SqliteBackend {
         Box::pin(async move {
             sqlx::query("SELECT 1")
                 .execute(&self.pool)
-                .bounded("checking that the database answers")
+                .bounded(&self.bounds, "checking that the database answers")
                 .await
                 .map(|_| ())
         })

@@ -29,7 +29,7 @@ use crate::store::outbox::{
 };
 use crate::store::statements::BucketReadsSql;
 use crate::store::views;
-use crate::store::{Bounded, QueryContext, Sql, StoreError, bounded_op};
+use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op};
 
 /// The condition every write of a drainer carries (see the PostgreSQL
 /// backend): the bucket's claim is this drainer's and, in fleet mode, the
@@ -137,6 +137,7 @@ impl OutboxSql {
 
     async fn record_published<'e, E: SqliteExecutor<'e>>(
         &self,
+        bounds: &Bounds,
         exec: E,
         h: Holder<'_>,
         ids: &[i64],
@@ -146,7 +147,7 @@ impl OutboxSql {
             .bind(h.partition_key);
         Ok(bind_holder(q, h)
             .execute(exec)
-            .bounded("recording published rows")
+            .bounded(bounds, "recording published rows")
             .await?
             .rows_affected())
     }
@@ -180,6 +181,7 @@ pub(crate) fn enqueue_statement(t: &TablesConfig) -> Sql {
 pub(crate) async fn enqueue<'e, E: SqliteExecutor<'e>>(
     sql: &Sql,
     exec: E,
+    bounds: &Bounds,
     m: &Message,
 ) -> Result<i64, StoreError> {
     let done = sqlx::query(sql.q())
@@ -190,7 +192,7 @@ pub(crate) async fn enqueue<'e, E: SqliteExecutor<'e>>(
         .bind(&m.headers)
         .bind(m.content_type.as_deref())
         .execute(exec)
-        .bounded("enqueueing a message")
+        .bounded(bounds, "enqueueing a message")
         .await?;
     Ok(done.last_insert_rowid())
 }
@@ -198,11 +200,11 @@ pub(crate) async fn enqueue<'e, E: SqliteExecutor<'e>>(
 #[async_trait]
 impl OutboxStore for SqliteBackend {
     async fn enqueue(&self, message: &Message) -> Result<i64, StoreError> {
-        enqueue(&self.outbox.enqueue, &self.writer, message).await
+        enqueue(&self.outbox.enqueue, &self.writer, &self.bounds, message).await
     }
 
     async fn claim(&self, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
-        bounded_op("claiming a batch", async {
+        bounded_op(&self.bounds, "claiming a batch", async {
             // A read first (no lock): a bucket with nothing ready costs
             // the writer nothing, and a claim still held is not taken again.
             let (rows, held) = self.ready_prefix(&c, c.limit).await?;
@@ -236,7 +238,7 @@ impl OutboxStore for SqliteBackend {
 
     async fn record_published(&self, holder: Holder<'_>, ids: &[i64]) -> Result<u64, StoreError> {
         self.outbox
-            .record_published(&self.writer, holder, ids)
+            .record_published(&self.bounds, &self.writer, holder, ids)
             .await
     }
 
@@ -246,13 +248,13 @@ impl OutboxStore for SqliteBackend {
         confirmed: &[i64],
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError> {
-        bounded_op("recording a failed publish", async {
+        bounded_op(&self.bounds, "recording a failed publish", async {
             let mut tx = self.write().await?;
             let published = if confirmed.is_empty() {
                 0
             } else {
                 self.outbox
-                    .record_published(&mut *tx, holder, confirmed)
+                    .record_published(&self.bounds, &mut *tx, holder, confirmed)
                     .await?
             };
             let parked = match failure {
@@ -309,7 +311,7 @@ impl OutboxStore for SqliteBackend {
         .bind(millis(older_than))
         .bind(limit)
         .execute(&self.writer)
-        .bounded("purging published rows")
+        .bounded(&self.bounds, "purging published rows")
         .await
         .map(|done| done.rows_affected())
     }

@@ -85,7 +85,7 @@ pub async fn acquire<D: Stepwise>(
     let wanted = in_order(wanted);
     let wanted = &wanted[..];
     let sql = &d.steps().leases;
-    bounded_op("acquiring leases", async {
+    bounded_op(d.bounds(), "acquiring leases", async {
         let mut tx = d.begin().await?;
         let candidates: Vec<(String, Option<Uuid>, i64)> = tx
             .fetch_all(&sql.acquirable, &[Arg::Labels(wanted)], "acquiring leases")
@@ -141,7 +141,7 @@ pub async fn renew<D: Stepwise>(
     let held = in_order(held);
     let held = &held[..];
     let sql = &d.steps().leases;
-    bounded_op("renewing leases", async {
+    bounded_op(d.bounds(), "renewing leases", async {
         let args = [Arg::Pairs(held), Arg::Duration(ttl), Arg::Uuid(me)];
         let matched = d
             .pool()
@@ -193,7 +193,7 @@ async fn release<D: Stepwise>(
     find: &crate::store::Sql,
     args: &[Arg<'_>],
 ) -> Result<Vec<String>, StoreError> {
-    bounded_op("releasing leases", async {
+    bounded_op(d.bounds(), "releasing leases", async {
         let mut tx = d.begin().await?;
         let rows: Vec<(String, i64)> = tx.fetch_all(find, args, "releasing leases").await?;
         if rows.is_empty() {
@@ -262,6 +262,6 @@ impl<D: Stepwise> PartitionStore for D {
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError> {
         let v = self.views();
         let overview = views::overview(self, v.tables, v.dialect, v.overview_lines, cap);
-        bounded_op("reading the bucket overview", overview).await
+        bounded_op(self.bounds(), "reading the bucket overview", overview).await
     }
 }

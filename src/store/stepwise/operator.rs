@@ -50,7 +50,7 @@ pub async fn drop_parked<D: Stepwise>(
     ids.sort_unstable();
     let ids = &ids[..];
     let sql = &d.steps().operator;
-    bounded_op("dropping parked messages", async {
+    bounded_op(d.bounds(), "dropping parked messages", async {
         let mut tx = d.begin().await?;
         let dropped: Vec<Dropped> = tx
             .fetch_all(&sql.parked, &[Arg::Ids(ids)], "dropping parked messages")
@@ -85,7 +85,7 @@ pub async fn requeue<D: Stepwise>(
     actor: &str,
 ) -> Result<Vec<i64>, StoreError> {
     let sql = &d.steps().operator;
-    bounded_op("requeueing messages", async {
+    bounded_op(d.bounds(), "requeueing messages", async {
         let mut tx = d.begin().await?;
         let args = [Arg::Ids(ids), Arg::Labels(buckets), Arg::Bool(all)];
         let rows: Vec<(i64, String, bool)> = tx
