@@ -499,7 +499,7 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
 /// them on a PostgreSQL server of its own, one with a wrong password, a
 /// worker serving them; tests/browser/sources.mjs): the wrong-password
 /// source unhealthy from the start, its reason naming the password (never
-/// showing it); every other source healthy with its worker, live; then
+/// showing it), and the unmigrated one saying what to run; every other source healthy with its worker, live; then
 /// that server is stopped: its row turns unhealthy with the reason and the
 /// other two stay healthy, without a reload; each row leads to that
 /// source's own dashboard.
@@ -516,8 +516,15 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         ..Tuning::fleet()
     })
     .await;
-    // A fourth source whose password is wrong: unhealthy from the start,
-    // the reason said, the password not.
+    // A source whose schema was never migrated: unhealthy from the start,
+    // saying what to run.
+    let bare = TestEnv::with(Tuning {
+        migrate: false,
+        ..Tuning::fleet()
+    })
+    .await;
+    // A source whose password is wrong: unhealthy from the start, the
+    // reason said, the password not.
     let wrong = "wr0ng-s3cret";
     let locked_url =
         billing
@@ -529,6 +536,7 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         ("shop", shop.worker_db_url.clone()),
         ("stock", stock.worker_db_url.clone()),
         ("locked", locked_url),
+        ("bare", bare.worker_db_url.clone()),
     ];
     let sources: String = named
         .iter()
@@ -541,7 +549,10 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
     let expect = serde_json::json!({
         "sources": ["billing", "shop", "stock"],
         "stopped": "stock",
-        "bad": { "name": "locked", "why": "password", "secret": wrong },
+        "bad": [
+            { "name": "locked", "why": "password", "secret": wrong },
+            { "name": "bare", "why": "outboxd migrate --source bare", "secret": wrong },
+        ],
     });
     let mut node = Command::new("node")
         .arg(&script)
@@ -575,6 +586,7 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         ("shop", true),
         ("stock", false),
         ("locked", false),
+        ("bare", false),
     ]
     .map(|(n, h)| (n.to_string(), h))
     .to_vec();
@@ -583,6 +595,7 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         "outboxd_database_up{source=\"shop\"} 1",
         "outboxd_database_up{source=\"stock\"} 0",
         "outboxd_database_up{source=\"locked\"} 0",
+        "outboxd_database_up{source=\"bare\"} 0",
     ];
     let health = |rows: &serde_json::Value| -> Vec<(String, bool)> {
         rows.as_array()

@@ -36,7 +36,7 @@ use tower::ServiceExt;
 
 use super::{DashboardState, api, asset, login, login_page, logout, metrics, pages};
 use crate::config::Config;
-use crate::store::Store;
+use crate::store::{Store, schema};
 
 const SOURCES_HTML: &str = include_str!("../../ui/sources.html");
 const SOURCES_JS: &str = include_str!("../../ui/sources.js");
@@ -153,6 +153,21 @@ impl Slot {
             Ok(Err(e)) => return self.waiting(format!("database: {e}")),
             Err(_) => return self.waiting("database: no answer".into()),
         };
+        // A database without this binary's schema has nothing to show
+        // (and its workers refuse it): say so, as they do.
+        let checked = tokio::time::timeout(SOURCE_WITHIN, schema::check_version(&store)).await;
+        let unready = match checked {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!(
+                "database: {e} (this source: `outboxd migrate --source {}`)",
+                self.name
+            )),
+            Err(_) => Some("database: no answer".into()),
+        };
+        if let Some(why) = unready {
+            store.close().await;
+            return self.waiting(why);
+        }
         let state = Arc::new(DashboardState {
             path: self.path.clone(),
             home: self.home.clone(),

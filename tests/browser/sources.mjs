@@ -4,9 +4,10 @@
 //   DASH_URL     the overview's URL
 //   DASH_EXPECT  JSON: { sources: [names], stopped: the name whose database
 //                the test stops once this script prints "ready",
-//                bad: { name, why, secret }: a source that cannot be served
-//                (wrong password): unhealthy from the start, its reason
-//                containing `why` and never `secret` }
+//                bad: [{ name, why, secret }]: sources that cannot be
+//                served (a wrong password, a schema not migrated):
+//                unhealthy from the start, each reason containing `why` and
+//                never `secret` }
 // Prints "ready" once every source shows healthy with a live worker, then
 // one JSON line of observations; exits non-zero on the first failed check.
 import { check, fail, launch } from "./common.mjs";
@@ -37,16 +38,18 @@ try {
       fail(`${name} not shown healthy with a worker: ${e.message.split("\n")[0]}; the page shows ${JSON.stringify(await shown())}`);
     }
   }
-  // The source that cannot be served: unhealthy from the start, and why.
-  const bad = expect.bad;
-  await page.waitForSelector(`${row(bad.name)}.unhealthy`);
-  const badWhy = (await page.textContent(`${row(bad.name)} .err`)).trim();
-  check(badWhy.includes(bad.why), `${bad.name}'s reason does not say ${bad.why}: ${badWhy}`);
-  const text = await page.textContent("body");
-  check(!text.includes(bad.secret), "the page shows the wrong password");
-  seen.bad = { source: bad.name, why: badWhy };
+  // The sources that cannot be served: unhealthy from the start, and why.
+  seen.bad = [];
+  for (const bad of expect.bad) {
+    await page.waitForSelector(`${row(bad.name)}.unhealthy`);
+    const badWhy = (await page.textContent(`${row(bad.name)} .err`)).trim();
+    check(badWhy.includes(bad.why), `${bad.name}'s reason does not say ${bad.why}: ${badWhy}`);
+    const text = await page.textContent("body");
+    check(!text.includes(bad.secret), "the page shows the wrong password");
+    seen.bad.push({ source: bad.name, why: badWhy });
+  }
   const links = await page.$$eval("#sources tbody tr .name a", (as) => as.map((a) => a.getAttribute("href")));
-  check(links.length === expect.sources.length + 1, `rows: ${links}`);
+  check(links.length === expect.sources.length + expect.bad.length, `rows: ${links}`);
   seen.healthy_first = expect.sources;
   // Reloading would reset this; the change must come by polling.
   await page.evaluate(() => { window.__sameDocument = true; });
@@ -64,7 +67,8 @@ try {
     check(healthy, `${name} is not shown healthy while only ${expect.stopped} is stopped`);
   }
   const unhealthyCount = (await page.textContent("#kpi-unhealthy")).trim();
-  check(unhealthyCount === "2", `unhealthy count ${unhealthyCount} (the stopped and the bad source)`);
+  const expected = String(1 + expect.bad.length);
+  check(unhealthyCount === expected, `unhealthy count ${unhealthyCount}, not ${expected} (the stopped and the bad sources)`);
   seen.others_healthy = expect.sources.filter((n) => n !== expect.stopped);
 
   // Each source's own dashboard is a click away.
