@@ -525,6 +525,108 @@ async fn the_database_crashed_and_restarted_during_a_drain_loses_nothing(db: Db)
     terminate_all(&mut fleet);
 }
 
+// ------------------------------------------------------------- full disk
+
+/// The database's disk fills (its data on a small filesystem of its own,
+/// a balloon file taking the rest) while producers write and the fleet
+/// publishes. The producers' writes fail — theirs to handle; the relay
+/// loses nothing, publishes nothing out of order, says what happened in
+/// one line naming the cause, and resumes by itself once the space is
+/// freed. A server that stopped itself on the full disk (PostgreSQL
+/// PANICs when it cannot write its log) is started again after the space
+/// is freed, as its supervisor would; the relay is not touched.
+async fn a_full_disk_under_the_database_loses_nothing_and_resumes_by_itself(db: Db) {
+    let disk = SmallDisk::mount(match db {
+        Db::MariaDb => 640,
+        _ => 384,
+    });
+    let server = PrivateDatabase::start_in(db, &disk.dir);
+    let env = TestEnv::with(Tuning {
+        server_admin_url: Some(server.admin_url()),
+        ..Tuning::fleet().on(db)
+    })
+    .await;
+    let queue = unique("q");
+    drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
+    let mut fleet = [
+        env.spawn_worker(&["--silent"]),
+        env.spawn_worker(&["--silent"]),
+    ];
+    let producers = Producers::start(&env, "", &queue, 3, 300.0);
+    wait_publishing(&env, 300, Duration::from_secs(30)).await;
+
+    // A backlog the fleet works through while the disk is full: its
+    // records need new pages (and the log new segments) soon.
+    seed(&env, &queue, 20_000).await;
+    disk.fill(64 * 1024);
+    let full_at = Instant::now();
+    let full_for = scenario_length(10, 60);
+    tokio::time::sleep(full_for).await;
+    disk.free();
+    let crashed = !server.answers().await;
+    if crashed {
+        server.restart();
+    }
+    let freed = Instant::now();
+    let published = loop {
+        if let Ok(n) = tokio::time::timeout(
+            Duration::from_secs(5),
+            env.count("published_at IS NOT NULL"),
+        )
+        .await
+        {
+            break n;
+        }
+    };
+    let resumed = wait_publishing(&env, published, Duration::from_secs(60)).await;
+    let produced = producers.stop().await;
+    let drained = wait_drained(&env, Duration::from_secs(120)).await;
+    let v = judge_queue(&env, &amqp_url(), &queue).await;
+    // What the workers said about it: the database's own words for a full
+    // disk, in a line of their own.
+    let said: Vec<String> = fleet
+        .iter()
+        .flat_map(|w| w.log_text().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            l.contains("No space left on device")
+                || l.contains("is full")
+                || l.contains("Disk full")
+        })
+        .collect();
+    println!(
+        "disk full for {:?} ({}): publishing resumed {resumed:?} after the space was freed; {produced} commits acknowledged; drained {drained:?} later; {}; the workers said it in {} line(s), e.g. {:?}",
+        freed.duration_since(full_at),
+        if crashed {
+            "the server stopped itself and was started again"
+        } else {
+            "the server stayed up"
+        },
+        v.summary(),
+        said.len(),
+        said.first()
+    );
+    assert!(
+        !said.is_empty(),
+        "no worker said the disk is full:\n{}",
+        fleet[0].log_text()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    // A record that fails on the full disk is retried, not its rows sent
+    // again: at most a batch per bucket repeats (a lease that changed
+    // hands), never the backlog over and over.
+    let bound = 16 * 100;
+    assert!(
+        v.duplicates <= bound,
+        "{} duplicates (more than {bound}): rows were sent again while their records failed",
+        v.duplicates
+    );
+    assert!(
+        fleet.iter_mut().all(|w| w.running()),
+        "a worker exited on the full disk"
+    );
+    terminate_all(&mut fleet);
+}
+
 // ------------------------------------------------------------- scenario 6
 
 /// The binding a bucket's messages route through is removed mid-run: the
@@ -1033,5 +1135,6 @@ on_every_db!(
 // that loses its host loses the file with it).
 on_server_dbs!(
     the_database_crashed_and_restarted_during_a_drain_loses_nothing,
+    a_full_disk_under_the_database_loses_nothing_and_resumes_by_itself,
     workers_with_skewed_clocks_keep_fencing_and_lose_nothing,
 );

@@ -427,6 +427,9 @@ impl BucketDrainer {
                 Err(e) if self.cancel.is_cancelled() || !e.is_transient() => {
                     tracing::error!(bucket = %self.partition_key, error = %e, rows = ids.len(),
                         "could not record published rows; they will be published again");
+                    // A record that keeps failing would otherwise send the
+                    // same rows again at once, round after round.
+                    self.sleep(UNRECORDED_PAUSE).await;
                     return false;
                 }
                 Err(e) => {
@@ -543,6 +546,11 @@ enum Step {
 }
 
 /// Exponential backoff between `min` and `max`.
+/// How long a drainer waits after a batch it could not record (an error
+/// retrying would not fix) before its rows are claimed and sent again: one
+/// repeat a second at most, whatever the error.
+const UNRECORDED_PAUSE: Duration = Duration::from_secs(1);
+
 pub(crate) struct Backoff {
     min: Duration,
     max: Duration,

@@ -296,7 +296,7 @@ impl std::fmt::Display for Cause<'_> {
         match self.0 {
             sqlx::Error::Database(db) => {
                 f.write_str(db.message())?;
-                if let Some(hint) = postgres::hint(&**db) {
+                if let Some(hint) = postgres::hint(&**db).or_else(|| mysql::hint(&**db)) {
                     f.write_str(hint)?;
                 }
                 Ok(())

@@ -735,13 +735,20 @@ impl PrivatePostgres {
         pg
     }
 
+    /// A server whose data directory is under `parent` (e.g. a
+    /// [`SmallDisk`]).
+    pub fn start_in(parent: &Path) -> Self {
+        let mut pg = Self::unstarted("127.0.0.1");
+        pg.dir = parent.join(pg.dir.file_name().expect("a named directory"));
+        pg.run(&["start"]);
+        pg
+    }
+
     /// A port and a data directory for a server on `host`.
     fn unstarted(host: &str) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 28000 + 2 * (rand_u16() % 2000));
-        let dir =
-            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
-                .join(format!("pg-{port}"));
+        let dir = state_dir().join(format!("pg-{port}"));
         Self {
             dir,
             port,
@@ -846,12 +853,20 @@ impl PrivateMariaDb {
         Self::start_at(host, Vec::new())
     }
 
+    /// A server whose data directory is under `parent` (e.g. a
+    /// [`SmallDisk`]).
+    pub fn start_in(parent: &Path) -> Self {
+        Self::start_under(parent, "127.0.0.1", Vec::new())
+    }
+
     fn start_at(host: &str, env: Vec<(String, String)>) -> Self {
+        Self::start_under(&state_dir(), host, env)
+    }
+
+    fn start_under(parent: &Path, host: &str, env: Vec<(String, String)>) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 29000 + 2 * (rand_u16() % 1000));
-        let dir =
-            PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
-                .join(format!("mariadb-{port}"));
+        let dir = parent.join(format!("mariadb-{port}"));
         let m = Self {
             dir,
             port,
@@ -904,6 +919,32 @@ impl PrivateDatabase {
         }
     }
 
+    /// A server whose data directory is under `parent` (a [`SmallDisk`]).
+    pub fn start_in(db: Db, parent: &Path) -> Self {
+        match db {
+            Db::Postgres => Self::Pg(PrivatePostgres::start_in(parent)),
+            Db::MariaDb => Self::My(PrivateMariaDb::start_in(parent)),
+            Db::Sqlite => panic!("SQLite has no server to start: a database server test"),
+        }
+    }
+
+    /// Whether the server answers a connection now.
+    pub async fn answers(&self) -> bool {
+        let url = self.admin_url();
+        tokio::time::timeout(Duration::from_secs(3), async {
+            match self {
+                Self::Pg(_) => <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+                    .await
+                    .is_ok(),
+                Self::My(_) => <sqlx::MySqlConnection as sqlx::Connection>::connect(&url)
+                    .await
+                    .is_ok(),
+            }
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     pub fn admin_url(&self) -> String {
         match self {
             Self::Pg(pg) => pg.admin_url(),
@@ -926,6 +967,90 @@ impl PrivateDatabase {
             Self::Pg(pg) => pg.run(&["start"]),
             Self::My(my) => my.run("start"),
         }
+    }
+}
+
+/// Where the private services keep their state (`OUTBOXD_STATE_DIR`).
+pub fn state_dir() -> PathBuf {
+    PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
+}
+
+/// A small filesystem of its own (a tmpfs of a fixed size) for a database
+/// server's data, to fill up: [`SmallDisk::fill`] leaves it almost no free
+/// space, [`SmallDisk::free`] gives it back. Unmounted on drop (declare it
+/// before the server, so the server is dropped — stopped — first).
+pub struct SmallDisk {
+    pub dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// A tmpfs of `mib` MiB under the state folder (root: tests run as root).
+    pub fn mount(mib: u64) -> Self {
+        let dir = state_dir().join(format!("disk-{}", unique("d")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0777"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a {mib} MiB tmpfs at {dir:?}");
+        Self { dir }
+    }
+
+    fn balloon(&self) -> PathBuf {
+        self.dir.join("balloon")
+    }
+
+    /// Bytes free on the filesystem now.
+    pub fn free_bytes(&self) -> u64 {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%a %S"])
+            .arg(&self.dir)
+            .output()
+            .expect("run stat");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut it = text.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+        it.next().unwrap() * it.next().unwrap()
+    }
+
+    /// Takes all but `leave` bytes of the free space (a balloon file):
+    /// written until the filesystem refuses more, then shortened.
+    pub fn fill(&self, leave: u64) {
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M", "status=none"])
+            .arg(format!("of={}", self.balloon().display()))
+            .stderr(Stdio::null())
+            .status()
+            .expect("run dd");
+        let status = Command::new("truncate")
+            .args(["-s", &format!("-{leave}")])
+            .arg(self.balloon())
+            .status()
+            .expect("run truncate");
+        assert!(status.success(), "truncate the balloon");
+        assert!(
+            self.free_bytes() <= leave + (1 << 20),
+            "the disk was not filled: {} bytes free",
+            self.free_bytes()
+        );
+    }
+
+    /// Frees the balloon's space.
+    pub fn free(&self) {
+        let _ = std::fs::remove_file(self.balloon());
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 

@@ -151,12 +151,21 @@ pub(crate) fn is_transient_error(db: &dyn DatabaseError) -> bool {
     // 1205 lock wait timeout, 1213 deadlock, 1040 too many connections,
     // 1053 server shutdown in progress, 1927 connection killed (MariaDB),
     // 1290 / 1836 read-only (a switchover in progress), 4031 idle session
-    // closed by the server, 1969 statement time limit (MariaDB); SQLSTATE
-    // 08: connection exceptions.
+    // closed by the server, 1969 statement time limit (MariaDB), 1114 a
+    // table is full and 1021 the disk is full (space may be freed);
+    // SQLSTATE 08: connection exceptions.
     matches!(
         my.number(),
-        1205 | 1213 | 1040 | 1053 | 1927 | 1290 | 1836 | 4031 | 1969
+        1205 | 1213 | 1040 | 1053 | 1927 | 1290 | 1836 | 4031 | 1969 | 1114 | 1021
     ) || my.code().is_some_and(|c| c.starts_with("08"))
+}
+
+/// What to add to a MySQL/MariaDB error's message, if anything.
+pub(crate) fn hint(db: &dyn DatabaseError) -> Option<&'static str> {
+    let my = db.try_downcast_ref::<MySqlDatabaseError>()?;
+    // InnoDB says a table is full when its file cannot grow: almost always
+    // the server's disk.
+    (my.number() == 1114).then_some(" (is the database server's disk full?)")
 }
 
 /// `?, ?, …` for `n` parameters (`NULL` when there are none, so that `x IN
