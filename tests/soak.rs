@@ -1,10 +1,14 @@
 //! The nemesis soak: a seeded random schedule of overlapping faults — a
 //! worker SIGKILLed (restarted a moment later) or SIGSTOPped (resumed
 //! later), a database server crashed and restarted, the broker's VM killed
-//! with SIGKILL and restarted — against two fleets at once, one on a
-//! PostgreSQL server and one on a MariaDB server of their own, both
-//! publishing to one RabbitMQ node, with producers writing to both
-//! throughout.
+//! with SIGKILL and restarted, a host's link to a database, to the broker
+//! or to everything blackholed, reset or made lossy (nftables on the test
+//! hosts), PgBouncer stopped and started, a database's disk filled and
+//! freed — against two fleets at once, one on a PostgreSQL server (behind
+//! a PgBouncer in transaction mode, `LISTEN` direct) and one on a MariaDB
+//! server, each server on a small filesystem of its own, all on a lab of
+//! three test hosts (one worker of each fleet per host) publishing to one
+//! RabbitMQ node, with producers writing to both throughout.
 //!
 //! Per run: each fleet's checker verdict (nothing lost, nothing unexpected,
 //! per-key order), duplicates, epochs acquired twice, first deliveries
@@ -26,40 +30,90 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::hosts::{Fault, Lab};
+use common::pooler::PgBouncer;
 use common::*;
 use outboxd::demo::QueueReader;
 
-/// What the nemesis does to whom; `fleet` 0 is PostgreSQL's, 1 MariaDB's.
+/// What the nemesis does to whom; `fleet` 0 is PostgreSQL's, 1 MariaDB's;
+/// worker `w` of each fleet runs on host `w + 1`.
 #[derive(Debug, Clone, Copy)]
 enum Action {
-    Kill { fleet: usize, worker: usize },
-    Spawn { fleet: usize, worker: usize },
-    Stop { fleet: usize, worker: usize },
-    Cont { fleet: usize, worker: usize },
-    CrashDatabase { fleet: usize },
-    RestartDatabase { fleet: usize },
+    Kill {
+        fleet: usize,
+        worker: usize,
+    },
+    Spawn {
+        fleet: usize,
+        worker: usize,
+    },
+    Stop {
+        fleet: usize,
+        worker: usize,
+    },
+    Cont {
+        fleet: usize,
+        worker: usize,
+    },
+    CrashDatabase {
+        fleet: usize,
+    },
+    RestartDatabase {
+        fleet: usize,
+    },
     KillBroker,
     RestartBroker,
+    /// A fault on a host's link (both its workers live with it).
+    CutLink {
+        host: usize,
+        to: Dest,
+        fault: Fault,
+    },
+    HealLink {
+        host: usize,
+    },
+    StopPooler,
+    StartPooler,
+    FillDisk {
+        fleet: usize,
+    },
+    FreeDisk {
+        fleet: usize,
+    },
+}
+
+/// Where a host's cut link leads.
+#[derive(Debug, Clone, Copy)]
+enum Dest {
+    /// A fleet's database (PostgreSQL: PgBouncer and the direct port).
+    Database(usize),
+    Broker,
+    /// Every packet of the host.
+    All,
 }
 
 const WORKERS: usize = 3;
 
 /// The whole schedule: `(ms from the start, action)`, in time order. Faults
 /// start every 2–6 s and overlap; a thing already down is not hit again
-/// until it is back; everything is back before `length` ends.
+/// until it is back (a database is not crashed while its disk is full);
+/// everything is back after the last fault's time.
 fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
     let mut rng = Seeded(seed);
     let end = length.as_millis() as u64;
     let mut actions = Vec::new();
-    // When each target is back: [fleet][worker], databases, the broker.
+    // When each target is back: [fleet][worker], databases (and their
+    // disks), the broker, each host's links, PgBouncer.
     let mut worker_free = [[0u64; WORKERS]; 2];
     let mut db_free = [0u64; 2];
     let mut broker_free = 0u64;
+    let mut host_free = [0u64; WORKERS];
+    let mut pooler_free = 0u64;
     let mut t = 3_000;
     while t < end {
         let fleet = rng.within(0, 1) as usize;
         let worker = rng.within(0, WORKERS as u64 - 1) as usize;
-        match rng.within(0, 9) {
+        match rng.within(0, 13) {
             0..=3 if worker_free[fleet][worker] <= t => {
                 let back = t + rng.within(0, 2_000);
                 actions.push((t, Action::Kill { fleet, worker }));
@@ -72,17 +126,47 @@ fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
                 actions.push((back, Action::Cont { fleet, worker }));
                 worker_free[fleet][worker] = back;
             }
-            7 | 8 if db_free[fleet] <= t => {
+            7 if db_free[fleet] <= t => {
                 let back = t + rng.within(1_000, 5_000);
                 actions.push((t, Action::CrashDatabase { fleet }));
                 actions.push((back, Action::RestartDatabase { fleet }));
                 db_free[fleet] = back + 3_000;
             }
-            9 if broker_free <= t => {
+            8 if broker_free <= t => {
                 let back = t + rng.within(1_000, 4_000);
                 actions.push((t, Action::KillBroker));
                 actions.push((back, Action::RestartBroker));
                 broker_free = back + 8_000;
+            }
+            9 | 10 if host_free[worker] <= t => {
+                let host = worker + 1;
+                let to = match rng.within(0, 3) {
+                    0 => Dest::Database(0),
+                    1 => Dest::Database(1),
+                    2 => Dest::Broker,
+                    _ => Dest::All,
+                };
+                let fault = match rng.within(0, 2) {
+                    0 => Fault::Blackhole,
+                    1 => Fault::Reset,
+                    _ => Fault::Loss(rng.within(10, 40) as u8),
+                };
+                let back = t + rng.within(1_000, 6_000);
+                actions.push((t, Action::CutLink { host, to, fault }));
+                actions.push((back, Action::HealLink { host }));
+                host_free[worker] = back + 1_000;
+            }
+            11 if pooler_free <= t => {
+                let back = t + rng.within(500, 3_000);
+                actions.push((t, Action::StopPooler));
+                actions.push((back, Action::StartPooler));
+                pooler_free = back + 5_000;
+            }
+            12 if db_free[fleet] <= t => {
+                let back = t + rng.within(2_000, 8_000);
+                actions.push((t, Action::FillDisk { fleet }));
+                actions.push((back, Action::FreeDisk { fleet }));
+                db_free[fleet] = back + 3_000;
             }
             _ => {}
         }
@@ -90,6 +174,40 @@ fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
     }
     actions.sort_by_key(|(at, _)| *at);
     actions
+}
+
+/// How many faults of each kind a schedule holds.
+fn kinds(plan: &[(u64, Action)]) -> String {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, a) in plan {
+        let kind = match a {
+            Action::Kill { .. } => "SIGKILL",
+            Action::Stop { .. } => "SIGSTOP",
+            Action::CrashDatabase { .. } => "database crash",
+            Action::KillBroker => "broker kill -9",
+            Action::CutLink {
+                fault: Fault::Blackhole,
+                ..
+            } => "link blackhole",
+            Action::CutLink {
+                fault: Fault::Reset,
+                ..
+            } => "link reset",
+            Action::CutLink {
+                fault: Fault::Loss(_),
+                ..
+            } => "link loss",
+            Action::StopPooler => "PgBouncer stop",
+            Action::FillDisk { .. } => "full disk",
+            _ => continue,
+        };
+        *counts.entry(kind).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What ran so far; printed with the seed if the test fails.
@@ -111,9 +229,8 @@ impl Drop for Journal {
     }
 }
 
-/// One fleet: its server, its test environment, its workers.
+/// One fleet: its test environment, its workers.
 struct Fleet {
-    server: PrivateDatabase,
     env: TestEnv,
     queue: String,
     workers: Vec<WorkerProcess>,
@@ -130,7 +247,7 @@ struct Sample {
     db_conns: f64,
 }
 
-fn sample(pid: u32, db_port: u16, at: f64) -> Option<Sample> {
+fn sample(pid: u32, db_ports: &[u16], at: f64) -> Option<Sample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rss_kb = status
         .lines()
@@ -163,7 +280,7 @@ fn sample(pid: u32, db_port: u16, at: f64) -> Option<Sample> {
                 && f[2]
                     .rsplit_once(':')
                     .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-                    == Some(db_port)
+                    .is_some_and(|p| db_ports.contains(&p))
                 && inodes.contains(f[9])
         })
         .count() as f64;
@@ -205,10 +322,65 @@ struct Outcome {
     late: Vec<(String, i64, i64)>,
 }
 
-fn server_port(server: &PrivateDatabase) -> u16 {
-    match server {
-        PrivateDatabase::Pg(pg) => pg.port,
-        PrivateDatabase::My(my) => my.port,
+/// The servers the nemesis hits: the lab (its PostgreSQL and RabbitMQ on
+/// the gateway), the PgBouncer before that PostgreSQL, the MariaDB server,
+/// and the two small disks their data lives on.
+struct Servers {
+    lab: Lab,
+    bouncer: PgBouncer,
+    maria: PrivateMariaDb,
+    /// PostgreSQL's, MariaDB's.
+    disks: [SmallDisk; 2],
+}
+
+impl Servers {
+    fn crash(&self, fleet: usize) {
+        match fleet {
+            0 => self.lab.pg.run(&["stop", "immediate"]),
+            _ => self.maria.run("kill"),
+        }
+    }
+
+    fn restart(&self, fleet: usize) {
+        match fleet {
+            0 => self.lab.pg.run(&["start"]),
+            _ => self.maria.run("start"),
+        }
+    }
+
+    /// Whether fleet `fleet`'s server answers a connection now.
+    async fn answers(&self, fleet: usize) -> bool {
+        let within = Duration::from_secs(3);
+        match fleet {
+            0 => {
+                let url = self.lab.pg.admin_url();
+                let connect = <sqlx::PgConnection as sqlx::Connection>::connect(&url);
+                matches!(tokio::time::timeout(within, connect).await, Ok(Ok(_)))
+            }
+            _ => {
+                let url = self.maria.admin_url();
+                let connect = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url);
+                matches!(tokio::time::timeout(within, connect).await, Ok(Ok(_)))
+            }
+        }
+    }
+
+    /// The gateway ports a host's link to `to` goes through.
+    fn ports(&self, to: Dest) -> String {
+        match to {
+            Dest::Database(0) => format!("{},{}", self.bouncer.port, self.lab.pg.port),
+            Dest::Database(_) => self.maria.port.to_string(),
+            Dest::Broker => self.lab.broker().port.to_string(),
+            Dest::All => "all".into(),
+        }
+    }
+
+    /// Each fleet's database ports, for counting a worker's connections.
+    fn db_ports(&self) -> [Vec<u16>; 2] {
+        [
+            vec![self.bouncer.port, self.lab.pg.port],
+            vec![self.maria.port],
+        ]
     }
 }
 
@@ -219,39 +391,62 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
     let length = Duration::from_secs(if long { 30 * 60 } else { 3 * 60 });
     let plan = schedule(seed, length);
     println!(
-        "soak: seed {seed} (OUTBOXD_SEED={seed} replays it), {length:?}, {} actions",
-        plan.len()
+        "soak: seed {seed} (OUTBOXD_SEED={seed} replays it), {length:?}, {} actions: {}",
+        plan.len(),
+        kinds(&plan)
     );
     let mut journal = Journal {
         seed,
         lines: Vec::new(),
     };
 
-    let broker = PrivateBroker::start();
+    // The disks first: they are unmounted last, after every server
+    // stopped. PostgreSQL's WAL and both databases grow with 30 minutes of
+    // producers: the disks are sized for that, and filled by the nemesis.
+    let disks = if long { [1536, 2048] } else { [768, 1024] }.map(SmallDisk::mount);
+    let lab = Lab::with_pg_in(WORKERS, &disks[0].dir);
+    let bouncer = PgBouncer::start_on(&lab.gateway, &lab.gateway, lab.pg.port);
+    let maria = PrivateMariaDb::start_under(&disks[1].dir, &lab.gateway);
+    let servers = Servers {
+        lab,
+        bouncer,
+        maria,
+        disks,
+    };
+    let broker_url = servers.lab.broker().url();
     let mut fleets = Vec::new();
     for db in [Db::Postgres, Db::MariaDb] {
-        let server = PrivateDatabase::start(db);
+        let tuning = match db {
+            Db::Postgres => Tuning {
+                server_admin_url: Some(servers.lab.pg.admin_url()),
+                pooler_url: Some(servers.bouncer.base_url()),
+                listen_direct: true,
+                ..Tuning::hosts()
+            },
+            _ => Tuning {
+                server_admin_url: Some(servers.maria.admin_url()),
+                ..Tuning::hosts().on(db)
+            },
+        };
         let env = TestEnv::with(Tuning {
-            server_admin_url: Some(server.admin_url()),
-            amqp_url: Some(broker.url()),
-            ..Tuning::fleet().on(db)
+            amqp_url: Some(broker_url.clone()),
+            ..tuning
         })
         .await;
         let queue = unique("q");
-        drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
+        drop(QueueReader::open(&broker_url, &queue).await.unwrap());
         let workers = (0..WORKERS)
-            .map(|_| env.spawn_worker(&["--silent"]))
+            .map(|w| spawn_on_host(&servers, &env, w))
             .collect();
         let producers = Some(Producers::start(&env, "", &queue, 4, 150.0));
         fleets.push(Fleet {
-            server,
             env,
             queue,
             workers,
             producers,
         });
     }
-    let ports: Vec<u16> = fleets.iter().map(|f| server_port(&f.server)).collect();
+    let ports = servers.db_ports();
     let pids: Arc<Mutex<Vec<Vec<u32>>>> = Arc::new(Mutex::new(
         fleets
             .iter()
@@ -284,7 +479,7 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
                 let now: Vec<Vec<u32>> = pids.lock().unwrap().clone();
                 for (fleet, fleet_pids) in now.iter().enumerate() {
                     for pid in fleet_pids {
-                        if let Some(s) = sample(*pid, ports[fleet], at) {
+                        if let Some(s) = sample(*pid, &ports[fleet], at) {
                             series.entry((fleet, *pid)).or_default().push(s);
                         }
                     }
@@ -331,15 +526,37 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
             }
             Action::Spawn { fleet, worker } => {
                 let f = &mut fleets[fleet];
-                f.workers[worker] = f.env.spawn_worker(&["--silent"]);
+                f.workers[worker] = spawn_on_host(&servers, &f.env, worker);
                 pids.lock().unwrap()[fleet][worker] = f.workers[worker].pid();
             }
             Action::Stop { fleet, worker } => fleets[fleet].workers[worker].signal("STOP"),
             Action::Cont { fleet, worker } => fleets[fleet].workers[worker].signal("CONT"),
-            Action::CrashDatabase { fleet } => fleets[fleet].server.crash(),
-            Action::RestartDatabase { fleet } => fleets[fleet].server.restart(),
-            Action::KillBroker => broker.kill9(),
-            Action::RestartBroker => broker.run("start"),
+            Action::CrashDatabase { fleet } => servers.crash(fleet),
+            Action::RestartDatabase { fleet } => servers.restart(fleet),
+            Action::KillBroker => servers.lab.broker().kill9(),
+            Action::RestartBroker => servers.lab.broker().run("start"),
+            Action::CutLink { host, to, fault } => {
+                servers.lab.fault_ports(host, &servers.ports(to), fault)
+            }
+            Action::HealLink { host } => servers.lab.heal(host),
+            Action::StopPooler => servers.bouncer.stop(),
+            Action::StartPooler => servers
+                .bouncer
+                .restart(&servers.lab.gateway, servers.lab.pg.port),
+            Action::FillDisk { fleet } => servers.disks[fleet].fill(64 * 1024),
+            Action::FreeDisk { fleet } => {
+                servers.disks[fleet].free();
+                // A server that stopped itself on the full disk (PostgreSQL
+                // PANICs when it cannot write its log) is started again,
+                // as its supervisor would.
+                if !servers.answers(fleet).await {
+                    servers.restart(fleet);
+                    journal.lines.push(format!(
+                        "{:>8.1}s the server had stopped on the full disk: started again",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
         }
     }
     journal.lines.push(format!(
@@ -359,7 +576,7 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
             )
             .await;
         let total = f.env.count("true").await;
-        let mut reader = QueueReader::open(&broker.url(), &f.queue)
+        let mut reader = QueueReader::open(&broker_url, &f.queue)
             .await
             .unwrap()
             .keep_log();
@@ -480,4 +697,13 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
         terminate_all(&mut f.workers);
     }
     drop(journal);
+}
+
+/// Worker `w` of a fleet, on host `w + 1`.
+fn spawn_on_host(servers: &Servers, env: &TestEnv, w: usize) -> WorkerProcess {
+    env.spawn_worker_on(
+        Some(&servers.lab.netns(w + 1)),
+        &env.config_path,
+        &["--silent"],
+    )
 }

@@ -67,7 +67,17 @@ impl Lab {
         Self::with(hosts, false)
     }
 
+    /// A lab whose PostgreSQL keeps its data under `parent` (e.g. a
+    /// [`super::SmallDisk`]).
+    pub fn with_pg_in(hosts: usize, parent: &std::path::Path) -> Self {
+        Self::build(hosts, true, Some(parent))
+    }
+
     fn with(hosts: usize, broker: bool) -> Self {
+        Self::build(hosts, broker, None)
+    }
+
+    fn build(hosts: usize, broker: bool, pg_parent: Option<&std::path::Path>) -> Self {
         let id = loop {
             let id = 1 + (super::rand_u16() % 250) as u8;
             // `up` refuses a lab that exists (another test's).
@@ -78,7 +88,10 @@ impl Lab {
         let gateway = format!("10.213.{id}.1");
         // Should a server fail to start, the namespaces still go.
         let guard = LabGuard(id);
-        let pg = PrivatePostgres::start_on(&gateway);
+        let pg = match pg_parent {
+            Some(parent) => PrivatePostgres::start_under(parent, &gateway),
+            None => PrivatePostgres::start_on(&gateway),
+        };
         let broker = broker.then(|| PrivateBroker::start_on(&gateway));
         std::mem::forget(guard);
         Self {

@@ -735,10 +735,10 @@ impl PrivatePostgres {
         pg
     }
 
-    /// A server whose data directory is under `parent` (e.g. a
+    /// A server on `host` whose data directory is under `parent` (e.g. a
     /// [`SmallDisk`]).
-    pub fn start_in(parent: &Path) -> Self {
-        let mut pg = Self::unstarted("127.0.0.1");
+    pub fn start_under(parent: &Path, host: &str) -> Self {
+        let mut pg = Self::unstarted(host);
         pg.dir = parent.join(pg.dir.file_name().expect("a named directory"));
         pg.run(&["start"]);
         pg
@@ -853,17 +853,17 @@ impl PrivateMariaDb {
         Self::start_at(host, Vec::new())
     }
 
-    /// A server whose data directory is under `parent` (e.g. a
+    /// A server on `host` whose data directory is under `parent` (e.g. a
     /// [`SmallDisk`]).
-    pub fn start_in(parent: &Path) -> Self {
-        Self::start_under(parent, "127.0.0.1", Vec::new())
+    pub fn start_under(parent: &Path, host: &str) -> Self {
+        Self::start_with_env(parent, host, Vec::new())
     }
 
     fn start_at(host: &str, env: Vec<(String, String)>) -> Self {
-        Self::start_under(&state_dir(), host, env)
+        Self::start_with_env(&state_dir(), host, env)
     }
 
-    fn start_under(parent: &Path, host: &str, env: Vec<(String, String)>) -> Self {
+    fn start_with_env(parent: &Path, host: &str, env: Vec<(String, String)>) -> Self {
         // Below the ephemeral range, as for PrivateBroker.
         let port = free_port_pair(|| 29000 + 2 * (rand_u16() % 1000));
         let dir = parent.join(format!("mariadb-{port}"));
@@ -919,11 +919,17 @@ impl PrivateDatabase {
         }
     }
 
-    /// A server whose data directory is under `parent` (a [`SmallDisk`]).
+    /// A server on loopback whose data directory is under `parent` (a
+    /// [`SmallDisk`]).
     pub fn start_in(db: Db, parent: &Path) -> Self {
+        Self::start_under(db, parent, "127.0.0.1")
+    }
+
+    /// A server on `host` whose data directory is under `parent`.
+    pub fn start_under(db: Db, parent: &Path, host: &str) -> Self {
         match db {
-            Db::Postgres => Self::Pg(PrivatePostgres::start_in(parent)),
-            Db::MariaDb => Self::My(PrivateMariaDb::start_in(parent)),
+            Db::Postgres => Self::Pg(PrivatePostgres::start_under(parent, host)),
+            Db::MariaDb => Self::My(PrivateMariaDb::start_under(parent, host)),
             Db::Sqlite => panic!("SQLite has no server to start: a database server test"),
         }
     }

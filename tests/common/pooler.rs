@@ -14,11 +14,19 @@ use super::{PrivatePostgres, repo_dir, unique};
 pub struct PgBouncer {
     pub dir: PathBuf,
     pub port: u16,
+    /// The address it listens on.
+    pub listen: String,
 }
 
 impl PgBouncer {
     /// A PgBouncer on loopback in front of `host:port`.
     pub fn start(host: &str, port: u16) -> Self {
+        Self::start_on("127.0.0.1", host, port)
+    }
+
+    /// A PgBouncer listening on `listen` (a test network's gateway) in
+    /// front of `host:port`.
+    pub fn start_on(listen: &str, host: &str, port: u16) -> Self {
         let bouncer_port = super::free_port_pair(|| 30000 + 2 * (super::rand_u16() % 1000));
         let dir =
             PathBuf::from(std::env::var("OUTBOXD_STATE_DIR").unwrap_or_else(|_| "/tmp".into()))
@@ -26,14 +34,28 @@ impl PgBouncer {
         let b = Self {
             dir,
             port: bouncer_port,
+            listen: listen.to_string(),
         };
         b.run("start", host, port);
         b
     }
 
+    /// Stops it (clients' connections drop; nothing answers on its port).
+    pub fn stop(&self) {
+        self.services("stop", &[]);
+    }
+
+    /// Starts it again in front of `host:port`.
+    pub fn restart(&self, host: &str, port: u16) {
+        self.run("start", host, port);
+    }
+
     /// The URL of database `db` through this PgBouncer.
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://outboxd:outboxd@127.0.0.1:{}/{db}", self.port)
+        format!(
+            "postgres://outboxd:outboxd@{}:{}/{db}",
+            self.listen, self.port
+        )
     }
 
     /// A URL without a database name (for [`super::Tuning::pooler_url`]).
@@ -48,27 +70,31 @@ impl PgBouncer {
     }
 
     fn run(&self, action: &str, host: &str, port: u16) {
-        let status = Command::new("bash")
+        let rest = [self.port.to_string(), host.to_string(), port.to_string()];
+        assert!(
+            self.services(action, &rest),
+            "services.sh pgbouncer {action} failed"
+        );
+    }
+
+    /// `services.sh pgbouncer ACTION DIR REST…`, listening on `listen`.
+    fn services(&self, action: &str, rest: &[String]) -> bool {
+        Command::new("bash")
             .arg(repo_dir().join("scripts/services.sh"))
             .args(["pgbouncer", action])
             .arg(&self.dir)
-            .arg(self.port.to_string())
-            .arg(host)
-            .arg(port.to_string())
+            .args(rest)
+            .env("OUTBOXD_LISTEN", &self.listen)
             .stdout(Stdio::null())
             .status()
-            .expect("run services.sh");
-        assert!(status.success(), "services.sh pgbouncer {action} failed");
+            .map(|s| s.success())
+            .unwrap_or(false)
     }
 }
 
 impl Drop for PgBouncer {
     fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo_dir().join("scripts/services.sh"))
-            .args(["pgbouncer", "stop"])
-            .arg(&self.dir)
-            .status();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
