@@ -94,6 +94,18 @@ enum Dest {
 
 const WORKERS: usize = 3;
 
+/// The worker of each fleet that is stopped, cut off and starved but
+/// never killed (see [`JUDGED_AFTER`]).
+const LONG_LIVED: usize = 0;
+
+/// A worker process that lived this long is judged for leaks: in the
+/// thirty-minute run, at least the long-lived worker of each fleet.
+const JUDGED_AFTER: f64 = 600.0;
+
+/// What a judged process grows by in its first minutes is its start-up
+/// (pools and buffers reaching their working size), not a leak.
+const WARM_UP: f64 = 120.0;
+
 /// The whole schedule: `(ms from the start, action)`, in time order. Faults
 /// start every 2–6 s and overlap; a thing already down is not hit again
 /// until it is back (a database is not crashed while its disk is full);
@@ -114,7 +126,9 @@ fn schedule(seed: u64, length: Duration) -> Vec<(u64, Action)> {
         let fleet = rng.within(0, 1) as usize;
         let worker = rng.within(0, WORKERS as u64 - 1) as usize;
         match rng.within(0, 13) {
-            0..=3 if worker_free[fleet][worker] <= t => {
+            // Worker 0 of each fleet is never killed: it lives the whole
+            // run, so its resources over thirty minutes tell a leak.
+            0..=3 if worker_free[fleet][worker] <= t && worker != LONG_LIVED => {
                 let back = t + rng.within(0, 2_000);
                 actions.push((t, Action::Kill { fleet, worker }));
                 actions.push((back, Action::Spawn { fleet, worker }));
@@ -619,25 +633,31 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
         );
     }
     // Slopes per worker process that lived at least a minute, from its
-    // 30th second on (start-up growth is not a leak).
+    // 30th second on; a process that lived JUDGED_AFTER is judged, from
+    // the end of its WARM_UP on (start-up growth is not a leak).
     let mut worst_slopes = (0.0f64, 0.0f64, 0.0f64);
+    let mut judged = 0;
     for ((fleet, pid), samples) in &series {
+        let life = samples.last().unwrap().at - samples[0].at;
+        if life < 60.0 {
+            continue;
+        }
+        let long_lived = life >= JUDGED_AFTER;
+        let from = if long_lived { WARM_UP } else { 30.0 };
         let settled: Vec<Sample> = samples
             .iter()
             .copied()
-            .filter(|s| s.at - samples[0].at >= 30.0)
+            .filter(|s| s.at - samples[0].at >= from)
             .collect();
-        if samples.last().unwrap().at - samples[0].at < 60.0 {
-            continue;
-        }
         let (rss, fds, conns) = (
             slope(&settled, |s| s.rss_kb / 1024.0),
             slope(&settled, |s| s.fds),
             slope(&settled, |s| s.db_conns),
         );
         println!(
-            "soak {} worker {pid}: {} samples, RSS {:.1}→{:.1} MB ({rss:+.3} MB/min), fds {}→{} ({fds:+.3}/min), database connections {}→{} ({conns:+.3}/min)",
+            "soak {} worker {pid}{}: {} samples, RSS {:.1}→{:.1} MB ({rss:+.3} MB/min), fds {}→{} ({fds:+.3}/min), database connections {}→{} ({conns:+.3}/min)",
             names[*fleet],
+            if long_lived { " (judged)" } else { "" },
             samples.len(),
             samples[0].rss_kb / 1024.0,
             samples.last().unwrap().rss_kb / 1024.0,
@@ -646,12 +666,15 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
             samples[0].db_conns,
             samples.last().unwrap().db_conns,
         );
-        worst_slopes.0 = worst_slopes.0.max(rss);
-        worst_slopes.1 = worst_slopes.1.max(fds);
-        worst_slopes.2 = worst_slopes.2.max(conns);
+        if long_lived {
+            judged += 1;
+            worst_slopes.0 = worst_slopes.0.max(rss);
+            worst_slopes.1 = worst_slopes.1.max(fds);
+            worst_slopes.2 = worst_slopes.2.max(conns);
+        }
     }
     println!(
-        "soak: steepest slopes (MB/min, fds/min, connections/min): {:.3}, {:.3}, {:.3}",
+        "soak: {judged} worker(s) lived {JUDGED_AFTER} s or more; their steepest slopes after {WARM_UP} s (MB/min, fds/min, connections/min): {:.3}, {:.3}, {:.3}",
         worst_slopes.0, worst_slopes.1, worst_slopes.2
     );
 
@@ -677,6 +700,7 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
     }
     if long {
         // Thirty minutes: whatever a worker still grows by is a leak.
+        assert!(judged >= 2, "no long-lived worker to judge");
         assert!(
             worst_slopes.0 < 0.5,
             "RSS grows {:.3} MB/min",
