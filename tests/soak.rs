@@ -699,10 +699,12 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
         );
     }
     if long {
-        // Thirty minutes: whatever a worker still grows by is a leak.
+        // Thirty minutes: whatever a worker still grows by is a leak. The
+        // lapin failed-connect leak (~1.7 MB per broker restart) showed as
+        // +0.40 MB/min here; fixed, +0.02 to +0.07.
         assert!(judged >= 2, "no long-lived worker to judge");
         assert!(
-            worst_slopes.0 < 0.5,
+            worst_slopes.0 < 0.2,
             "RSS grows {:.3} MB/min",
             worst_slopes.0
         );
