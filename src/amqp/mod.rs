@@ -206,7 +206,7 @@ fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
 /// returns before it stops the connection's RPC loop): with sixteen
 /// drainers each retrying on their own, a worker kept about 80 failed
 /// connections' state per broker restart, ~1.7 MB (the nemesis soak:
-/// RSS 25 → 43 MB in thirty minutes; heaptrack: 627 connection states
+/// RSS 28 → 43 MB in thirty minutes; heaptrack: 627 connection states
 /// alive at the peak). At most four attempts a second, and, after a
 /// failure, a plain TCP connect first ([`Broker::port_open`]), so that a
 /// broker that is down costs no AMQP connection at all.
