@@ -212,6 +212,16 @@ fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
 /// broker that is down costs no AMQP connection at all.
 const RETRY_AFTER: Duration = Duration::from_millis(250);
 
+/// A broker's connection state, kept under [`Broker`]'s one lock.
+#[derive(Default)]
+struct Link {
+    /// The current connection and its generation (one more per connect).
+    current: Option<(u64, Arc<Connection>)>,
+    /// When the last attempt to connect failed, and why (cleared by a
+    /// connection): see [`RETRY_AFTER`].
+    failed: Option<(tokio::time::Instant, String)>,
+}
+
 /// One connection to the broker, shared by every bucket of a worker.
 pub struct Broker {
     urls: Vec<String>,
@@ -224,12 +234,10 @@ pub struct Broker {
     backoff_max: Duration,
     /// `amqp.tls`: CA, client certificate and key for `amqps://` nodes.
     tls: crate::tls::AmqpTls,
-    /// The current connection and its generation (one more per connect).
-    connection: Mutex<Option<(u64, Arc<Connection>)>>,
+    /// The connection and the last failed attempt, under one lock: one
+    /// caller connects at a time.
+    link: Mutex<Link>,
     generations: std::sync::atomic::AtomicU64,
-    /// When the last attempt to connect failed, and why (cleared by a
-    /// connection): see [`RETRY_AFTER`].
-    failed: std::sync::Mutex<Option<(tokio::time::Instant, String)>>,
     blocked_tx: watch::Sender<Option<String>>,
     reach_tx: watch::Sender<Reach>,
     gate: Arc<gate::SendGate>,
@@ -246,9 +254,8 @@ impl Broker {
             dead_peer_timeout: config.dead_peer_timeout,
             backoff_max: config.reconnect_backoff_max,
             tls: config.tls.client_tls(),
-            connection: Mutex::new(None),
+            link: Mutex::default(),
             generations: Default::default(),
-            failed: Default::default(),
             gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
             reach_tx: watch::channel(Reach::Never { error: None }).0,
@@ -372,19 +379,23 @@ impl Broker {
     /// The live connection, opening one if there is none: each node in
     /// turn, starting with the one that worked last.
     async fn connection(&self) -> Result<(u64, Arc<Connection>), PublishError> {
-        let mut slot = self.connection.lock().await;
-        if let Some((generation, conn)) = slot.as_ref().filter(|(_, c)| c.status().connected()) {
+        let mut link = self.link.lock().await;
+        if let Some((generation, conn)) = link
+            .current
+            .as_ref()
+            .filter(|(_, c)| c.status().connected())
+        {
             return Ok((*generation, conn.clone()));
         }
-        *slot = None;
+        link.current = None;
         // The connection being replaced is gone, and its buffers with it.
         self.gate.connection_replaced();
-        let after_failure = match self.last_failure() {
-            Some((at, error)) if at.elapsed() < RETRY_AFTER => {
-                return Err(PublishError::Unavailable(error));
-            }
-            failed => failed.is_some(),
-        };
+        if let Some((at, error)) = &link.failed
+            && at.elapsed() < RETRY_AFTER
+        {
+            return Err(PublishError::Unavailable(error.clone()));
+        }
+        let after_failure = link.failed.is_some();
         let first = self.preferred.load(std::sync::atomic::Ordering::Relaxed);
         let mut errors = Vec::new();
         for i in 0..self.urls.len() {
@@ -393,45 +404,33 @@ impl Broker {
                 Ok(conn) => {
                     self.preferred
                         .store(index, std::sync::atomic::Ordering::Relaxed);
-                    *self.lock_failed() = None;
+                    link.failed = None;
                     self.mark_reachable();
                     let conn = Arc::new(conn);
                     let generation = self
                         .generations
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    *slot = Some((generation, conn.clone()));
+                    link.current = Some((generation, conn.clone()));
                     return Ok((generation, conn));
                 }
                 Err(e) => errors.push(e),
             }
         }
         let error = errors.join("; ");
-        *self.lock_failed() = Some((tokio::time::Instant::now(), error.clone()));
+        link.failed = Some((tokio::time::Instant::now(), error.clone()));
         self.mark_unreachable(&error);
         Err(PublishError::Unavailable(error))
     }
 
-    fn lock_failed(&self) -> std::sync::MutexGuard<'_, Option<(tokio::time::Instant, String)>> {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn last_failure(&self) -> Option<(tokio::time::Instant, String)> {
-        self.lock_failed().clone()
-    }
-
-    /// Whether `url`'s port takes a TCP connection at all (a plain connect,
-    /// closed at once): asked before a connection after a failed one, so
-    /// that a broker that is down costs no AMQP connection (see
-    /// [`RETRY_AFTER`]).
-    async fn port_open(&self, url: &str) -> Result<(), String> {
-        let parsed = url::Url::parse(url).map_err(|e| format!("{}: {e}", Redacted(url)))?;
-        let host = parsed.host_str().unwrap_or("localhost").to_string();
-        let default = if parsed.scheme() == "amqps" {
-            5671
-        } else {
-            5672
-        };
-        let port = parsed.port().unwrap_or(default);
+    /// Whether the node takes a TCP connection at all (a plain connect to
+    /// `lapin_url`'s host and port, closed at once): asked before a
+    /// connection after a failed one, so that a broker that is down costs
+    /// no AMQP connection (see [`RETRY_AFTER`]).
+    async fn port_open(&self, url: &str, lapin_url: &str) -> Result<(), String> {
+        let parsed = url::Url::parse(lapin_url).map_err(|e| format!("{}: {e}", Redacted(url)))?;
+        let host = parsed.host_str().unwrap_or("localhost");
+        // `secure` gave an amqps:// node its port; lapin's default otherwise.
+        let port = parsed.port().unwrap_or(5672);
         let connect = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port));
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(_)) => Ok(()),
@@ -439,20 +438,24 @@ impl Broker {
                 "cannot connect to {}: IO error: {e}",
                 Redacted(url)
             )),
-            Err(_) => Err(format!(
-                "connecting to {} timed out after {}",
-                Redacted(url),
-                crate::config::fmt_duration(self.connect_timeout)
-            )),
+            Err(_) => Err(self.timed_out(url)),
         }
     }
 
+    fn timed_out(&self, url: &str) -> String {
+        format!(
+            "connecting to {} timed out after {}",
+            Redacted(url),
+            crate::config::fmt_duration(self.connect_timeout)
+        )
+    }
+
     async fn connect_to(&self, url: &str, after_failure: bool) -> Result<Connection, String> {
+        let (lapin_url, tls) = self.secure(url)?;
         if after_failure {
-            self.port_open(url).await?;
+            self.port_open(url, &lapin_url).await?;
         }
         let props = ConnectionProperties::default().with_connection_name(self.name.clone().into());
-        let (lapin_url, tls) = self.secure(url)?;
         let failure = tls.as_ref().map(|t| t.failure.clone());
         let runtime = async_rs::Runtime::new(gate::GatedTokio::new(
             self.gate.clone(),
@@ -462,13 +465,7 @@ impl Broker {
         let connect = Connection::connect_with_runtime(&lapin_url, props, runtime);
         let conn = tokio::time::timeout(self.connect_timeout, connect)
             .await
-            .map_err(|_| {
-                format!(
-                    "connecting to {} timed out after {}",
-                    Redacted(url),
-                    crate::config::fmt_duration(self.connect_timeout)
-                )
-            })?
+            .map_err(|_| self.timed_out(url))?
             .map_err(|e| {
                 let handshake =
                     failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take());
@@ -532,9 +529,13 @@ impl Broker {
     /// Drops `conn` if it is still the current connection, so the next
     /// caller reconnects.
     async fn forget(&self, conn: &Arc<Connection>) {
-        let mut slot = self.connection.lock().await;
-        if slot.as_ref().is_some_and(|(_, c)| Arc::ptr_eq(c, conn)) {
-            *slot = None;
+        let mut link = self.link.lock().await;
+        if link
+            .current
+            .as_ref()
+            .is_some_and(|(_, c)| Arc::ptr_eq(c, conn))
+        {
+            link.current = None;
         }
     }
 
@@ -548,11 +549,11 @@ impl Broker {
         if self.urls.len() < 2 {
             return;
         }
-        let mut slot = self.connection.lock().await;
-        if slot.as_ref().is_none_or(|(g, _)| *g != generation) {
+        let mut link = self.link.lock().await;
+        if link.current.as_ref().is_none_or(|(g, _)| *g != generation) {
             return;
         }
-        let (_, conn) = slot.take().expect("checked");
+        let (_, conn) = link.current.take().expect("checked");
         let ordering = std::sync::atomic::Ordering::Relaxed;
         let node = self.preferred.load(ordering);
         self.preferred.store((node + 1) % self.urls.len(), ordering);
