@@ -556,9 +556,18 @@ async fn a_full_disk_under_the_database_loses_nothing_and_resumes_by_itself(db: 
     wait_publishing(&env, 300, Duration::from_secs(30)).await;
 
     // A backlog the fleet works through while the disk is full: its
-    // records need new pages (and the log new segments) soon.
+    // records need new pages (and the log new segments) soon. The fleet
+    // is stopped while the backlog is written and the disk filled: left
+    // running, it once drained all 20,000 rows before `dd` had filled the
+    // disk, and had nothing to say.
+    for w in &fleet {
+        w.signal("STOP");
+    }
     seed(&env, &queue, 20_000).await;
     disk.fill(64 * 1024);
+    for w in &fleet {
+        w.signal("CONT");
+    }
     let full_at = Instant::now();
     let full_for = scenario_length(10, 60);
     tokio::time::sleep(full_for).await;
