@@ -39,6 +39,7 @@ pub mod gate;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 use tracing::Instrument;
@@ -238,6 +239,9 @@ pub struct Broker {
     /// caller connects at a time.
     link: Mutex<Link>,
     generations: std::sync::atomic::AtomicU64,
+    /// Set by the first drainer that could not open a channel, cleared by
+    /// the next that could: one warning per outage, not one per attempt.
+    channel_failing: AtomicBool,
     blocked_tx: watch::Sender<Option<String>>,
     reach_tx: watch::Sender<Reach>,
     gate: Arc<gate::SendGate>,
@@ -256,6 +260,7 @@ impl Broker {
             tls: config.tls.client_tls(),
             link: Mutex::default(),
             generations: Default::default(),
+            channel_failing: AtomicBool::new(false),
             gate: Arc::default(),
             blocked_tx: watch::channel(None).0,
             reach_tx: watch::channel(Reach::Never { error: None }).0,
@@ -330,9 +335,19 @@ impl Broker {
                 attempt = self.try_open_channel() => attempt,
             };
             match attempt {
-                Ok(channel) => return Some(channel),
+                Ok(channel) => {
+                    self.channel_failing.store(false, Ordering::Relaxed);
+                    return Some(channel);
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "cannot open a confirm channel");
+                    // Every drainer retries on its own: one line per outage
+                    // says it, the rest go to debug.
+                    if self.channel_failing.swap(true, Ordering::Relaxed) {
+                        tracing::debug!(error = %e, retry_in = ?delay, "cannot open a confirm channel");
+                    } else {
+                        tracing::warn!(error = %e, retry_in = ?delay,
+                            "cannot open a confirm channel; every drainer retries until the broker answers (further failures at debug level)");
+                    }
                     tokio::select! {
                         _ = cancel.cancelled() => return None,
                         _ = tokio::time::sleep(delay) => {}
