@@ -7,17 +7,19 @@
 //! workers exhausted a database. This task closes one idle connection per
 //! second while the pool is larger than its recent demand — the most
 //! connections in use at once in the last [`QUIET`] (sampled every 100 ms),
-//! and at least two more than were always in use — and no connection had
+//! and at least one or two more than were always in use ([`Spare`]) — and no connection had
 //! to be opened in the last [`AFTER_OPENING`]. Under load the pool is as
-//! large as the load needs; idle, it shrinks back to two connections, plus
+//! large as the load needs; idle, it shrinks back to one connection and
 //! PostgreSQL's `LISTEN` connection (which sqlx counts in the pool as one
-//! always in use).
+//! always in use), or to two on MariaDB.
 //!
-//! Why two and not one: sqlx pings a released connection before it is idle
-//! again (a round trip), so a task that runs two statements back to back —
-//! the coordinator's membership read, then its renew — finds the first
-//! connection still on its way back and opens another. With one kept, the
-//! pool reopened a connection every few seconds.
+//! Why two on MariaDB: sqlx pings a released connection before
+//! it is idle again (a round trip), so a task that runs two statements
+//! back to back — the coordinator's membership read, then its renew —
+//! finds the first connection still on its way back and opens another.
+//! With one kept, the pool reopened a connection every few seconds.
+//! PostgreSQL's pool waits for a connection on its way back
+//! (`postgres::pool`), so one spare is enough there ([`Spare`]).
 
 use std::time::Duration;
 
@@ -37,10 +39,24 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// How often one idle connection may be closed.
 const CLOSE_EVERY: Duration = Duration::from_secs(1);
 
+/// How many idle connections a pool keeps beyond those always in use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Spare {
+    /// A pool whose acquisitions wait for a connection on its way back
+    /// (PostgreSQL's `DbPool`).
+    One,
+    /// A plain sqlx pool (see the module docs).
+    Two,
+}
+
 /// Trims `pool` down to its demand (see the module docs) until it closes.
 /// `opened` is when the pool last opened a connection (its `after_connect`
 /// hook marks it).
-pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
+pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp, spare: Spare) {
+    let spare = match spare {
+        Spare::One => 1,
+        Spare::Two => 2,
+    };
     tokio::spawn(async move {
         // (connections, since when): the most and the fewest in use.
         let mut peak = (0u32, Instant::now());
@@ -59,7 +75,7 @@ pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
                 continue;
             }
             next_close = Instant::now() + CLOSE_EVERY;
-            let wanted = peak.0.max(floor.0 + 2);
+            let wanted = peak.0.max(floor.0 + spare);
             if pool.size() > wanted
                 && opened.ago() > AFTER_OPENING
                 && let Some(idle) = pool.try_acquire()

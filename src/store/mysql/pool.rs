@@ -72,7 +72,7 @@ pub async fn connect(
             Box::pin(async move { Ok(fresh) })
         })
         .connect_lazy_with(options);
-    trim::spawn(pool.clone(), opened);
+    trim::spawn(pool.clone(), opened, trim::Spare::Two);
     Ok(pool)
 }
 

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use sqlx::postgres::PgListener;
 
 use super::PgBackend;
-use super::pool::{DbPool, connect_to};
+use super::pool::{DbPool, Lent, connect_to};
 use crate::config::{Pooler, Redacted};
 use crate::store::notify::{Channel, Listener, Notification, NotifyStore};
 use crate::store::{Bounded, StoreError};
@@ -48,6 +48,7 @@ impl NotifyStore for PgBackend {
         let mut listener = PgListener::connect_with(pool.sqlx())
             .await
             .map_err(query_error("connecting to LISTEN"))?;
+        let lent = pool.lend();
         let (enqueued, fleet) = (
             self.channel_name(Channel::Enqueued),
             self.channel_name(Channel::Fleet),
@@ -59,6 +60,7 @@ impl NotifyStore for PgBackend {
         Ok(Box::new(PgNotifications {
             listener,
             fleet,
+            _lent: lent,
             _pool: pool,
         }))
     }
@@ -68,6 +70,8 @@ impl NotifyStore for PgBackend {
 struct PgNotifications {
     listener: PgListener,
     fleet: String,
+    /// The listener's connection, counted as lent by its pool for good.
+    _lent: Lent,
     /// The pool the listener's connection came from (a direct one when
     /// `listen_url` is set), kept open while it listens.
     _pool: DbPool,

@@ -23,11 +23,22 @@
 //!   ([`crate::relay::wakeups`]), and `outboxd migrate` (sqlx's migrator
 //!   holds a session lock) refuses or uses `listen_url`.
 //!
+//! An acquisition that finds no idle connection while one is on its way
+//! back (sqlx pings every released connection before it is idle again)
+//! waits up to [`PATIENCE`] for it instead of opening another: a task's
+//! back-to-back statements reuse one connection, so an idle worker keeps
+//! one pooled connection beside its `LISTEN` connection
+//! ([`crate::store::trim`]) and a worker's start-up opens fewer.
+//!
 //! After a switchover the pool closes the connections opened before the
 //! database was seen read-only ([`crate::store::switchover`]): a read-only
 //! answer to any statement run through the pool or one of its
 //! transactions — the store's, or a producer's — marks the pool's own
 //! marker, never another pool's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -51,6 +62,31 @@ pub struct DbPool {
     inner: PgPool,
     pooler: Pooler,
     bounds: Bounds,
+    /// How many of the pool's connections this wrapper has handed out and
+    /// not yet given back (see [`DbPool::patient_acquire`]).
+    lent: Arc<AtomicUsize>,
+}
+
+/// How long an acquisition waits for a connection on its way back to the
+/// pool (the round trip of sqlx's release ping) before the pool opens
+/// another.
+const PATIENCE: Duration = Duration::from_millis(3);
+
+/// A lent connection's mark: counted in [`DbPool::lent`] until dropped.
+#[derive(Debug)]
+pub(crate) struct Lent(Arc<AtomicUsize>);
+
+impl Lent {
+    fn new(lent: &Arc<AtomicUsize>) -> Self {
+        lent.fetch_add(1, Ordering::Relaxed);
+        Lent(lent.clone())
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl DbPool {
@@ -61,22 +97,48 @@ impl DbPool {
 
     /// Starts a transaction.
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        let (conn, lent) = self.patient_acquire().await?;
         Ok(Tx {
-            inner: self.inner.begin().await?,
+            // (`Transaction::begin` is what `Pool::begin` runs on the
+            // connection it acquired.)
+            inner: sqlx::Transaction::begin(conn, None).await?,
             unnamed: self.unnamed_statements(),
             bounds: self.bounds.clone(),
+            _lent: lent,
         })
+    }
+
+    /// A connection: an idle one; else, while one is on its way back (in
+    /// use, yet not lent by this wrapper: sqlx is pinging it), that one
+    /// if it comes back within [`PATIENCE`]; else whatever the pool gives
+    /// (it opens another while below `max_connections`).
+    async fn patient_acquire(
+        &self,
+    ) -> Result<(sqlx::pool::PoolConnection<Postgres>, Lent), sqlx::Error> {
+        let started = Instant::now();
+        loop {
+            if let Some(conn) = self.inner.try_acquire() {
+                return Ok((conn, Lent::new(&self.lent)));
+            }
+            let in_use = (self.inner.size() as usize).saturating_sub(self.inner.num_idle());
+            let returning = in_use.saturating_sub(self.lent.load(Ordering::Relaxed));
+            if returning == 0 || started.elapsed() >= PATIENCE {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        Ok((self.inner.acquire().await?, Lent::new(&self.lent)))
+    }
+
+    /// Counts a connection taken from [`DbPool::sqlx`] for good (the
+    /// `LISTEN` connection) as lent while the mark lives.
+    pub(crate) fn lend(&self) -> Lent {
+        Lent::new(&self.lent)
     }
 
     /// What bounds this pool's statements.
     pub fn bounds(&self) -> &Bounds {
         &self.bounds
-    }
-
-    /// A connection of the pool, for statements that must share one
-    /// (behind a transaction pooler: only inside a transaction).
-    pub async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, sqlx::Error> {
-        self.inner.acquire().await
     }
 
     /// Closes every connection.
@@ -105,6 +167,7 @@ pub struct Tx {
     inner: sqlx::Transaction<'static, Postgres>,
     unnamed: bool,
     bounds: Bounds,
+    _lent: Lent,
 }
 
 impl Tx {
@@ -187,11 +250,12 @@ pub async fn connect_to(
             Box::pin(async move { Ok(fresh) })
         })
         .connect_lazy_with(options);
-    trim::spawn(inner.clone(), opened);
+    trim::spawn(inner.clone(), opened, trim::Spare::One);
     Ok(DbPool {
         inner,
         pooler,
         bounds,
+        lent: Arc::default(),
     })
 }
 
@@ -284,26 +348,30 @@ impl<'p> Executor<'p> for &'_ DbPool {
         E: 'q + Execute<'q, Postgres>,
     {
         let switchover = self.bounds.switchover();
-        let rows = if !self.unnamed_statements() {
-            (&self.inner).fetch_many(query)
-        } else {
-            let pool = self.inner.clone();
-            let rows = async move {
-                let taken = match route(query)? {
-                    Route::AsIs(query) => return collect((&pool).fetch_many(query)).await,
-                    Route::Unnamed(taken) => taken,
-                };
-                let mut tx = pool.begin().await?;
-                let rows = collect(tx.fetch_many(taken)).await?;
-                tx.commit().await?;
-                Ok(rows)
+        let unnamed = self.unnamed_statements();
+        let pool = self.clone();
+        let rows = async move {
+            if !unnamed {
+                let (mut conn, _lent) = pool.patient_acquire().await?;
+                return collect(conn.fetch_many(query)).await;
+            }
+            let taken = match route(query)? {
+                Route::AsIs(query) => {
+                    let (mut conn, _lent) = pool.patient_acquire().await?;
+                    return collect(conn.fetch_many(query)).await;
+                }
+                Route::Unnamed(taken) => taken,
             };
-            futures_util::stream::once(rows)
-                .map_ok(|rows| futures_util::stream::iter(rows.into_iter().map(Ok)))
-                .try_flatten()
-                .boxed()
+            let mut tx = pool.begin().await?;
+            let rows = collect(tx.inner.fetch_many(taken)).await?;
+            tx.commit().await?;
+            Ok(rows)
         };
-        rows.map(move |r| noted(&switchover, r)).boxed()
+        futures_util::stream::once(rows)
+            .map_ok(|rows| futures_util::stream::iter(rows.into_iter().map(Ok)))
+            .try_flatten()
+            .map(move |r| noted(&switchover, r))
+            .boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -315,18 +383,22 @@ impl<'p> Executor<'p> for &'_ DbPool {
     {
         let switchover = self.bounds.switchover();
         let unnamed = self.unnamed_statements();
-        let pool = self.inner.clone();
+        let pool = self.clone();
         Box::pin(async move {
-            if !unnamed {
-                return noted(&switchover, (&pool).fetch_optional(query).await);
-            }
             let row = async {
-                let taken = match route(query)? {
-                    Route::AsIs(query) => return (&pool).fetch_optional(query).await,
+                let taken = match if unnamed {
+                    route(query)?
+                } else {
+                    Route::AsIs(query)
+                } {
+                    Route::AsIs(query) => {
+                        let (mut conn, _lent) = pool.patient_acquire().await?;
+                        return conn.fetch_optional(query).await;
+                    }
                     Route::Unnamed(taken) => taken,
                 };
                 let mut tx = pool.begin().await?;
-                let row = tx.fetch_optional(taken).await?;
+                let row = tx.inner.fetch_optional(taken).await?;
                 tx.commit().await?;
                 Ok(row)
             };
