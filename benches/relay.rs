@@ -42,11 +42,13 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
 //! plaintext; traces: `relay/traces.rs`, span export on against off;
 //! sources: `relay/sources.rs`, one worker with 50 idle sources against one;
-//! reload: the same file, sources added to and removed from a busy worker).
+//! reload: the same file, sources added to and removed from a busy worker;
+//! scale: `relay/scale.rs`, fleets of 2, 16 and 64 worker processes over
+//! 16, 256 and 1,024 buckets — settle times, idle cost, connections).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -77,6 +79,8 @@ use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 mod otlp;
 #[path = "../tests/common/readme.rs"]
 mod readme;
+#[path = "relay/scale.rs"]
+mod scale;
 #[path = "relay/sources.rs"]
 mod sources;
 #[path = "relay/tls.rs"]
@@ -197,6 +201,9 @@ async fn main() {
     if run("reload") {
         b.reloads().await;
     }
+    if run("scale") {
+        b.scale().await;
+    }
 
     println!(
         "\n{:<58} {:>16} {:>22}",
@@ -291,6 +298,18 @@ impl Bench {
         name: &str,
         worker_toml: &str,
     ) -> (Store, PathBuf, String) {
+        self.fresh_buckets(on, name, worker_toml, BUCKETS).await
+    }
+
+    /// [`Bench::fresh_on`] migrated with `buckets` buckets (the config's
+    /// `outbox.partition_count` is the caller's, in `worker_toml`).
+    async fn fresh_buckets(
+        &self,
+        on: Backend,
+        name: &str,
+        worker_toml: &str,
+        buckets: u32,
+    ) -> (Store, PathBuf, String) {
         self.drop_database_on(on, name).await;
         let admin_url = match on {
             Backend::Postgres => &self.admin_url,
@@ -319,7 +338,7 @@ impl Bench {
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
         let store = Store::connect(&config, "outboxd bench").await.unwrap();
-        store.migrate(Partitioner::new(BUCKETS)).await.unwrap();
+        store.migrate(Partitioner::new(buckets)).await.unwrap();
         if on == Backend::Postgres && self.published_key_index {
             for statement in readme::published_key_index() {
                 sqlx::raw_sql(AssertSqlSafe(statement))
