@@ -547,6 +547,75 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
+/// An idle fleet worker on PostgreSQL settles at two connections — its
+/// `LISTEN` connection and one pooled — once its start-up's are trimmed
+/// (`store::trim::QUIET`, 30 s), and keeps them: its back-to-back
+/// statements wait for the connection on its way back (sqlx pings each
+/// released connection) instead of opening another, so it opens next to
+/// none while it idles. Before, it settled at three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_postgres_worker_settles_at_two_connections_and_keeps_them() {
+    let env = TestEnv::on(Db::Postgres).await;
+    let mut worker = env.spawn_worker(&["--silent"]);
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&env.admin_url)
+        .await
+        .unwrap();
+    let connections = async |c: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'outboxd work'",
+        )
+        .bind(&env.db_name)
+        .fetch_one(c)
+        .await
+        .unwrap()
+    };
+    let sessions = async |c: &mut sqlx::PgConnection| -> i64 {
+        sqlx::query_scalar("SELECT sessions FROM pg_stat_database WHERE datname = $1")
+            .bind(&env.db_name)
+            .fetch_one(c)
+            .await
+            .unwrap()
+    };
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let n = connections(&mut admin).await;
+        seen.push(n);
+        if n <= 2 && started.elapsed() > Duration::from_secs(35) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the idle worker never settled at 2 connections (seen, one a second: {seen:?})\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (opened, window) = (sessions(&mut admin).await, Duration::from_secs(20));
+    let mut most = 0;
+    let until = Instant::now() + window;
+    while Instant::now() < until {
+        most = most.max(connections(&mut admin).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let opened = sessions(&mut admin).await - opened;
+    let now = connections(&mut admin).await;
+    println!(
+        "idle worker: at most {} connections at start-up, 2 after {:?}; over the next {window:?} at most {most}, {opened} opened (the harness's own included), {now} at the end",
+        seen.iter().max().unwrap(),
+        started.elapsed()
+    );
+    // A stray overlap of two tasks' statements may open one; the old pool
+    // (two spares) sat at three and the one-spare pool without waiting
+    // reopened one every few seconds.
+    assert!(
+        opened <= 3,
+        "{opened} connections opened in {window:?} while idle"
+    );
+    assert!(now <= 2, "{now} connections at the end");
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
+
 /// MariaDB has no notifications: between polls, which back off to
 /// `idle_backoff_ms` (1 s) while they find nothing, the probe for added rows
 /// (every 5 ms while rows come, backing off to `poll_interval`, 100 ms)
