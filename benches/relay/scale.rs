@@ -27,7 +27,9 @@
 //!
 //! With `OUTBOXD_BENCH_BASELINE_BIN=<path to another outboxd>`, the
 //! PostgreSQL fleets run first with that binary (a baseline build, same
-//! run), then with this one.
+//! run), then with this one; `OUTBOXD_BENCH_SCALE_FLEETS=64x1024` (a
+//! comma-separated list) runs only those fleets, and
+//! `OUTBOXD_BENCH_SCALE_POSTGRES_ONLY=1` only PostgreSQL.
 //!
 //! Targets: an idle worker ≤ 2 connections; coordination at 64 × 1,024
 //! idle ≤ 5 % of one core of the database; settle after a quarter is
@@ -95,6 +97,19 @@ impl Bench {
                 (64, 1024, Some(3)),
             ]
         };
+        // A subset, for a look at one fleet: `OUTBOXD_BENCH_SCALE_FLEETS=64x1024`.
+        let only: Option<Vec<(usize, u32)>> =
+            std::env::var("OUTBOXD_BENCH_SCALE_FLEETS").ok().map(|v| {
+                v.split(',')
+                    .filter_map(|f| f.split_once('x'))
+                    .map(|(w, b)| (w.parse().unwrap(), b.parse().unwrap()))
+                    .collect()
+            });
+        let fleets: Vec<(usize, u32, Option<u32>)> = fleets
+            .iter()
+            .copied()
+            .filter(|(w, b, _)| only.as_ref().is_none_or(|o| o.contains(&(*w, *b))))
+            .collect();
         let over = Duration::from_secs(if self.quick { 10 } else { 20 });
         println!(
             "scale: fleets of {fleets:?} (workers, buckets, max_connections), idle measured over {over:?}"
@@ -109,10 +124,12 @@ impl Bench {
             ));
         }
         runs.push((Backend::Postgres, PathBuf::from(BIN), ""));
-        runs.push((Backend::MariaDb, PathBuf::from(BIN), ""));
+        if std::env::var("OUTBOXD_BENCH_SCALE_POSTGRES_ONLY").is_err() {
+            runs.push((Backend::MariaDb, PathBuf::from(BIN), ""));
+        }
         let mut out = serde_json::Map::new();
         for (on, bin, arm) in runs {
-            for &(workers, buckets, max_connections) in fleets {
+            for &(workers, buckets, max_connections) in &fleets {
                 let f = self
                     .fleet(on, workers, buckets, max_connections, over, &bin)
                     .await;
@@ -411,13 +428,27 @@ impl Admin {
         }
     }
 
-    /// CPU of the whole database server, in clock ticks.
+    /// CPU of the whole database server, in clock ticks — on PostgreSQL
+    /// the backends that exited meanwhile included (what its postmaster's
+    /// reaped children used): connections that come and go would
+    /// otherwise take their CPU with them.
     fn database_ticks(&self) -> u64 {
         match self {
-            Admin::Pg(..) => postgres_cpu_ticks(),
+            Admin::Pg(..) => postgres_cpu_ticks() + postmaster_children_ticks().unwrap_or(0),
             Admin::My(..) => pid_file("mariadb.pid").and_then(cpu_ticks).unwrap_or(0),
         }
     }
+}
+
+/// The CPU of the services' PostgreSQL postmaster's exited children
+/// (`cutime + cstime`), in clock ticks.
+fn postmaster_children_ticks() -> Option<u64> {
+    let state = std::env::var("OUTBOXD_STATE_DIR").ok()?;
+    let pids = std::fs::read_to_string(format!("{state}/pg/postmaster.pid")).ok()?;
+    let pid: u32 = pids.lines().next()?.trim().parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
 }
 
 /// An `outboxd work` process (`bin`) on `config`, warnings and errors to `log`;
