@@ -592,27 +592,34 @@ async fn an_idle_postgres_worker_settles_at_two_connections_and_keeps_them() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let (opened, window) = (sessions(&mut admin).await, Duration::from_secs(20));
-    let mut most = 0;
+    let mut samples = Vec::new();
     let until = Instant::now() + window;
     while Instant::now() < until {
-        most = most.max(connections(&mut admin).await);
+        samples.push(connections(&mut admin).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let opened = sessions(&mut admin).await - opened;
-    let now = connections(&mut admin).await;
+    let at_two = samples.iter().filter(|&&n| n <= 2).count() as f64 / samples.len() as f64;
     println!(
-        "idle worker: at most {} connections at start-up, 2 after {:?}; over the next {window:?} at most {most}, {opened} opened (the harness's own included), {now} at the end",
+        "idle worker: at most {} connections at start-up, 2 after {:?}; over the next {window:?} {opened} opened (the harness's own included), at most {}, at 2 or fewer {:.0} % of the time",
         seen.iter().max().unwrap(),
-        started.elapsed()
+        started.elapsed(),
+        samples.iter().max().unwrap(),
+        at_two * 100.0
     );
-    // A stray overlap of two tasks' statements may open one; the old pool
-    // (two spares) sat at three and the one-spare pool without waiting
-    // reopened one every few seconds.
+    // A stray overlap of two tasks' statements may open one, which the
+    // trimmer closes again after a while; the old pool (two spares) sat at
+    // three all the time, and one spare without waiting for returning
+    // connections reopened one every few seconds.
     assert!(
         opened <= 3,
         "{opened} connections opened in {window:?} while idle"
     );
-    assert!(now <= 2, "{now} connections at the end");
+    assert!(
+        at_two >= 0.5,
+        "2 connections or fewer only {:.0} % of the idle time: {samples:?}",
+        at_two * 100.0
+    );
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
