@@ -119,18 +119,23 @@ impl DbPool {
         })
     }
 
-    /// A connection: an idle one; else, while one is on its way back (in
-    /// use, yet not lent by this wrapper: sqlx is pinging it), that one
-    /// if it comes back within [`PATIENCE`]; else whatever the pool gives
-    /// once it may open another ([`GROWTH_SPACING`]; at
-    /// `max_connections` sqlx waits for a released one itself).
+    /// A connection: an idle one (checked as sqlx checks any); else,
+    /// while one is on its way back (in use, yet not lent by this wrapper:
+    /// sqlx is pinging it), that one if it comes back within [`PATIENCE`];
+    /// else whatever the pool gives once it may open another
+    /// ([`GROWTH_SPACING`]; at `max_connections` sqlx waits for a released
+    /// one itself).
     async fn patient_acquire(
         &self,
     ) -> Result<(sqlx::pool::PoolConnection<Postgres>, Lent), sqlx::Error> {
         let started = Instant::now();
         loop {
-            if let Some(conn) = self.inner.try_acquire() {
-                return Ok((conn, Lent::new(&self.lent)));
+            // An idle connection is taken by `acquire` below, which runs the
+            // pool's checks on it (`try_acquire` would skip them: the ping
+            // and the switchover's `before_acquire`, so a connection to an
+            // old primary would be handed out again).
+            if self.inner.num_idle() > 0 {
+                break;
             }
             let size = self.inner.size();
             let in_use = (size as usize).saturating_sub(self.inner.num_idle());
