@@ -1779,6 +1779,7 @@ async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N
             partition_key: &labels[i % labels.len()],
             token,
             fence: None,
+            published: Default::default(),
         };
         for j in 0..N {
             let which = (i + j) % N;

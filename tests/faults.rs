@@ -177,11 +177,11 @@ async fn publish_300(env: &TestEnv, queue: &str) {
         Duration::from_secs(1),
     )
     .await;
-    assert_eq!(
-        env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
-            .await,
-        300
-    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.published().await < 300 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.published().await, 300);
 }
 
 /// The 1,000 messages the alarm scenarios write while publishing is blocked.
@@ -232,7 +232,7 @@ async fn wait_drained(env: &TestEnv, timeout: Duration) -> Duration {
 
 /// Reads every committed row from `queue` and judges it.
 async fn judge_queue(env: &TestEnv, url: &str, queue: &str) -> Verdict {
-    let committed = env.count("true").await as usize;
+    let committed = env.committed().await as usize;
     let mut reader = QueueReader::open(url, queue).await.unwrap();
     let (all, v) = read_and_judge(&mut reader, env, committed, Duration::from_secs(60)).await;
     drop(reader);
@@ -274,7 +274,7 @@ async fn queue_depth(url: &str, queue: &str) -> String {
 /// Waits until the published count moves past `from`; returns how long.
 async fn wait_publishing(env: &TestEnv, from: i64, timeout: Duration) -> Duration {
     let start = Instant::now();
-    while env.count("published_at IS NOT NULL").await <= from {
+    while env.published().await <= from {
         assert!(start.elapsed() < timeout, "publishing did not resume");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -380,7 +380,22 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents(db: 
 /// within the killed workers' in-flight batches; the backlog gone within
 /// lease_ttl + a few seconds of the last kill.
 async fn sigkill_a_random_worker_every_few_seconds_loses_nothing(db: Db) {
-    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    sigkill_loop(Tuning::fleet().on(db)).await;
+}
+
+/// The same with published rows deleted (`outbox.keep_published =
+/// false`): nothing lost, nothing left behind.
+async fn sigkill_a_random_worker_with_rows_deleted_on_publish_loses_nothing(db: Db) {
+    let env = sigkill_loop(Tuning {
+        keep_published: false,
+        ..Tuning::fleet().on(db)
+    })
+    .await;
+    assert_eq!(env.count("true").await, 0, "published rows left behind");
+}
+
+async fn sigkill_loop(tuning: Tuning) -> TestEnv {
+    let env = TestEnv::with(tuning).await;
     let queue = unique("q");
     drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
     let mut fleet: Vec<WorkerProcess> = (0..3).map(|_| env.spawn_worker(&["--silent"])).collect();
@@ -425,17 +440,33 @@ async fn sigkill_a_random_worker_every_few_seconds_loses_nothing(db: Db) {
         "drained {drained:?} after the last kill"
     );
     terminate_all(&mut fleet);
+    env
 }
 
 // ------------------------------------------------------------- scenario 3
 
 /// kill -9 of RabbitMQ during a drain, restarted, twice.
 async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing(db: Db) {
+    broker_kill9_twice(Tuning::fleet().on(db)).await;
+}
+
+/// The same with published rows deleted (`outbox.keep_published =
+/// false`): nothing lost, nothing left behind.
+async fn rabbitmq_killed_twice_with_rows_deleted_on_publish_loses_nothing(db: Db) {
+    let env = broker_kill9_twice(Tuning {
+        keep_published: false,
+        ..Tuning::fleet().on(db)
+    })
+    .await;
+    assert_eq!(env.count("true").await, 0, "published rows left behind");
+}
+
+async fn broker_kill9_twice(tuning: Tuning) -> TestEnv {
     let broker = PrivateBroker::start();
     let env = TestEnv::with(Tuning {
         amqp_url: Some(broker.url()),
         confirm_timeout: "3s",
-        ..Tuning::fleet().on(db)
+        ..tuning
     })
     .await;
     let queue = unique("q");
@@ -452,12 +483,12 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing(db: Db)
     let producers = Producers::start(&env, "", &queue, 3, 300.0);
     let mut recoveries = Vec::new();
     for _ in 0..2 {
-        let before = env.count("published_at IS NOT NULL").await;
+        let before = env.published().await;
         wait_publishing(&env, before, Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
         broker.kill9();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let down = env.count("published_at IS NOT NULL").await;
+        let down = env.published().await;
         broker.run("start");
         let resumed = wait_publishing(&env, down, Duration::from_secs(60)).await;
         recoveries.push(resumed);
@@ -471,6 +502,7 @@ async fn rabbitmq_killed_with_sigkill_twice_during_a_drain_loses_nothing(db: Db)
     );
     assert!(v.is_clean(), "{}", v.summary());
     terminate_all(&mut fleet);
+    env
 }
 
 // ------------------------------------------------------------- scenario 4
@@ -1149,4 +1181,6 @@ on_server_dbs!(
     the_database_crashed_and_restarted_during_a_drain_loses_nothing,
     a_full_disk_under_the_database_loses_nothing_and_resumes_by_itself,
     workers_with_skewed_clocks_keep_fencing_and_lose_nothing,
+    sigkill_a_random_worker_with_rows_deleted_on_publish_loses_nothing,
+    rabbitmq_killed_twice_with_rows_deleted_on_publish_loses_nothing,
 );

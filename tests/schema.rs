@@ -246,6 +246,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
                     partition_key: "p03",
                     token: ClaimToken::new(),
                     fence: None,
+                    published: Default::default(),
                 },
                 limit: 100,
                 claim_ttl: std::time::Duration::from_secs(15),

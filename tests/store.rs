@@ -16,7 +16,7 @@ use common::*;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::Message;
 use outboxd::store::outbox::{
-    Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState,
+    Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState, Published,
 };
 use outboxd::store::repartition::RepartitionError;
 use outboxd::store::workers::{Joined, Registration, WorkerCounts, WorkerMode};
@@ -38,6 +38,7 @@ fn holder(bucket: &str) -> Holder<'_> {
         partition_key: bucket,
         token: ClaimToken::new(),
         fence: None,
+        published: Default::default(),
     }
 }
 
@@ -230,6 +231,94 @@ async fn records_publish_park_requeue_and_drop(db: Db) {
     assert!(store.message_detail(ids[3]).await.unwrap().is_none());
     let detail = store.message_detail(ids[0]).await.unwrap().unwrap();
     assert!(detail.summary.published_at.is_some());
+}
+
+/// Records that delete (`outbox.keep_published = false`): a published row
+/// is gone, under the same checks as a kept one — a stranger's token or a
+/// superseded lease deletes nothing, a row recorded twice counts once, a
+/// parked row stays — and the rest of the bucket is claimed in order.
+async fn deleting_records_take_published_rows_away_under_the_same_fence(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p07", 6, "deleting").await;
+    let owner = Uuid::new_v4();
+    let bucket = vec!["p07".to_string()];
+    let lease = store
+        .acquire(owner, &bucket, LEASE_TTL, "test")
+        .await
+        .unwrap();
+    let h = Holder {
+        partition_key: "p07",
+        token: ClaimToken::new(),
+        fence: Some(Fence {
+            owner,
+            epoch: lease[0].lease_epoch,
+        }),
+        published: Published::Deleted,
+    };
+    assert_eq!(
+        ids_of(&store.claim(claim(h, 5, &[])).await.unwrap()),
+        ids[..5]
+    );
+
+    let stranger = Holder {
+        token: ClaimToken::new(),
+        ..h
+    };
+    assert_eq!(store.record_published(stranger, &ids).await.unwrap(), 0);
+    assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 2);
+    assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 0);
+    let failure = Failure {
+        id: ids[3],
+        error: "unroutable",
+        policy: policy(1, 10.0),
+    };
+    let recorded = store
+        .record_failure(h, &ids[2..3], Some(failure))
+        .await
+        .unwrap();
+    assert_eq!((recorded.published, recorded.parked), (1, Some(true)));
+    assert_eq!(env.all_ids().await, ids[3..]);
+    assert_eq!(env.count("published_at IS NOT NULL").await, 0);
+    assert!(store.message_detail(ids[0]).await.unwrap().is_none());
+    assert!(
+        store
+            .list_messages(MessageState::Published, None, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The lease moves on: the old holder's records delete nothing more.
+    env.db
+        .exec(&format!(
+            "UPDATE outbox_partitions SET lease_until = {} WHERE partition_key = 'p07'",
+            env.db.now_plus(-1)
+        ))
+        .await;
+    let next_owner = Uuid::new_v4();
+    let taken = store
+        .acquire(next_owner, &bucket, LEASE_TTL, "test")
+        .await
+        .unwrap();
+    assert_eq!(store.record_published(h, &ids[4..]).await.unwrap(), 0);
+    let next = Holder {
+        partition_key: "p07",
+        token: ClaimToken::new(),
+        fence: Some(Fence {
+            owner: next_owner,
+            epoch: taken[0].lease_epoch,
+        }),
+        published: Published::Deleted,
+    };
+    store
+        .clear_claims("p07", next.fence.unwrap())
+        .await
+        .unwrap();
+    let rest = store.claim(claim(next, 10, &[])).await.unwrap();
+    assert_eq!(ids_of(&rest), ids[4..]);
+    assert_eq!(store.record_published(next, &ids[4..]).await.unwrap(), 2);
+    assert_eq!(env.all_ids().await, [ids[3]], "only the parked row is left");
 }
 
 /// Leases: acquire takes only free or expired buckets and bumps the
@@ -531,6 +620,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
         partition_key: "p04",
         token: ClaimToken::new(),
         fence: Some(old_fence),
+        published: Default::default(),
     };
     let claim = |holder, limit| Claim {
         holder,
@@ -605,6 +695,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
         partition_key: "p04",
         token: ClaimToken::new(),
         fence: Some(new_fence),
+        published: Default::default(),
     };
     let fresh = store.claim(claim(new_holder, 10)).await.unwrap();
     assert_eq!(fresh.len(), 5);
@@ -716,6 +807,7 @@ on_every_db!(
     claims_take_the_head_in_id_order_one_claim_at_a_time,
     a_failing_head_holds_back_only_its_own_bucket,
     records_publish_park_requeue_and_drop,
+    deleting_records_take_published_rows_away_under_the_same_fence,
     leases_change_hands_only_under_their_conditions_and_on_record,
     workers_join_heartbeat_and_leave,
     repartitioning_relabels_by_key_and_unknown_labels_are_parked,

@@ -292,13 +292,22 @@ async function loadPage(load) {
       <td>${esc(m.exchange || "(default)")} → ${esc(m.routing_key)}</td><td>${time(m.created_at)}</td>
       <td>${m.attempts}</td><td>${messageState(m)}</td><td class="err">${esc(m.last_error || "")}</td>
       <td>${m.failed_at ? `<button class="danger requeue-one" data-id="${m.id}">Requeue</button>` : ""}</td>
-    </tr>`).join("") || `<tr><td colspan="9" class="muted">No ${state.view} messages${state.key ? " for " + esc(state.key) : ""}.</td></tr>`;
+    </tr>`).join("") || `<tr><td colspan="9" class="muted">${noMessages(page)}</td></tr>`;
   // Rewritten only when it changed: a refresh leaves rows (and the button
   // under the pointer) alone.
   if (messagesHtml !== rows) { $("#messages tbody").innerHTML = rows; messagesHtml = rows; }
   $("#next-page").disabled = page.next_cursor == null;
   $("#next-page").dataset.cursor = page.next_cursor ?? "";
   return true;
+}
+
+// What an empty page says: a deployment that deletes published rows has
+// no Published history to show.
+function noMessages(page) {
+  if (state.view === "published" && !page.keep_published) {
+    return "Published messages are deleted as they are published (outbox.keep_published = false); the charts above count them.";
+  }
+  return `No ${state.view} messages${state.key ? " for " + esc(state.key) : ""}.`;
 }
 
 async function showDetail(id) {

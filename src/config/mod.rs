@@ -323,6 +323,11 @@ pub struct OutboxConfig {
     /// keeps them forever.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub retention: Duration,
+    /// Keep a published row (its `published_at` set) until `retention`
+    /// purges it; `false` deletes it when its publish is recorded, in the
+    /// same fenced statement: no history in the Published view, nothing to
+    /// purge, less work per message.
+    pub keep_published: bool,
 }
 
 /// `[worker]`: membership and leases (fleet mode).
@@ -427,6 +432,7 @@ impl Default for OutboxConfig {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             retention: DEFAULT_RETENTION,
+            keep_published: true,
         }
     }
 }

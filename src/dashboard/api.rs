@@ -162,6 +162,9 @@ pub struct MessagesPage {
     pub messages: Vec<MessageSummary>,
     /// Pass as `cursor` for the next page; absent on the last page.
     pub next_cursor: Option<i64>,
+    /// `outbox.keep_published`: false when published rows are deleted
+    /// (the Published view then stays empty, and says why).
+    pub keep_published: bool,
 }
 
 pub async fn messages(
@@ -188,6 +191,7 @@ pub async fn messages(
             state,
             messages: found.map(|d| d.summary).into_iter().collect(),
             next_cursor: None,
+            keep_published: st.keep_published,
         }));
     }
     let messages = st.store.list_messages(state, key, q.cursor, limit).await?;
@@ -198,6 +202,7 @@ pub async fn messages(
         state,
         messages,
         next_cursor,
+        keep_published: st.keep_published,
     }))
 }
 

@@ -61,6 +61,8 @@ pub struct DashboardState {
     /// The serving worker's own counters (`outboxd work --ui`).
     pub process: Option<Arc<RelayStats>>,
     pub partition_count: u32,
+    /// `outbox.keep_published`.
+    pub keep_published: bool,
     /// `dashboard.allowed_hosts`.
     pub allowed_hosts: Vec<String>,
     /// `dashboard.tls_cert_file` / `tls_key_file`, when HTTPS.
@@ -96,6 +98,7 @@ impl DashboardState {
             auth,
             process: None,
             partition_count: config.outbox.partition_count,
+            keep_published: config.outbox.keep_published,
             allowed_hosts: config.dashboard.allowed_hosts.clone(),
             tls: Some((
                 config.dashboard.tls_cert_file.trim(),

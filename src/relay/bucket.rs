@@ -177,6 +177,7 @@ impl BucketDrainer {
             partition_key: &self.partition_key,
             token: self.token,
             fence: self.fence,
+            published: self.ctx.settings.published,
         }
     }
 

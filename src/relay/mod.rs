@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::lease::LeaseGrant;
 use crate::otel::Tracer;
 use crate::store::Store;
+use crate::store::outbox::Published;
 pub use stats::RelayStats;
 pub use wakeups::Wakeups;
 
@@ -43,6 +44,8 @@ pub struct RelaySettings {
     pub retry_backoff: Duration,
     pub max_attempts: u32,
     pub max_payload_bytes: u64,
+    /// What recording a publish does with the rows (`outbox.keep_published`).
+    pub published: Published,
 }
 
 impl RelaySettings {
@@ -54,6 +57,7 @@ impl RelaySettings {
             retry_backoff: c.outbox.retry_backoff,
             max_attempts: c.outbox.max_attempts,
             max_payload_bytes: c.outbox.max_payload_bytes,
+            published: Published::from_keep(c.outbox.keep_published),
         }
     }
 }

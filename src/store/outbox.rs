@@ -13,7 +13,8 @@
 //! fleet mode, the lease fence `(partition_key, lease_owner, lease_epoch)`
 //! in the same statement (both live on the bucket's row): a worker that lost
 //! its claim or its lease writes nothing. A published message costs one
-//! row update, the record.
+//! row write, the record: an update that sets `published_at`, or, with
+//! `outbox.keep_published = false`, a delete ([`Published`]).
 
 use std::time::Duration;
 
@@ -110,13 +111,39 @@ pub struct Fence {
     pub epoch: i64,
 }
 
-/// What a drainer's writes to its bucket are checked against: its claim
-/// token and, in fleet mode, its lease.
+/// What a drainer's writes to its bucket are checked against — its claim
+/// token and, in fleet mode, its lease — and what recording a publish
+/// does with the rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Holder<'a> {
     pub partition_key: &'a str,
     pub token: ClaimToken,
     pub fence: Option<Fence>,
+    pub published: Published,
+}
+
+/// What recording a publish does with a row (`outbox.keep_published`).
+/// Either way the statement carries the same fence and matches only rows
+/// still unpublished, so what it reports affected is what this holder
+/// recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Published {
+    /// Sets `published_at`; the row stays for the Published view until
+    /// `outbox.retention` purges it.
+    #[default]
+    Kept,
+    /// Deletes the row.
+    Deleted,
+}
+
+impl Published {
+    pub fn from_keep(keep_published: bool) -> Self {
+        if keep_published {
+            Self::Kept
+        } else {
+            Self::Deleted
+        }
+    }
 }
 
 /// A claim request: up to `limit` ready rows of the holder's bucket, not

@@ -129,6 +129,11 @@ pub struct TestEnv {
     pub store: Store,
     pub dir: PathBuf,
     pub config_path: PathBuf,
+    /// Whether published rows are deleted (`outbox.keep_published = false`):
+    /// then the committed ids are read from `outbox_ledger`, which a
+    /// trigger fills with every id inserted into the outbox (rolled back
+    /// with its transaction).
+    pub ledger: bool,
 }
 
 /// Extra `[outbox]` settings tests commonly shorten.
@@ -162,6 +167,9 @@ pub struct Tuning {
     pub listen_direct: bool,
     /// TOML appended to the config file (e.g. an `[amqp.tls]` table).
     pub extra_toml: String,
+    /// `outbox.keep_published`; false also keeps the test's ledger of
+    /// committed ids ([`TestEnv::ledger`]).
+    pub keep_published: bool,
 }
 
 impl Default for Tuning {
@@ -188,6 +196,7 @@ impl Default for Tuning {
             pooler_url: None,
             listen_direct: false,
             extra_toml: String::new(),
+            keep_published: true,
         }
     }
 }
@@ -276,6 +285,7 @@ impl TestEnv {
              connect_timeout = \"{act}\"\ndead_peer_timeout = \"{dp}\"\n\
              [outbox]\npartition_count = {pc}\nidle_backoff_ms = {ib}\nclaim_ttl = \"15s\"\n\
              retry_backoff_initial = \"{rbi}\"\nretry_backoff = \"{rb}\"\nmax_attempts = {ma}\n\
+             keep_published = {kp}\n\
              [worker]\nshutdown_timeout = \"10s\"\nlease_ttl = \"{lt}\"\nlease_renew = \"{lr}\"\n\
              heartbeat_ttl = \"{ht}\"\nassignment = \"{asg}\"\nbroker_grace = \"{bg}\"\n{extra}",
             ct = t.confirm_timeout,
@@ -293,6 +303,7 @@ impl TestEnv {
             dp = t.dead_peer_timeout,
             act = t.amqp_connect_timeout,
             extra = t.extra_toml,
+            kp = t.keep_published,
         );
         let config_path = dir.join("outboxd.toml");
         std::fs::write(&config_path, &toml).unwrap();
@@ -312,6 +323,12 @@ impl TestEnv {
                 .expect("migrate");
         }
         let db = TestDb::connect(t.db, &db_url, 8).await;
+        let ledger = !t.keep_published;
+        if ledger {
+            for statement in ledger_statements(t.db) {
+                db.exec(statement).await;
+            }
+        }
         Self {
             kind: t.db,
             admin_url: admin,
@@ -323,6 +340,7 @@ impl TestEnv {
             store,
             dir,
             config_path,
+            ledger,
         }
     }
 
@@ -426,9 +444,42 @@ impl TestEnv {
         path
     }
 
-    /// Ids of every row, ascending.
+    /// Ids of every committed row, ascending (published rows included when
+    /// they are deleted: from the ledger).
     pub async fn all_ids(&self) -> Vec<i64> {
-        self.db.column("SELECT id FROM outbox ORDER BY id").await
+        let table = if self.ledger {
+            "outbox_ledger"
+        } else {
+            "outbox"
+        };
+        self.db
+            .column(&format!("SELECT id FROM {table} ORDER BY id"))
+            .await
+    }
+
+    /// How many rows were committed (published rows included when they are
+    /// deleted).
+    pub async fn committed(&self) -> i64 {
+        let table = if self.ledger {
+            "outbox_ledger"
+        } else {
+            "outbox"
+        };
+        self.db
+            .value(&format!("SELECT count(*) FROM {table}"))
+            .await
+    }
+
+    /// How many rows were recorded as published: kept with
+    /// `published_at`, or gone from the outbox (the ledger's count minus
+    /// the rows left, in one statement).
+    pub async fn published(&self) -> i64 {
+        let sql = if self.ledger {
+            "SELECT (SELECT count(*) FROM outbox_ledger) - (SELECT count(*) FROM outbox)"
+        } else {
+            "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL"
+        };
+        self.db.value(sql).await
     }
 
     pub async fn count(&self, where_clause: &str) -> i64 {
@@ -447,6 +498,30 @@ impl TestEnv {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// The ledger of committed ids a test keeps when published rows are
+/// deleted: a table and a trigger after every insert into the outbox.
+fn ledger_statements(db: Db) -> &'static [&'static str] {
+    match db {
+        Db::Postgres => &[
+            "CREATE TABLE outbox_ledger (id bigint PRIMARY KEY)",
+            "CREATE FUNCTION outbox_ledger_add() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN INSERT INTO outbox_ledger VALUES (NEW.id); RETURN NULL; END $$",
+            "CREATE TRIGGER outbox_ledger AFTER INSERT ON outbox
+             FOR EACH ROW EXECUTE FUNCTION outbox_ledger_add()",
+        ],
+        Db::MariaDb => &[
+            "CREATE TABLE outbox_ledger (id BIGINT PRIMARY KEY)",
+            "CREATE TRIGGER outbox_ledger AFTER INSERT ON outbox
+             FOR EACH ROW INSERT INTO outbox_ledger VALUES (NEW.id)",
+        ],
+        Db::Sqlite => &[
+            "CREATE TABLE outbox_ledger (id INTEGER PRIMARY KEY)",
+            "CREATE TRIGGER outbox_ledger AFTER INSERT ON outbox
+             BEGIN INSERT INTO outbox_ledger VALUES (NEW.id); END",
+        ],
     }
 }
 

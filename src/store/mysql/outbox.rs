@@ -19,7 +19,7 @@ use crate::config::TablesConfig;
 use crate::store::driver::BoundTx;
 use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
-    OutboxStore,
+    OutboxStore, Published,
 };
 use crate::store::statements::BucketReadsSql;
 use crate::store::views;
@@ -101,8 +101,12 @@ impl OutboxSql {
         h: Holder<'_>,
         ids: &[i64],
     ) -> Result<u64, StoreError> {
+        let write = match h.published {
+            Published::Kept => "UPDATE {outbox} SET published_at = UTC_TIMESTAMP(6)",
+            Published::Deleted => "DELETE FROM {outbox}",
+        };
         let sql = self.sql(&format!(
-            "UPDATE {{outbox}} SET published_at = UTC_TIMESTAMP(6)
+            "{write}
              WHERE id IN ({}) AND partition_key = ? AND published_at IS NULL AND {HELD_CLAIM}",
             placeholders(ids.len())
         ));

@@ -17,7 +17,7 @@ use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
-    OutboxStore, ParkedStore,
+    OutboxStore, ParkedStore, Published,
 };
 use crate::store::statements::BucketReadsSql;
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, query_error};
@@ -64,6 +64,7 @@ pub struct OutboxSql {
     enqueue: Sql,
     claim: Sql,
     record_published: Sql,
+    delete_published: Sql,
     record_failure: Sql,
     list_pending: Sql,
     list_pending_key: Sql,
@@ -122,10 +123,15 @@ const CLAIM: &str = "WITH first_rows AS (
         FROM ready WHERE EXISTS (SELECT 1 FROM bucket)
         ORDER BY id";
 
-/// Records a batch as published: ids ($1), under the held claim.
-fn record_published() -> String {
+/// Records a batch as published: ids ($1), under the held claim; the
+/// rows are kept (`published_at` set) or deleted.
+fn record_published(published: Published) -> String {
+    let write = match published {
+        Published::Kept => "UPDATE {outbox} SET published_at = now()",
+        Published::Deleted => "DELETE FROM {outbox}",
+    };
     format!(
-        "UPDATE {{outbox}} SET published_at = now()
+        "{write}
          WHERE id = ANY($1) AND partition_key = $3 AND published_at IS NULL AND {claim}",
         claim = held_claim("$3", "$2", "$4", "$5"),
     )
@@ -228,7 +234,8 @@ impl OutboxSql {
         Self {
             enqueue: enqueue_statement(t),
             claim: Sql::render(t, CLAIM),
-            record_published: Sql::render(t, &record_published()),
+            record_published: Sql::render(t, &record_published(Published::Kept)),
+            delete_published: Sql::render(t, &record_published(Published::Deleted)),
             record_failure: Sql::render(t, &record_failure()),
             // Pending, oldest first: a merge of per-bucket range scans of
             // the pending index (bounded by buckets × limit rows).
@@ -301,7 +308,11 @@ impl OutboxSql {
         h: Holder<'_>,
         ids: &[i64],
     ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(self.record_published.q())
+        let statement = match h.published {
+            Published::Kept => &self.record_published,
+            Published::Deleted => &self.delete_published,
+        };
+        Ok(sqlx::query(statement.q())
             .bind(ids)
             .bind(h.token.0)
             .bind(h.partition_key)

@@ -25,7 +25,7 @@ use super::{SqliteBackend, VIEWS, json_list, render, seconds_between, sql};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
-    OutboxStore,
+    OutboxStore, Published,
 };
 use crate::store::statements::BucketReadsSql;
 use crate::store::views;
@@ -39,6 +39,16 @@ const HELD_CLAIM: &str = "EXISTS (
         SELECT 1 FROM {partitions} p
         WHERE p.partition_key = ? AND p.claim_token = ?
           AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?)))";
+
+/// Records a batch as published with `write` (an update that sets
+/// `published_at`, or a delete): ids (JSON), bucket, then HELD_CLAIM's.
+fn record_published(write: &str) -> String {
+    format!(
+        "{write}
+         WHERE id IN (SELECT value FROM json_each(?)) AND partition_key = ?
+           AND published_at IS NULL AND {HELD_CLAIM}"
+    )
+}
 
 /// A claimed row as read, with whether it is ready and whether the
 /// reader held the bucket's claim when it read it.
@@ -58,6 +68,7 @@ pub struct OutboxSql {
     claim_read: Sql,
     take_claim: Sql,
     record_published: Sql,
+    delete_published: Sql,
     record_failure: Sql,
 }
 
@@ -103,12 +114,9 @@ impl OutboxSql {
             // Parameters: ids (JSON), bucket, then HELD_CLAIM's.
             record_published: sql(
                 t,
-                &format!(
-                    "UPDATE {{outbox}} SET published_at = {{now}}
-                     WHERE id IN (SELECT value FROM json_each(?)) AND partition_key = ?
-                       AND published_at IS NULL AND {HELD_CLAIM}"
-                ),
+                &record_published("UPDATE {outbox} SET published_at = {now}"),
             ),
+            delete_published: sql(t, &record_published("DELETE FROM {outbox}")),
             // SQLite's SET expressions all see the row as it was, so the
             // backoff and the parking use the attempt count before this
             // failure. Backoff doubles per attempt from the initial delay,
@@ -142,7 +150,11 @@ impl OutboxSql {
         h: Holder<'_>,
         ids: &[i64],
     ) -> Result<u64, StoreError> {
-        let q = sqlx::query(self.record_published.q())
+        let statement = match h.published {
+            Published::Kept => &self.record_published,
+            Published::Deleted => &self.delete_published,
+        };
+        let q = sqlx::query(statement.q())
             .bind(json_list(ids))
             .bind(h.partition_key);
         Ok(bind_holder(q, h)
