@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use outboxd::demo::QueueReader;
 use outboxd::producer::Message;
 use outboxd::store::workers::{Registration, WorkerMode};
 use serde_json::Value;
@@ -212,6 +213,7 @@ async fn every_endpoint_answers_what_the_database_holds(db: Db) {
         ids_of(&page),
         f.published.iter().rev().copied().collect::<Vec<_>>()
     );
+    assert_eq!(page["keep_published"], true, "the default keeps published rows");
     let page = get(&format!("{api}/messages?state=failed")).await.json();
     assert_eq!(
         ids_of(&page),
@@ -598,6 +600,34 @@ async fn every_key_search_answers_and_uses_its_index() {
     );
     env.db.exec("ANALYZE outbox").await;
     search("published", Some("outbox_message_key_idx")).await;
+    ui.signal("TERM");
+    ui.wait(Duration::from_secs(10));
+}
+
+/// With `outbox.keep_published = false` the Published view is empty by
+/// design, and its page says so (the page then explains it), while a
+/// message published through a worker is gone from the table.
+#[tokio::test]
+async fn with_published_rows_deleted_the_published_view_says_so() {
+    let env = TestEnv::with(Tuning {
+        keep_published: false,
+        ..Tuning::default()
+    })
+    .await;
+    let queue = unique("q");
+    drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
+    env.db
+        .enqueue(Message::new("k", "", queue.as_str(), "gone once published"))
+        .await;
+    let mut worker = env.spawn_worker(&["--no-leasing", "--once"]);
+    assert!(worker.wait(Duration::from_secs(30)).success());
+    assert_eq!((env.committed().await, env.count("true").await), (1, 0));
+    let (mut ui, base) = spawn_ui(&env, &env.config_path);
+    let page = get(&format!("{base}/outbox/api/messages?state=published"))
+        .await
+        .json();
+    assert_eq!(page["keep_published"], false);
+    assert_eq!(ids_of(&page), Vec::<i64>::new());
     ui.signal("TERM");
     ui.wait(Duration::from_secs(10));
 }
