@@ -42,13 +42,14 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale|keep`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
 //! plaintext; traces: `relay/traces.rs`, span export on against off;
 //! sources: `relay/sources.rs`, one worker with 50 idle sources against one;
 //! reload: the same file, sources added to and removed from a busy worker;
 //! scale: `relay/scale.rs`, fleets of 2, 16 and 64 worker processes over
-//! 16, 256 and 1,024 buckets — settle times, idle cost, connections).
+//! 16, 256 and 1,024 buckets — settle times, idle cost, connections;
+//! keep: `relay/keep.rs`, published rows deleted against kept).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -74,6 +75,8 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, MySqlConnection, PgConnection};
 
+#[path = "relay/keep.rs"]
+mod keep;
 #[path = "../tests/common/otlp.rs"]
 #[allow(dead_code)]
 mod otlp;
@@ -203,6 +206,9 @@ async fn main() {
     }
     if run("scale") {
         b.scale().await;
+    }
+    if run("keep") {
+        b.keep().await;
     }
 
     println!(
@@ -1649,8 +1655,20 @@ fn database_cpu_ticks(store: &Store) -> u64 {
         (Some(_), _) => pid_file("mariadb.pid").and_then(cpu_ticks).unwrap_or(0),
         // SQLite runs inside the worker (counted there).
         (_, Some(_)) => 0,
-        _ => postgres_cpu_ticks(),
+        // The exited backends too (autovacuum workers come and go).
+        _ => postgres_cpu_ticks() + postmaster_children_ticks().unwrap_or(0),
     }
+}
+
+/// The CPU of the services' PostgreSQL postmaster's exited children
+/// (`cutime + cstime`), in clock ticks.
+fn postmaster_children_ticks() -> Option<u64> {
+    let state = std::env::var("OUTBOXD_STATE_DIR").ok()?;
+    let pids = std::fs::read_to_string(format!("{state}/pg/postmaster.pid")).ok()?;
+    let pid: u32 = pids.lines().next()?.trim().parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
 }
 
 /// CPU of the services' RabbitMQ VM (every thread), in clock ticks; 0

@@ -213,7 +213,10 @@ async fn every_endpoint_answers_what_the_database_holds(db: Db) {
         ids_of(&page),
         f.published.iter().rev().copied().collect::<Vec<_>>()
     );
-    assert_eq!(page["keep_published"], true, "the default keeps published rows");
+    assert_eq!(
+        page["keep_published"], true,
+        "the default keeps published rows"
+    );
     let page = get(&format!("{api}/messages?state=failed")).await.json();
     assert_eq!(
         ids_of(&page),

@@ -50,8 +50,8 @@ use sqlx::{Connection as _, MySqlConnection, PgConnection};
 use uuid::Uuid;
 
 use super::{
-    BIN, Backend, Bench, clock_ticks, cpu_ticks, pid_file, postgres_cpu_ticks, signal, terminate,
-    with_path,
+    BIN, Backend, Bench, clock_ticks, cpu_ticks, pid_file, postgres_cpu_ticks,
+    postmaster_children_ticks, signal, terminate, with_path,
 };
 
 /// How long after its start a fleet is measured idle: its pools grew at
@@ -438,17 +438,6 @@ impl Admin {
             Admin::My(..) => pid_file("mariadb.pid").and_then(cpu_ticks).unwrap_or(0),
         }
     }
-}
-
-/// The CPU of the services' PostgreSQL postmaster's exited children
-/// (`cutime + cstime`), in clock ticks.
-fn postmaster_children_ticks() -> Option<u64> {
-    let state = std::env::var("OUTBOXD_STATE_DIR").ok()?;
-    let pids = std::fs::read_to_string(format!("{state}/pg/postmaster.pid")).ok()?;
-    let pid: u32 = pids.lines().next()?.trim().parse().ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
-    Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
 }
 
 /// An `outboxd work` process (`bin`) on `config`, warnings and errors to `log`;

@@ -1,0 +1,162 @@
+//! Section 13 (`--only keep`): published rows deleted by their record
+//! (`outbox.keep_published = false`) against kept with `published_at` (the
+//! default), issue 30 point 2. Per backend (PostgreSQL, MariaDB) and per
+//! round: the ceiling (section 7's, 16 channels × 100 in flight, a
+//! consumer process draining the queue throughout), then one worker
+//! draining the same seeded backlog (100,000 rows of 256 B over 5,000
+//! keys; `--quick` 20,000) once with each setting, the arms' order
+//! alternating from round to round (`--repeat N` rounds, at least 3).
+//!
+//! Per arm: the rate against the round's ceiling; CPU per message of the
+//! worker, of its own PostgreSQL backends, of the whole database (every
+//! PostgreSQL process, the exited ones included — autovacuum workers
+//! come and go —, or the MariaDB server), and of RabbitMQ; and the
+//! relay-side CPU (the worker and its backends on PostgreSQL, the worker
+//! and the whole server on MariaDB, whose threads are not told apart) as a
+//! share of RabbitMQ's CPU in the same drain — issue 30's targets: ≤ 0.35 ×
+//! on PostgreSQL, ≤ 0.5 × on MariaDB.
+
+use serde_json::{Value, json};
+
+use super::{Backend, Bench, Drain, KEYS, Measured, median_of};
+
+/// The two arms, in the order of even rounds.
+const ARMS: [(&str, &str); 2] = [
+    ("kept", ""),
+    ("deleted", "\n[outbox]\nkeep_published = false\n"),
+];
+
+impl Bench {
+    pub(crate) async fn keep(&mut self) {
+        let n = if self.quick { 20_000 } else { 100_000 };
+        let rounds = self.repeat.max(3);
+        println!(
+            "keep: {n} messages of 256 bytes over {KEYS} keys, published rows kept against deleted, {rounds} rounds"
+        );
+        let mut out = serde_json::Map::new();
+        for on in [Backend::Postgres, Backend::MariaDb] {
+            let runs = self.keep_rounds(on, n, rounds).await;
+            out.insert(on.name().into(), self.keep_report(on, &runs));
+        }
+        self.results.insert("keep".into(), Value::Object(out));
+    }
+
+    /// Every round's ceiling and both arms' drains on `on`.
+    async fn keep_rounds(&mut self, on: Backend, n: usize, rounds: usize) -> Vec<Round> {
+        let queue = "bench-keep";
+        let mut runs = Vec::new();
+        for round in 0..rounds {
+            let consumer = Drain::start(queue);
+            let ceiling = self.ceiling_with(queue, n, KEYS, 16, 100).await;
+            let mut arms = [None, None];
+            for i in 0..2 {
+                let arm = if round % 2 == 0 { i } else { 1 - i };
+                let (name, toml) = ARMS[arm];
+                let (store, config, _) = self.fresh_on(on, "outboxd_bench_keep", toml).await;
+                self.seed_keys(&store, n, queue, false, KEYS).await;
+                let measured = self.drain_measured(&store, &config, n, false).await;
+                store.close().await;
+                println!(
+                    "  {} round {round}, {name}: {:.0} msg/s ({:.2} x ceiling {ceiling:.0}), relay-side {:.1} µs, RabbitMQ {:.1} µs",
+                    on.name(),
+                    measured.rate,
+                    measured.rate / ceiling,
+                    relay_side(&measured),
+                    measured.broker_us,
+                );
+                arms[arm] = Some(measured);
+            }
+            consumer.stop();
+            let [Some(kept), Some(deleted)] = arms else {
+                unreachable!("both arms ran")
+            };
+            runs.push(Round {
+                ceiling,
+                kept,
+                deleted,
+            });
+        }
+        runs
+    }
+
+    /// The medians of every figure per arm, printed and as JSON.
+    fn keep_report(&mut self, on: Backend, runs: &[Round]) -> Value {
+        let db = on.name();
+        let target = match on {
+            Backend::Postgres => 0.35,
+            _ => 0.5,
+        };
+        let mut json = serde_json::Map::new();
+        for (name, pick) in [
+            ("kept", (|r: &Round| &r.kept) as fn(&Round) -> &Measured),
+            ("deleted", |r: &Round| &r.deleted),
+        ] {
+            let med =
+                |f: &dyn Fn(&Round) -> f64| median_of(&runs.iter().map(f).collect::<Vec<_>>());
+            let ratio = med(&|r| pick(r).rate / r.ceiling);
+            let worker = med(&|r| pick(r).worker_us);
+            let backends = med(&|r| pick(r).backends_us.unwrap_or(f64::NAN));
+            let database = med(&|r| pick(r).database_us);
+            let broker = med(&|r| pick(r).broker_us);
+            let relay = med(&|r| relay_side(pick(r)));
+            let share = med(&|r| relay_side(pick(r)) / pick(r).broker_us);
+            let each: Vec<String> = runs
+                .iter()
+                .map(|r| format!("{:.2}", relay_side(pick(r)) / pick(r).broker_us))
+                .collect();
+            self.row(
+                &format!("{db}, published rows {name}: relay ÷ ceiling"),
+                format!("{ratio:.2} x"),
+                format!(
+                    "rounds {}",
+                    runs.iter()
+                        .map(|r| format!("{:.2}", pick(r).rate / r.ceiling))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                ),
+            );
+            let parts = match on {
+                Backend::Postgres => format!("worker {worker:.1} + its backends {backends:.1} µs"),
+                _ => format!("worker {worker:.1} + MariaDB {database:.1} µs"),
+            };
+            self.row(
+                &format!("{db}, published rows {name}: relay-side CPU per message"),
+                format!("{relay:.1} µs ({parts})"),
+                format!(
+                    "{share:.2} x RabbitMQ's {broker:.1} µs (rounds {}), target <= {target}",
+                    each.join(" / ")
+                ),
+            );
+            if on == Backend::Postgres {
+                self.row(
+                    &format!("{db}, published rows {name}: all of PostgreSQL per message"),
+                    format!("{database:.1} µs"),
+                    "WAL writer, checkpointer, autovacuum included".into(),
+                );
+            }
+            json.insert(
+                name.into(),
+                json!({
+                    "ratio": ratio, "worker_us": worker, "backends_us": backends,
+                    "database_us": database, "broker_us": broker,
+                    "relay_side_us": relay, "relay_side_share_of_broker": share,
+                    "target_share": target,
+                }),
+            );
+        }
+        Value::Object(json)
+    }
+}
+
+/// One round: its ceiling and both arms.
+struct Round {
+    ceiling: f64,
+    kept: Measured,
+    deleted: Measured,
+}
+
+/// The relay's side of a drain, per message: the worker and its
+/// PostgreSQL backends, or the worker and the whole MariaDB server.
+fn relay_side(m: &Measured) -> f64 {
+    m.worker_us + m.backends_us.unwrap_or(m.database_us)
+}
