@@ -1973,7 +1973,7 @@ async fn sample_published(store: Store, every: Duration, over: Duration) -> Vec<
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {
     let start = Instant::now();
     loop {
-        let live = store.live_leasing().await.unwrap();
+        let live = store.live_leasing(Duration::ZERO).await.unwrap();
         let leases = store.leases().await.unwrap();
         if live.len() == workers
             && leases

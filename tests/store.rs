@@ -476,15 +476,62 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         .await
         .unwrap();
     // A worker that cannot publish takes no part in the targets.
-    assert_eq!(store.live_leasing().await.unwrap(), [b]);
+    assert_eq!(store.live_leasing(Duration::ZERO).await.unwrap(), [b]);
     assert!(store.set_broker_state(a, true, None).await.unwrap());
-    let mut live = store.live_leasing().await.unwrap();
+    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
     live.sort();
     let mut both = vec![a, b];
     both.sort();
     assert_eq!(live, both);
     let others = store.live_others(a).await.unwrap();
     assert_eq!(others.iter().map(|w| w.worker_id).collect::<Vec<_>>(), [b]);
+
+    // A worker whose every lease lapsed (dead, its heartbeat not expired
+    // yet) takes no part in the targets; one lease still valid, or none
+    // owned at all, and it does.
+    let buckets = vec!["p01".to_string(), "p02".to_string()];
+    store.acquire(a, &buckets, LEASE_TTL, "test").await.unwrap();
+    let lapse = |bucket: &'static str| {
+        let env = &env;
+        async move {
+            env.db
+                .exec(&format!(
+                    "UPDATE outbox_partitions SET lease_until = {} WHERE partition_key = '{bucket}'",
+                    env.db.now_plus(-1)
+                ))
+                .await;
+        }
+    };
+    lapse("p01").await;
+    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
+    live.sort();
+    assert_eq!(live, both, "one of its leases is still valid");
+    lapse("p02").await;
+    assert_eq!(
+        store.live_leasing(Duration::ZERO).await.unwrap(),
+        [b],
+        "every lease lapsed"
+    );
+    // Its leases are looked at only once its last heartbeat is that old.
+    let mut live = store.live_leasing(Duration::from_secs(60)).await.unwrap();
+    live.sort();
+    assert_eq!(live, both, "a heartbeat on time is not a suspect");
+    let again = store.acquire(a, &buckets, LEASE_TTL, "test").await.unwrap();
+    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
+    live.sort();
+    assert_eq!(live, both, "its leases taken again");
+    let held: Vec<(String, i64)> = again
+        .iter()
+        .map(|l| (l.partition_key.clone(), l.lease_epoch))
+        .collect();
+    assert_eq!(
+        store.release_leases(a, &held, "test").await.unwrap().len(),
+        2
+    );
+    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
+    live.sort();
+    assert_eq!(live, both, "released leases are not lapsed ones");
+
     let view = store.list_workers().await.unwrap();
     let va = view.iter().find(|w| w.worker_id == a).unwrap();
     assert_eq!(va.mode, "leasing");
@@ -511,7 +558,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(store.live_leasing().await.unwrap().is_empty());
+    assert!(store.live_leasing(Duration::ZERO).await.unwrap().is_empty());
     assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);
     assert!(store.list_workers().await.unwrap().is_empty());
 }

@@ -499,7 +499,10 @@ impl Drop for Processes {
 /// Whether `workers` are live and every bucket is leased by the one the
 /// modulo rule names among them.
 async fn settled(store: &Store, workers: usize, buckets: u32) -> bool {
-    let (Ok(mut live), Ok(leases)) = (store.live_leasing().await, store.leases().await) else {
+    let (Ok(mut live), Ok(leases)) = (
+        store.live_leasing(Duration::ZERO).await,
+        store.leases().await,
+    ) else {
         return false;
     };
     if live.len() != workers {

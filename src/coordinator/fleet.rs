@@ -3,8 +3,10 @@
 //! Each cycle (on a `NOTIFY` from a joining, leaving or releasing peer, or
 //! every `POLL` while something is pending, every `IDLE_POLL` otherwise):
 //!
-//! 1. read the sorted live fleet-mode workers and compute this worker's
-//!    target buckets ([`assignment`](super::assignment));
+//! 1. read the sorted live fleet-mode workers (less those whose every lease
+//!    lapsed: dead ones, retargeted once their leases can be taken — see
+//!    [`WorkerStore::live_leasing`](crate::store::workers::WorkerStore::live_leasing))
+//!    and compute this worker's target buckets ([`assignment`](super::assignment));
 //! 2. every `lease_renew`, renew every held lease (owner *and* epoch must
 //!    match); a lease that did not renew is lost: its drainer is stopped and
 //!    its trust revoked;
@@ -49,13 +51,14 @@ use crate::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::partitioner::Partitioner;
 use crate::relay::{Drain, Relay};
 use crate::store::outbox::Fence;
+use crate::store::workers::suspect_after;
 use crate::store::{Channel, Store};
 
 /// How often a cycle runs while targets are not all held or buckets are
 /// being handed over.
 const POLL: Duration = Duration::from_millis(250);
 /// How often a cycle runs at steady state: a membership check, which bounds
-/// how late a dead peer's buckets are retargeted after its heartbeat expired.
+/// how late a dead peer's buckets are retargeted after its leases lapsed.
 const IDLE_POLL: Duration = Duration::from_millis(500);
 
 /// How long a cycle in progress may still take on shutdown.
@@ -219,7 +222,12 @@ impl Fleet {
     ) -> bool {
         let store = self.store.clone();
         self.check_broker().await;
-        let target_set: Option<BTreeSet<String>> = match store.live_leasing().await {
+        let suspect_after = suspect_after(
+            self.settings.heartbeat_ttl,
+            self.settings.lease_ttl,
+            self.settings.lease_renew,
+        );
+        let target_set: Option<BTreeSet<String>> = match store.live_leasing(suspect_after).await {
             // Stepped aside: no targets, whatever the membership.
             _ if !self.can_publish => Some(BTreeSet::new()),
             Ok(live) => Some(

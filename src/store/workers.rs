@@ -161,8 +161,24 @@ pub trait WorkerStore {
     ) -> Result<(), StoreError>;
 
     /// Ids of the live fleet-mode workers that can publish, sorted: the
-    /// input of target computation.
-    async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError>;
+    /// input of target computation. A worker that still owns leases but
+    /// let every one of them lapse is left out although its heartbeat has
+    /// not expired yet: it renews every `lease_renew`, well within
+    /// `lease_ttl`, so only a dead (or long-stalled) worker gets there, and
+    /// its buckets are retargeted as soon as they can be taken (`lease_ttl`
+    /// after its last renewal) rather than when its heartbeat expires (the
+    /// longer `heartbeat_ttl`). A stalled worker that comes back owns no
+    /// lease any more and counts again. Only targets depend on this;
+    /// leases and fences are untouched.
+    ///
+    /// Only workers whose last heartbeat is older than `suspect_after` have
+    /// their leases looked at (a heartbeat on time needs no more): the
+    /// statement reads the leases of the suspects only, not the fleet's
+    /// every bucket. It never leaves a live worker out for that; a dead one
+    /// is left out once both hold, its leases lapsed and its heartbeat that
+    /// old — with [`suspect_after`](self::suspect_after), the first is the
+    /// later.
+    async fn live_leasing(&self, suspect_after: Duration) -> Result<Vec<Uuid>, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
     /// that died without cleaning up). Returns how many.
@@ -170,6 +186,20 @@ pub trait WorkerStore {
 
     /// Live workers other than `me`.
     async fn live_others(&self, me: Uuid) -> Result<Vec<LiveWorker>, StoreError>;
+}
+
+/// How old a fleet worker's last heartbeat must be before
+/// [`WorkerStore::live_leasing`] looks at its leases: a heartbeat is
+/// written every third of `heartbeat_ttl` (a second of slack on top), and
+/// a dead worker's leases lapse at least `lease_ttl - lease_renew` after
+/// its death — the shorter of the two, so a dead worker is a suspect by
+/// the time its leases lapse.
+pub fn suspect_after(
+    heartbeat_ttl: Duration,
+    lease_ttl: Duration,
+    lease_renew: Duration,
+) -> Duration {
+    (heartbeat_ttl / 3 + Duration::from_secs(1)).min(lease_ttl.saturating_sub(lease_renew))
 }
 
 /// The live workers other than `me`, inside the caller's transaction when
@@ -283,11 +313,11 @@ impl<D: Driver> WorkerStore for D {
         Ok(())
     }
 
-    async fn live_leasing(&self) -> Result<Vec<Uuid>, StoreError> {
+    async fn live_leasing(&self, suspect_after: Duration) -> Result<Vec<Uuid>, StoreError> {
         let sql = &self.sql().workers.live_leasing;
         let rows: Vec<(Uuid,)> = self
             .reads()
-            .fetch_all(sql, &[], "listing live workers")
+            .fetch_all(sql, &[Arg::Duration(suspect_after)], "listing live workers")
             .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }

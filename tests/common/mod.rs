@@ -1158,7 +1158,7 @@ pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
 }
 
 pub async fn live(env: &TestEnv) -> Vec<Uuid> {
-    env.store.live_leasing().await.unwrap()
+    env.store.live_leasing(Duration::ZERO).await.unwrap()
 }
 
 /// The buckets `worker` holds, with their lease epochs.

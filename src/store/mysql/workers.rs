@@ -45,9 +45,13 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: Sql::render(
             t,
-            "SELECT worker_id FROM {workers}
-             WHERE heartbeat_until > UTC_TIMESTAMP(6) AND mode = 'leasing' AND can_publish
-             ORDER BY worker_id",
+            "SELECT w.worker_id FROM {workers} w
+             WHERE w.heartbeat_until > UTC_TIMESTAMP(6) AND w.mode = 'leasing' AND w.can_publish
+               AND (w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                    OR NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.lease_owner = w.worker_id)
+                    OR EXISTS (SELECT 1 FROM {partitions} p
+                               WHERE p.lease_owner = w.worker_id AND p.lease_until > UTC_TIMESTAMP(6)))
+             ORDER BY w.worker_id",
         ),
         set_broker_state: Sql::render(
             t,

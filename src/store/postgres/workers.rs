@@ -43,9 +43,13 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
         live_leasing: Sql::render(
             t,
-            "SELECT worker_id FROM {workers}
-             WHERE heartbeat_until > now() AND mode = 'leasing' AND can_publish
-             ORDER BY worker_id",
+            "SELECT w.worker_id FROM {workers} w
+             WHERE w.heartbeat_until > now() AND w.mode = 'leasing' AND w.can_publish
+               AND (w.heartbeat_at > now() - make_interval(secs => $1::float8 / 1000)
+                    OR NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.lease_owner = w.worker_id)
+                    OR EXISTS (SELECT 1 FROM {partitions} p
+                               WHERE p.lease_owner = w.worker_id AND p.lease_until > now()))
+             ORDER BY w.worker_id",
         ),
         set_broker_state: Sql::render(
             t,

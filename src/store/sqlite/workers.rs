@@ -41,9 +41,13 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: sql(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: sql(
             t,
-            "SELECT worker_id FROM {workers}
-             WHERE heartbeat_until > {now} AND mode = 'leasing' AND can_publish
-             ORDER BY worker_id",
+            "SELECT w.worker_id FROM {workers} w
+             WHERE w.heartbeat_until > {now} AND w.mode = 'leasing' AND w.can_publish
+               AND (w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+                    OR NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.lease_owner = w.worker_id)
+                    OR EXISTS (SELECT 1 FROM {partitions} p
+                               WHERE p.lease_owner = w.worker_id AND p.lease_until > {now}))
+             ORDER BY w.worker_id",
         ),
         set_broker_state: sql(
             t,
