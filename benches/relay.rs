@@ -1970,10 +1970,21 @@ async fn sample_published(store: Store, every: Duration, over: Duration) -> Vec<
     out
 }
 
+/// The live fleet workers as workers with the default settings (every
+/// section's) see them: the same bound on a late heartbeat.
+async fn live_as_workers_see_it(
+    store: &Store,
+) -> Result<Vec<uuid::Uuid>, outboxd::store::StoreError> {
+    let w = outboxd::config::WorkerConfig::default();
+    let suspect =
+        outboxd::store::workers::suspect_after(w.heartbeat_ttl, w.lease_ttl, w.lease_renew);
+    store.live_leasing(suspect).await
+}
+
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {
     let start = Instant::now();
     loop {
-        let live = store.live_leasing(Duration::ZERO).await.unwrap();
+        let live = live_as_workers_see_it(store).await.unwrap();
         let leases = store.leases().await.unwrap();
         if live.len() == workers
             && leases

@@ -90,11 +90,12 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order(db: Db
 
 /// SIGKILL of one worker of three: its buckets are re-owned by the others
 /// under higher epochs within lease_ttl + lease_renew, although its
-/// heartbeat runs three times as long (a worker whose every lease lapsed
-/// takes no part in the targets), and nothing is lost.
+/// heartbeat runs twice as long (a late worker without a valid lease takes
+/// no part in the targets), they stay owned until its heartbeat has long
+/// expired, and nothing is lost.
 async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing_is_lost(db: Db) {
     let env = TestEnv::with(Tuning {
-        heartbeat_ttl: "9s",
+        heartbeat_ttl: "6s",
         ..Tuning::fleet().on(db)
     })
     .await;
@@ -143,11 +144,36 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let reowned = killed.elapsed();
+    // And they stay owned until well past the victim's heartbeat expiry:
+    // no bucket goes unowned for longer than a hand-over between the
+    // survivors takes.
+    let mut unowned_since: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut longest_unowned = Duration::ZERO;
+    while killed.elapsed() < Duration::from_secs(9) {
+        assert!(
+            !live(&env).await.contains(&victim_id),
+            "the victim counted as live again {:?} after the kill",
+            killed.elapsed()
+        );
+        for l in leases(&env).await {
+            let owned = l.valid && l.lease_owner.is_some() && l.lease_owner != Some(victim_id);
+            if owned {
+                unowned_since.remove(&l.partition_key);
+            } else {
+                let since = *unowned_since
+                    .entry(l.partition_key)
+                    .or_insert_with(Instant::now);
+                longest_unowned = longest_unowned.max(since.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(victim);
     producing.await.unwrap();
     let (all, v) = read_and_judge(&mut reader, &env, 4_000, Duration::from_secs(60)).await;
     println!(
-        "SIGKILL: {} buckets re-owned after {reowned:?} (bound lease_ttl + lease_renew = {:?}, heartbeat_ttl 9 s); \
+        "SIGKILL: {} buckets re-owned after {reowned:?} (bound lease_ttl + lease_renew = {:?}, heartbeat_ttl 6 s), \
+         then longest unowned {longest_unowned:?}; \
          distinct {} duplicates {} lost {} unexpected {} order violations {}",
         before.len(),
         LEASE_TTL + LEASE_RENEW,
@@ -168,6 +194,10 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
     assert!(
         reowned <= LEASE_TTL + LEASE_RENEW + Duration::from_millis(500),
         "re-owned after {reowned:?}"
+    );
+    assert!(
+        longest_unowned <= Duration::from_millis(1500),
+        "a bucket went unowned for {longest_unowned:?} after it was re-owned"
     );
     terminate_all(&mut workers);
 }

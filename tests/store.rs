@@ -23,6 +23,9 @@ use outboxd::store::workers::{Joined, Registration, WorkerCounts, WorkerMode};
 use uuid::Uuid;
 
 const LEASE_TTL: Duration = Duration::from_secs(3);
+/// A bound on heartbeat age no test's worker reaches: membership by
+/// heartbeat alone.
+const SUSPECT_NONE: Duration = Duration::from_secs(3600);
 
 fn claim<'a>(holder: Holder<'a>, limit: u32, in_flight: &'a [i64]) -> Claim<'a> {
     Claim {
@@ -476,9 +479,9 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         .await
         .unwrap();
     // A worker that cannot publish takes no part in the targets.
-    assert_eq!(store.live_leasing(Duration::ZERO).await.unwrap(), [b]);
+    assert_eq!(store.live_leasing(SUSPECT_NONE).await.unwrap(), [b]);
     assert!(store.set_broker_state(a, true, None).await.unwrap());
-    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
+    let mut live = store.live_leasing(SUSPECT_NONE).await.unwrap();
     live.sort();
     let mut both = vec![a, b];
     both.sort();
@@ -486,11 +489,23 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     let others = store.live_others(a).await.unwrap();
     assert_eq!(others.iter().map(|w| w.worker_id).collect::<Vec<_>>(), [b]);
 
-    // A worker whose every lease lapsed (dead, its heartbeat not expired
-    // yet) takes no part in the targets; one lease still valid, or none
-    // owned at all, and it does.
+    // A worker whose heartbeat is late (older than SUSPECT; its row not
+    // expired yet) and that holds no valid lease — a dead one — takes no
+    // part in the targets, and stays out once others took its buckets; a
+    // valid lease, or a heartbeat on time, and it does.
+    const SUSPECT: Duration = Duration::from_secs(60);
+    let live_sorted = || async {
+        let mut live = store.live_leasing(SUSPECT).await.unwrap();
+        live.sort();
+        live
+    };
     let buckets = vec!["p01".to_string(), "p02".to_string()];
     store.acquire(a, &buckets, LEASE_TTL, "test").await.unwrap();
+    let late = format!(
+        "UPDATE outbox_workers SET heartbeat_at = {} WHERE name = 'billing-1'",
+        env.db.now_plus(-3600)
+    );
+    assert_eq!(env.db.exec(&late).await, 1);
     let lapse = |bucket: &'static str| {
         let env = &env;
         async move {
@@ -502,35 +517,46 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
                 .await;
         }
     };
+    assert_eq!(live_sorted().await, both, "late, but its leases are valid");
     lapse("p01").await;
-    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
-    live.sort();
-    assert_eq!(live, both, "one of its leases is still valid");
-    lapse("p02").await;
     assert_eq!(
-        store.live_leasing(Duration::ZERO).await.unwrap(),
-        [b],
-        "every lease lapsed"
+        live_sorted().await,
+        both,
+        "one of its leases is still valid"
     );
-    // Its leases are looked at only once its last heartbeat is that old.
-    let mut live = store.live_leasing(Duration::from_secs(60)).await.unwrap();
-    live.sort();
-    assert_eq!(live, both, "a heartbeat on time is not a suspect");
-    let again = store.acquire(a, &buckets, LEASE_TTL, "test").await.unwrap();
-    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
-    live.sort();
-    assert_eq!(live, both, "its leases taken again");
-    let held: Vec<(String, i64)> = again
+    lapse("p02").await;
+    assert_eq!(live_sorted().await, [b], "late, every lease lapsed");
+    assert_eq!(
+        store
+            .live_leasing(Duration::from_secs(7200))
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "a heartbeat younger than the bound is on time"
+    );
+    let taken = store.acquire(b, &buckets, LEASE_TTL, "test").await.unwrap();
+    assert_eq!(taken.len(), 2);
+    assert_eq!(
+        live_sorted().await,
+        [b],
+        "out while others hold its buckets"
+    );
+    assert!(
+        store
+            .heartbeat(a, Duration::from_secs(30), counts)
+            .await
+            .unwrap()
+    );
+    assert_eq!(live_sorted().await, both, "its heartbeat on time again");
+    let held: Vec<(String, i64)> = taken
         .iter()
         .map(|l| (l.partition_key.clone(), l.lease_epoch))
         .collect();
     assert_eq!(
-        store.release_leases(a, &held, "test").await.unwrap().len(),
+        store.release_leases(b, &held, "test").await.unwrap().len(),
         2
     );
-    let mut live = store.live_leasing(Duration::ZERO).await.unwrap();
-    live.sort();
-    assert_eq!(live, both, "released leases are not lapsed ones");
 
     let view = store.list_workers().await.unwrap();
     let va = view.iter().find(|w| w.worker_id == a).unwrap();
@@ -558,7 +584,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(store.live_leasing(Duration::ZERO).await.unwrap().is_empty());
+    assert!(store.live_leasing(SUSPECT_NONE).await.unwrap().is_empty());
     assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);
     assert!(store.list_workers().await.unwrap().is_empty());
 }

@@ -50,8 +50,8 @@ use sqlx::{Connection as _, MySqlConnection, PgConnection};
 use uuid::Uuid;
 
 use super::{
-    BIN, Backend, Bench, clock_ticks, cpu_ticks, pid_file, postgres_cpu_ticks,
-    postmaster_children_ticks, signal, terminate, with_path,
+    BIN, Backend, Bench, clock_ticks, cpu_ticks, live_as_workers_see_it, pid_file,
+    postgres_cpu_ticks, postmaster_children_ticks, signal, terminate, with_path,
 };
 
 /// How long after its start a fleet is measured idle: its pools grew at
@@ -499,10 +499,8 @@ impl Drop for Processes {
 /// Whether `workers` are live and every bucket is leased by the one the
 /// modulo rule names among them.
 async fn settled(store: &Store, workers: usize, buckets: u32) -> bool {
-    let (Ok(mut live), Ok(leases)) = (
-        store.live_leasing(Duration::ZERO).await,
-        store.leases().await,
-    ) else {
+    let (Ok(mut live), Ok(leases)) = (live_as_workers_see_it(store).await, store.leases().await)
+    else {
         return false;
     };
     if live.len() != workers {

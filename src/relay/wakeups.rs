@@ -79,6 +79,28 @@ pub struct Wakeups {
     listening: Arc<AtomicBool>,
 }
 
+/// The fleet coordinator's signal: woken by the peers' announcements
+/// (joining, leaving, releasing), and whether those arrive at all — `LISTEN`
+/// up and its self-check passed — or only the coordinator's own polling
+/// notices a change.
+#[derive(Clone, Default)]
+pub struct FleetSignal {
+    wake: Arc<Notify>,
+    listening: Arc<AtomicBool>,
+}
+
+impl FleetSignal {
+    /// Resolves at the next announcement.
+    pub async fn notified(&self) {
+        self.wake.notified().await
+    }
+
+    /// Whether announcements arrive now.
+    pub fn announced(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
+    }
+}
+
 /// A drainer's hold on its bucket's signal; the bucket is polled while one
 /// is alive.
 pub struct BucketWakeup(Arc<Signal>);
@@ -112,8 +134,11 @@ impl Wakeups {
     }
 
     /// The coordinator's signal.
-    pub fn fleet(&self) -> Arc<Notify> {
-        self.fleet.clone()
+    pub fn fleet(&self) -> FleetSignal {
+        FleetSignal {
+            wake: self.fleet.clone(),
+            listening: self.listening.clone(),
+        }
     }
 
     /// The signal of one bucket, for its drainer.

@@ -24,8 +24,8 @@ pub struct WorkersSql {
     pub remove: Sql,
     /// Live workers other than worker_id, as `LiveWorker`: worker_id.
     pub live_others: Sql,
-    /// Ids of the live fleet workers that can publish, less those whose
-    /// every lease lapsed ([`WorkerStore::live_leasing`](super::workers::WorkerStore::live_leasing)).
+    /// Ids of the live fleet workers that can publish, less late ones
+    /// without a valid lease ([`WorkerStore::live_leasing`](super::workers::WorkerStore::live_leasing)).
     /// No parameters.
     pub live_leasing: Sql,
     /// Rows whose heartbeat ran out more than the grace ago: grace.

@@ -161,23 +161,19 @@ pub trait WorkerStore {
     ) -> Result<(), StoreError>;
 
     /// Ids of the live fleet-mode workers that can publish, sorted: the
-    /// input of target computation. A worker that still owns leases but
-    /// let every one of them lapse is left out although its heartbeat has
-    /// not expired yet: it renews every `lease_renew`, well within
-    /// `lease_ttl`, so only a dead (or long-stalled) worker gets there, and
-    /// its buckets are retargeted as soon as they can be taken (`lease_ttl`
-    /// after its last renewal) rather than when its heartbeat expires (the
-    /// longer `heartbeat_ttl`). A stalled worker that comes back owns no
-    /// lease any more and counts again. Only targets depend on this;
-    /// leases and fences are untouched.
-    ///
-    /// Only workers whose last heartbeat is older than `suspect_after` have
-    /// their leases looked at (a heartbeat on time needs no more): the
-    /// statement reads the leases of the suspects only, not the fleet's
-    /// every bucket. It never leaves a live worker out for that; a dead one
-    /// is left out once both hold, its leases lapsed and its heartbeat that
-    /// old — with [`suspect_after`](self::suspect_after), the first is the
-    /// later.
+    /// input of target computation. A worker whose last heartbeat is older
+    /// than `suspect_after` and that holds no valid lease is left out,
+    /// although its heartbeat has not expired yet: a live worker heartbeats
+    /// every third of `heartbeat_ttl` and renews every `lease_renew`, so
+    /// only a dead (or stalled) worker gets there, and its buckets are
+    /// retargeted as soon as they can be taken (`lease_ttl` after its last
+    /// renewal) rather than when its heartbeat expires (the longer
+    /// `heartbeat_ttl`). It stays out once others took its buckets; a
+    /// stalled worker that comes back heartbeats and counts again. Only
+    /// targets depend on this; leases and fences are untouched. Workers
+    /// with a heartbeat on time are not read further, so the statement
+    /// reads the leases of the suspects only. [`suspect_after`](self::suspect_after)
+    /// gives the bound for a fleet's settings.
     async fn live_leasing(&self, suspect_after: Duration) -> Result<Vec<Uuid>, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
@@ -189,17 +185,17 @@ pub trait WorkerStore {
 }
 
 /// How old a fleet worker's last heartbeat must be before
-/// [`WorkerStore::live_leasing`] looks at its leases: a heartbeat is
-/// written every third of `heartbeat_ttl` (a second of slack on top), and
-/// a dead worker's leases lapse at least `lease_ttl - lease_renew` after
-/// its death — the shorter of the two, so a dead worker is a suspect by
-/// the time its leases lapse.
+/// [`WorkerStore::live_leasing`] may leave it out: at least
+/// `lease_ttl - lease_renew` — a dead worker's leases lapse no sooner after
+/// its death, so by then it is a suspect — and a second more than the
+/// heartbeat period (a third of `heartbeat_ttl`), so a live worker's
+/// heartbeat is never that late unless the database holds it up.
 pub fn suspect_after(
     heartbeat_ttl: Duration,
     lease_ttl: Duration,
     lease_renew: Duration,
 ) -> Duration {
-    (heartbeat_ttl / 3 + Duration::from_secs(1)).min(lease_ttl.saturating_sub(lease_renew))
+    (heartbeat_ttl / 3 + Duration::from_secs(1)).max(lease_ttl.saturating_sub(lease_renew))
 }
 
 /// The live workers other than `me`, inside the caller's transaction when

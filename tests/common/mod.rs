@@ -1157,8 +1157,13 @@ pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
     env.store.leases().await.unwrap()
 }
 
+/// The live workers as the fleet's own workers see them (the same bound
+/// on a late heartbeat).
 pub async fn live(env: &TestEnv) -> Vec<Uuid> {
-    env.store.live_leasing(Duration::ZERO).await.unwrap()
+    let w = &env.config.worker;
+    let suspect =
+        outboxd::store::workers::suspect_after(w.heartbeat_ttl, w.lease_ttl, w.lease_renew);
+    env.store.live_leasing(suspect).await.unwrap()
 }
 
 /// The buckets `worker` holds, with their lease epochs.

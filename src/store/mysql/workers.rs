@@ -48,7 +48,6 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
             "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > UTC_TIMESTAMP(6) AND w.mode = 'leasing' AND w.can_publish
                AND (w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-                    OR NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.lease_owner = w.worker_id)
                     OR EXISTS (SELECT 1 FROM {partitions} p
                                WHERE p.lease_owner = w.worker_id AND p.lease_until > UTC_TIMESTAMP(6)))
              ORDER BY w.worker_id",
