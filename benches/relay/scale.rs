@@ -28,7 +28,8 @@
 //! With `OUTBOXD_BENCH_BASELINE_BIN=<path to another outboxd>`, the
 //! PostgreSQL fleets run first with that binary (a baseline build, same
 //! run), then with this one; `OUTBOXD_BENCH_SCALE_FLEETS=64x1024` (a
-//! comma-separated list) runs only those fleets, and
+//! comma-separated list; `64x1024x3`: only its pools of 3) runs only those
+//! fleets, and
 //! `OUTBOXD_BENCH_SCALE_POSTGRES_ONLY=1` only PostgreSQL.
 //!
 //! Targets: an idle worker ≤ 2 connections; coordination at 64 × 1,024
@@ -97,19 +98,25 @@ impl Bench {
                 (64, 1024, Some(3)),
             ]
         };
-        // A subset, for a look at one fleet: `OUTBOXD_BENCH_SCALE_FLEETS=64x1024`.
-        let only: Option<Vec<(usize, u32)>> =
+        // A subset, for a look at one fleet: `OUTBOXD_BENCH_SCALE_FLEETS=64x1024`
+        // (both pool sizes), `64x1024x3` (pools of 3 only).
+        let only: Option<Vec<Vec<u32>>> =
             std::env::var("OUTBOXD_BENCH_SCALE_FLEETS").ok().map(|v| {
                 v.split(',')
-                    .filter_map(|f| f.split_once('x'))
-                    .map(|(w, b)| (w.parse().unwrap(), b.parse().unwrap()))
+                    .map(|f| f.split('x').map(|n| n.trim().parse().unwrap()).collect())
                     .collect()
             });
-        let fleets: Vec<(usize, u32, Option<u32>)> = fleets
-            .iter()
-            .copied()
-            .filter(|(w, b, _)| only.as_ref().is_none_or(|o| o.contains(&(*w, *b))))
-            .collect();
+        let picked = |(w, b, pool): &(usize, u32, Option<u32>)| {
+            only.as_ref().is_none_or(|o| {
+                o.iter().any(|f| match f[..] {
+                    [fw, fb] => (fw as usize, fb) == (*w, *b),
+                    [fw, fb, fp] => (fw as usize, fb, Some(fp)) == (*w, *b, *pool),
+                    _ => false,
+                })
+            })
+        };
+        let fleets: Vec<(usize, u32, Option<u32>)> =
+            fleets.iter().copied().filter(|f| picked(f)).collect();
         let over = Duration::from_secs(if self.quick { 10 } else { 20 });
         println!(
             "scale: fleets of {fleets:?} (workers, buckets, max_connections), idle measured over {over:?}"
