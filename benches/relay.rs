@@ -1976,9 +1976,8 @@ async fn live_as_workers_see_it(
     store: &Store,
 ) -> Result<Vec<uuid::Uuid>, outboxd::store::StoreError> {
     let w = outboxd::config::WorkerConfig::default();
-    let suspect =
-        outboxd::store::workers::suspect_after(w.heartbeat_ttl, w.lease_ttl, w.lease_renew);
-    store.live_leasing(suspect).await
+    let suspect = outboxd::store::workers::suspect_after(w.lease_ttl, w.heartbeat_ttl);
+    store.live_leasing(uuid::Uuid::nil(), suspect).await
 }
 
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {

@@ -89,13 +89,14 @@ async fn scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order(db: Db
 }
 
 /// SIGKILL of one worker of three: its buckets are re-owned by the others
-/// under higher epochs within lease_ttl + lease_renew, although its
-/// heartbeat runs twice as long (a late worker without a valid lease takes
-/// no part in the targets), they stay owned until its heartbeat has long
-/// expired, and nothing is lost.
+/// under higher epochs within lease_ttl + lease_renew although its
+/// heartbeat runs half as long again (a worker whose heartbeat is late —
+/// two periods, 3 s — and that holds no valid lease takes no part in the
+/// targets), they stay owned until its heartbeat has long expired, and
+/// nothing is lost.
 async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing_is_lost(db: Db) {
     let env = TestEnv::with(Tuning {
-        heartbeat_ttl: "6s",
+        heartbeat_ttl: "4500ms",
         ..Tuning::fleet().on(db)
     })
     .await;
@@ -172,7 +173,7 @@ async fn a_sigkilled_workers_buckets_are_reowned_with_a_bumped_epoch_and_nothing
     producing.await.unwrap();
     let (all, v) = read_and_judge(&mut reader, &env, 4_000, Duration::from_secs(60)).await;
     println!(
-        "SIGKILL: {} buckets re-owned after {reowned:?} (bound lease_ttl + lease_renew = {:?}, heartbeat_ttl 6 s), \
+        "SIGKILL: {} buckets re-owned after {reowned:?} (bound lease_ttl + lease_renew = {:?}, heartbeat_ttl 4.5 s), \
          then longest unowned {longest_unowned:?}; \
          distinct {} duplicates {} lost {} unexpected {} order violations {}",
         before.len(),

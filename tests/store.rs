@@ -479,9 +479,12 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         .await
         .unwrap();
     // A worker that cannot publish takes no part in the targets.
-    assert_eq!(store.live_leasing(SUSPECT_NONE).await.unwrap(), [b]);
+    assert_eq!(
+        store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap(),
+        [b]
+    );
     assert!(store.set_broker_state(a, true, None).await.unwrap());
-    let mut live = store.live_leasing(SUSPECT_NONE).await.unwrap();
+    let mut live = store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap();
     live.sort();
     let mut both = vec![a, b];
     both.sort();
@@ -495,7 +498,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     // valid lease, or a heartbeat on time, and it does.
     const SUSPECT: Duration = Duration::from_secs(60);
     let live_sorted = || async {
-        let mut live = store.live_leasing(SUSPECT).await.unwrap();
+        let mut live = store.live_leasing(Uuid::nil(), SUSPECT).await.unwrap();
         live.sort();
         live
     };
@@ -526,9 +529,12 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     );
     lapse("p02").await;
     assert_eq!(live_sorted().await, [b], "late, every lease lapsed");
+    let mut asked_by_a = store.live_leasing(a, SUSPECT).await.unwrap();
+    asked_by_a.sort();
+    assert_eq!(asked_by_a, both, "a worker never leaves itself out");
     assert_eq!(
         store
-            .live_leasing(Duration::from_secs(7200))
+            .live_leasing(Uuid::nil(), Duration::from_secs(7200))
             .await
             .unwrap()
             .len(),
@@ -584,7 +590,13 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(store.live_leasing(SUSPECT_NONE).await.unwrap().is_empty());
+    assert!(
+        store
+            .live_leasing(Uuid::nil(), SUSPECT_NONE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);
     assert!(store.list_workers().await.unwrap().is_empty());
 }

@@ -234,12 +234,11 @@ impl Fleet {
     ) -> bool {
         let store = self.store.clone();
         self.check_broker().await;
-        let suspect_after = suspect_after(
-            self.settings.heartbeat_ttl,
-            self.settings.lease_ttl,
-            self.settings.lease_renew,
-        );
-        let target_set: Option<BTreeSet<String>> = match store.live_leasing(suspect_after).await {
+        let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
+        let target_set: Option<BTreeSet<String>> = match store
+            .live_leasing(self.me, suspect_after)
+            .await
+        {
             // Stepped aside: no targets, whatever the membership.
             _ if !self.can_publish => Some(BTreeSet::new()),
             Ok(live) => Some(

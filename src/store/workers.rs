@@ -173,8 +173,15 @@ pub trait WorkerStore {
     /// targets depend on this; leases and fences are untouched. Workers
     /// with a heartbeat on time are not read further, so the statement
     /// reads the leases of the suspects only. [`suspect_after`](self::suspect_after)
-    /// gives the bound for a fleet's settings.
-    async fn live_leasing(&self, suspect_after: Duration) -> Result<Vec<Uuid>, StoreError>;
+    /// gives the bound for a fleet's settings. `me` (the asking worker; nil
+    /// for an onlooker) is never left out for lateness: a worker that asks
+    /// is alive, and one that left itself out would take no bucket, so
+    /// never hold the valid lease that would count it again.
+    async fn live_leasing(
+        &self,
+        me: Uuid,
+        suspect_after: Duration,
+    ) -> Result<Vec<Uuid>, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
     /// that died without cleaning up). Returns how many.
@@ -185,17 +192,16 @@ pub trait WorkerStore {
 }
 
 /// How old a fleet worker's last heartbeat must be before
-/// [`WorkerStore::live_leasing`] may leave it out: at least
-/// `lease_ttl - lease_renew` — a dead worker's leases lapse no sooner after
-/// its death, so by then it is a suspect — and a second more than the
-/// heartbeat period (a third of `heartbeat_ttl`), so a live worker's
-/// heartbeat is never that late unless the database holds it up.
-pub fn suspect_after(
-    heartbeat_ttl: Duration,
-    lease_ttl: Duration,
-    lease_renew: Duration,
-) -> Duration {
-    (heartbeat_ttl / 3 + Duration::from_secs(1)).max(lease_ttl.saturating_sub(lease_renew))
+/// [`WorkerStore::live_leasing`] may leave it out: `lease_ttl` — a dead
+/// worker's leases have lapsed by then, so it is left out at most
+/// `lease_ttl` after its death (its heartbeat expires up to `heartbeat_ttl`
+/// after) — and at least two heartbeat periods (a period is a third of
+/// `heartbeat_ttl`), so a live worker without a lease is not left out
+/// because a slow link or a busy pool delayed one heartbeat: a period runs
+/// from the end of one write to the start of the next, and a worker's row
+/// starts with the time its registration transaction began.
+pub fn suspect_after(lease_ttl: Duration, heartbeat_ttl: Duration) -> Duration {
+    lease_ttl.max(heartbeat_ttl * 2 / 3)
 }
 
 /// The live workers other than `me`, inside the caller's transaction when
@@ -309,11 +315,19 @@ impl<D: Driver> WorkerStore for D {
         Ok(())
     }
 
-    async fn live_leasing(&self, suspect_after: Duration) -> Result<Vec<Uuid>, StoreError> {
+    async fn live_leasing(
+        &self,
+        me: Uuid,
+        suspect_after: Duration,
+    ) -> Result<Vec<Uuid>, StoreError> {
         let sql = &self.sql().workers.live_leasing;
         let rows: Vec<(Uuid,)> = self
             .reads()
-            .fetch_all(sql, &[Arg::Duration(suspect_after)], "listing live workers")
+            .fetch_all(
+                sql,
+                &[Arg::Uuid(me), Arg::Duration(suspect_after)],
+                "listing live workers",
+            )
             .await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }

@@ -1161,9 +1161,8 @@ pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
 /// on a late heartbeat).
 pub async fn live(env: &TestEnv) -> Vec<Uuid> {
     let w = &env.config.worker;
-    let suspect =
-        outboxd::store::workers::suspect_after(w.heartbeat_ttl, w.lease_ttl, w.lease_renew);
-    env.store.live_leasing(suspect).await.unwrap()
+    let suspect = outboxd::store::workers::suspect_after(w.lease_ttl, w.heartbeat_ttl);
+    env.store.live_leasing(Uuid::nil(), suspect).await.unwrap()
 }
 
 /// The buckets `worker` holds, with their lease epochs.

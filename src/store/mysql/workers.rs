@@ -47,7 +47,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
             t,
             "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > UTC_TIMESTAMP(6) AND w.mode = 'leasing' AND w.can_publish
-               AND (w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+               AND (w.worker_id = ? OR w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
                     OR EXISTS (SELECT 1 FROM {partitions} p
                                WHERE p.lease_owner = w.worker_id AND p.lease_until > UTC_TIMESTAMP(6)))
              ORDER BY w.worker_id",

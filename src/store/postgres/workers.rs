@@ -45,7 +45,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
             t,
             "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > now() AND w.mode = 'leasing' AND w.can_publish
-               AND (w.heartbeat_at > now() - make_interval(secs => $1::float8 / 1000)
+               AND (w.worker_id = $1 OR w.heartbeat_at > now() - make_interval(secs => $2::float8 / 1000)
                     OR EXISTS (SELECT 1 FROM {partitions} p
                                WHERE p.lease_owner = w.worker_id AND p.lease_until > now()))
              ORDER BY w.worker_id",

@@ -43,7 +43,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
             t,
             "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > {now} AND w.mode = 'leasing' AND w.can_publish
-               AND (w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+               AND (w.worker_id = ? OR w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
                     OR EXISTS (SELECT 1 FROM {partitions} p
                                WHERE p.lease_owner = w.worker_id AND p.lease_until > {now}))
              ORDER BY w.worker_id",
