@@ -471,6 +471,11 @@ async fn broker_kill9_twice(tuning: Tuning) -> TestEnv {
     .await;
     let queue = unique("q");
     drop(QueueReader::open(&broker.url(), &queue).await.unwrap());
+    // The queue's declaration must reach the broker's disk before the
+    // first kill -9: a clean-clone CI run killed it about 2 s after the
+    // declaration and RabbitMQ came back without the queue (every publish
+    // then returned NO_ROUTE). The broker's loss, not the relay's.
+    let declared = Instant::now();
     // A backlog that outlasts both kills even on a fast machine (the
     // producers keep the drain going too); reading it back is most of this
     // scenario's time, so CI's is smaller.
@@ -486,6 +491,7 @@ async fn broker_kill9_twice(tuning: Tuning) -> TestEnv {
         let before = env.published().await;
         wait_publishing(&env, before, Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep_until((declared + Duration::from_secs(5)).into()).await;
         broker.kill9();
         tokio::time::sleep(Duration::from_secs(2)).await;
         let down = env.published().await;
