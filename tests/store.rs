@@ -162,17 +162,13 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
     assert_eq!(retried[0].attempts, 1);
 }
 
-/// Records: published rows are never claimed again; a row failing its last
-/// allowed attempt is parked, listed as failed, can be requeued (and is
-/// claimed again) or dropped, each under the audit actor.
-async fn records_publish_park_requeue_and_drop(db: Db) {
-    let env = TestEnv::on(db).await;
-    let store = &env.store;
-    let ids = fill(&env, "p07", 5, "records").await;
-
-    let h = holder("p07");
-    let batch = store.claim(claim(h, 5, &[])).await.unwrap();
-    assert_eq!(ids_of(&batch), ids);
+/// Records the first two of `ids` as published, then the third with the
+/// fourth's failure, which parks it (its last allowed attempt), under `h`.
+async fn publish_three_and_park_the_fourth(
+    store: &outboxd::store::Store,
+    h: Holder<'_>,
+    ids: &[i64],
+) {
     assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 2);
     let failure = Failure {
         id: ids[3],
@@ -184,6 +180,20 @@ async fn records_publish_park_requeue_and_drop(db: Db) {
         .await
         .unwrap();
     assert_eq!((recorded.published, recorded.parked), (1, Some(true)));
+}
+
+/// Records: published rows are never claimed again; a row failing its last
+/// allowed attempt is parked, listed as failed, can be requeued (and is
+/// claimed again) or dropped, each under the audit actor.
+async fn records_publish_park_requeue_and_drop(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p07", 5, "records").await;
+
+    let h = holder("p07");
+    let batch = store.claim(claim(h, 5, &[])).await.unwrap();
+    assert_eq!(ids_of(&batch), ids);
+    publish_three_and_park_the_fourth(store, h, &ids).await;
     store.release_claim("p07", h.token).await.unwrap();
     assert_eq!(env.count("published_at IS NOT NULL").await, 3);
 
@@ -269,18 +279,8 @@ async fn deleting_records_take_published_rows_away_under_the_same_fence(db: Db) 
         ..h
     };
     assert_eq!(store.record_published(stranger, &ids).await.unwrap(), 0);
-    assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 2);
+    publish_three_and_park_the_fourth(store, h, &ids).await;
     assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 0);
-    let failure = Failure {
-        id: ids[3],
-        error: "unroutable",
-        policy: policy(1, 10.0),
-    };
-    let recorded = store
-        .record_failure(h, &ids[2..3], Some(failure))
-        .await
-        .unwrap();
-    assert_eq!((recorded.published, recorded.parked), (1, Some(true)));
     assert_eq!(env.all_ids().await, ids[3..]);
     assert_eq!(env.count("published_at IS NOT NULL").await, 0);
     assert!(store.message_detail(ids[0]).await.unwrap().is_none());

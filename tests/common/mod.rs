@@ -447,11 +447,7 @@ impl TestEnv {
     /// Ids of every committed row, ascending (published rows included when
     /// they are deleted: from the ledger).
     pub async fn all_ids(&self) -> Vec<i64> {
-        let table = if self.ledger {
-            "outbox_ledger"
-        } else {
-            "outbox"
-        };
+        let table = self.committed_table();
         self.db
             .column(&format!("SELECT id FROM {table} ORDER BY id"))
             .await
@@ -460,14 +456,20 @@ impl TestEnv {
     /// How many rows were committed (published rows included when they are
     /// deleted).
     pub async fn committed(&self) -> i64 {
-        let table = if self.ledger {
-            "outbox_ledger"
-        } else {
-            "outbox"
-        };
+        let table = self.committed_table();
         self.db
             .value(&format!("SELECT count(*) FROM {table}"))
             .await
+    }
+
+    /// Where every committed id is: the outbox, or the ledger when
+    /// published rows are deleted.
+    fn committed_table(&self) -> &'static str {
+        if self.ledger {
+            "outbox_ledger"
+        } else {
+            "outbox"
+        }
     }
 
     /// How many rows were recorded as published: kept with
