@@ -1807,6 +1807,7 @@ async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N
                     holder,
                     limit: 100,
                     claim_ttl: Duration::from_secs(15),
+                    min_left: Duration::from_secs(11),
                     in_flight: &[],
                 })
                 .await

@@ -250,6 +250,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
                 },
                 limit: 100,
                 claim_ttl: std::time::Duration::from_secs(15),
+                min_left: std::time::Duration::from_secs(11),
                 in_flight: &[],
             })
             .await

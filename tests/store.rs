@@ -32,6 +32,7 @@ fn claim<'a>(holder: Holder<'a>, limit: u32, in_flight: &'a [i64]) -> Claim<'a> 
         holder,
         limit,
         claim_ttl: Duration::from_secs(15),
+        min_left: Duration::from_secs(11),
         in_flight,
     }
 }
@@ -109,6 +110,72 @@ async fn claims_take_the_head_in_id_order_one_claim_at_a_time(db: Db) {
     assert_eq!(store.release_claim("p03", first.token).await.unwrap(), 1);
     let again = store.claim(claim(second, 2, &[])).await.unwrap();
     assert_eq!(ids_of(&again), ids[..2], "nothing recorded: from the head");
+}
+
+/// A claim the caller's token holds with at least `min_left` to run is
+/// used without a write (its expiry stays as it was); with less left it is
+/// renewed to the full TTL; and a claim whose lease has lapsed is not held,
+/// whatever its token.
+async fn a_held_claim_is_read_without_a_write_until_it_runs_low(db: Db) {
+    let env = TestEnv::on(db).await;
+    let store = &env.store;
+    let ids = fill(&env, "p03", 6, "held").await;
+    let owner = Uuid::new_v4();
+    let leased = store
+        .acquire(owner, &["p03".to_string()], LEASE_TTL, "test")
+        .await
+        .unwrap();
+    let h = Holder {
+        fence: Some(Fence {
+            owner,
+            epoch: leased[0].lease_epoch,
+        }),
+        ..holder("p03")
+    };
+    assert_eq!(
+        ids_of(&store.claim(claim(h, 2, &[])).await.unwrap()),
+        ids[..2]
+    );
+    // 12 s left: more than min_left (11 s), less than the TTL (15 s).
+    env.db
+        .exec(&format!(
+            "UPDATE outbox_partitions SET claimed_until = {} WHERE partition_key = 'p03'",
+            env.db.now_plus(12)
+        ))
+        .await;
+    let until_below = |secs| {
+        format!(
+            "SELECT COUNT(*) FROM outbox_partitions WHERE partition_key = 'p03' AND claimed_until < {}",
+            env.db.now_plus(secs)
+        )
+    };
+    let ahead = store.claim(claim(h, 2, &ids[..2])).await.unwrap();
+    assert_eq!(ids_of(&ahead), ids[2..4], "the held claim's rows");
+    assert_eq!(
+        env.db.row::<(i64,)>(&until_below(13)).await.0,
+        1,
+        "a claim held with enough left is not written again"
+    );
+    let renewing = Claim {
+        min_left: Duration::from_secs(15),
+        ..claim(h, 2, &ids[..2])
+    };
+    assert_eq!(ids_of(&store.claim(renewing).await.unwrap()), ids[2..4]);
+    assert_eq!(
+        env.db.row::<(i64,)>(&until_below(14)).await.0,
+        0,
+        "a claim with less than min_left left is renewed to the TTL"
+    );
+    env.db
+        .exec(&format!(
+            "UPDATE outbox_partitions SET lease_until = {} WHERE partition_key = 'p03'",
+            env.db.now_plus(-1)
+        ))
+        .await;
+    assert!(
+        store.claim(claim(h, 2, &[])).await.unwrap().is_empty(),
+        "a claim under a lapsed lease is not held"
+    );
 }
 
 /// A failed head waits for its backoff, and nothing behind it in its
@@ -711,6 +778,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
         holder,
         limit,
         claim_ttl: Duration::from_secs(15),
+        min_left: Duration::from_secs(11),
         in_flight: &[],
     };
     let claimed = store.claim(claim(old_holder, 2)).await.unwrap();
@@ -890,6 +958,7 @@ async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(
 
 on_every_db!(
     claims_take_the_head_in_id_order_one_claim_at_a_time,
+    a_held_claim_is_read_without_a_write_until_it_runs_low,
     a_failing_head_holds_back_only_its_own_bucket,
     records_publish_park_requeue_and_drop,
     deleting_records_take_published_rows_away_under_the_same_fence,

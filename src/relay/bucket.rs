@@ -368,6 +368,7 @@ impl BucketDrainer {
                 holder: self.holder(),
                 limit,
                 claim_ttl: self.ctx.settings.claim_ttl,
+                min_left: self.ctx.settings.claim_min_left,
                 in_flight,
             })
             .await;

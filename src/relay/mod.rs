@@ -40,6 +40,10 @@ pub use wakeups::Wakeups;
 pub struct RelaySettings {
     pub batch_size: u32,
     pub claim_ttl: Duration,
+    /// A claim held with at least this left is not renewed
+    /// ([`crate::store::outbox::Claim::min_left`]): a second more than a
+    /// batch may wait for its confirms, or the whole TTL if that is less.
+    pub claim_min_left: Duration,
     pub retry_backoff_initial: Duration,
     pub retry_backoff: Duration,
     pub max_attempts: u32,
@@ -53,6 +57,8 @@ impl RelaySettings {
         Self {
             batch_size: c.outbox.batch_size,
             claim_ttl: c.outbox.claim_ttl,
+            claim_min_left: (c.amqp.confirm_timeout + Duration::from_secs(1))
+                .min(c.outbox.claim_ttl),
             retry_backoff_initial: c.outbox.retry_backoff_initial,
             retry_backoff: c.outbox.retry_backoff,
             max_attempts: c.outbox.max_attempts,

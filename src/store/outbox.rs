@@ -148,11 +148,19 @@ impl Published {
 
 /// A claim request: up to `limit` ready rows of the holder's bucket, not
 /// among `in_flight` (the batch the drainer is still publishing).
+///
+/// A claim takes (or renews) the bucket's claim for `claim_ttl`, a write,
+/// unless the holder's token already holds it with at least `min_left`
+/// to run: then the rows are read under it and nothing is written (no
+/// commit to wait for on the way to the broker). So every claim returns
+/// rows covered by the claim for at least `min_left`.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     pub holder: Holder<'a>,
     pub limit: u32,
     pub claim_ttl: Duration,
+    /// At most `claim_ttl`.
+    pub min_left: Duration,
     pub in_flight: &'a [i64],
 }
 

@@ -2,8 +2,11 @@
 //! [`crate::store::outbox`] for what they promise, and [`super`] for how
 //! this backend keeps it).
 //!
-//! The claim is two statements: a consistent read of the bucket's first
-//! rows from the pending index (no locks), and, when a ready prefix exists,
+//! The claim is at most two statements: a consistent read of the bucket's
+//! first rows from the pending index (no locks), with whether the caller
+//! already holds the bucket's claim (its token, at least the claim's
+//! `min_left`, and in fleet mode its valid lease) — then the rows read are
+//! the batch and nothing is written; otherwise, when a ready prefix exists,
 //! one `UPDATE` of the bucket's row that takes the claim under the lease
 //! fence; the claim is the caller's only if that `UPDATE` matched. The
 //! records are single-table `UPDATE`s whose `WHERE` checks the claim token
@@ -40,6 +43,7 @@ struct Candidate {
     #[sqlx(flatten)]
     row: ClaimedMessage,
     not_ready: bool,
+    held: Option<bool>,
 }
 
 /// The rendered statements of this module.
@@ -55,12 +59,21 @@ impl OutboxSql {
     pub fn new(t: &TablesConfig) -> Self {
         // The read half of a claim: the bucket's first unpublished,
         // unparked rows in id order, from the pending index (forced: the
-        // primary key would walk every published row of every bucket).
+        // primary key would walk every published row of every bucket),
+        // each with whether the caller's token holds the bucket's claim
+        // with at least the given time left (and, in fleet mode, under
+        // its valid lease): then nothing needs writing. Parameters:
+        // token, time left (µs), owner, owner, epoch, bucket, bucket.
         let claim_read = render(
             t,
             "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                     headers, content_type, payload, attempts, created_at,
-                    available_at > UTC_TIMESTAMP(6) AS not_ready
+                    available_at > UTC_TIMESTAMP(6) AS not_ready,
+                    (SELECT p.claim_token = ?
+                            AND p.claimed_until > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                            AND (? IS NULL OR (p.lease_owner = ? AND p.lease_epoch = ?
+                                               AND p.lease_until > UTC_TIMESTAMP(6)))
+                     FROM {partitions} p WHERE p.partition_key = ?) AS held
              FROM {outbox} FORCE INDEX ({outbox}_pending_idx)
              WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL",
         );
@@ -189,7 +202,16 @@ impl OutboxStore for MySqlBackend {
                     placeholders(c.in_flight.len())
                 )
             };
-            let mut read = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(c.holder.partition_key);
+            let (ttl, fence) = (micros(c.claim_ttl), c.holder.fence);
+            let owner = fence.map(|f| f.owner);
+            let mut read = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(c.holder.token.0)
+                .bind(micros(c.min_left))
+                .bind(owner)
+                .bind(owner)
+                .bind(fence.map(|f| f.epoch))
+                .bind(c.holder.partition_key)
+                .bind(c.holder.partition_key);
             for id in c.in_flight {
                 read = read.bind(id);
             }
@@ -202,16 +224,15 @@ impl OutboxStore for MySqlBackend {
                 .await
                 .doing("claiming a batch")?;
             // The ready prefix: a head waiting for its retry stops it.
+            let held = rows.first().is_some_and(|r| r.held == Some(true));
             let ready: Vec<ClaimedMessage> = rows
                 .into_iter()
                 .take_while(|r| !r.not_ready)
                 .map(|r| r.row)
                 .collect();
-            if ready.is_empty() {
+            if ready.is_empty() || held {
                 return Ok(ready);
             }
-            let (ttl, fence) = (micros(c.claim_ttl), c.holder.fence);
-            let owner = fence.map(|f| f.owner);
             let taken = sqlx::query(self.outbox.take_claim.q())
                 .bind(c.holder.token.0)
                 .bind(ttl)

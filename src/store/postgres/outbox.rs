@@ -91,9 +91,15 @@ pub struct OutboxSql {
 /// bucket has ready rows. A claim held under another token blocks the
 /// bucket while it lasts; one that outlasts the claim TTL was not
 /// made by any worker (written by hand, a clock far off) and is
-/// ignored. Rows still in flight from this drainer's previous batch
-/// ($7) are skipped, never a row behind them; a row above the highest
-/// of them ($8) skips the array's comparisons.
+/// ignored. A claim the caller's token holds with at least $9 ms left
+/// (and, in fleet mode, under its valid lease) is `held`: the rows are
+/// read under it and nothing is written, so the statement commits no
+/// write and waits for no WAL flush. Nobody else can take a live claim,
+/// so reading it in the statement's snapshot is enough; the records
+/// check the claim and the fence again in the statements that write.
+/// Rows still in flight from this drainer's previous batch ($7) are
+/// skipped, never a row behind them; a row above the highest of them
+/// ($8) skips the array's comparisons.
 const CLAIM: &str = "WITH first_rows AS (
             SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                    headers, content_type, payload, attempts, created_at,
@@ -108,10 +114,17 @@ const CLAIM: &str = "WITH first_rows AS (
             ) head
         ), ready AS (
             SELECT * FROM first_rows WHERE NOT blocked
+        ), held AS (
+            SELECT 1 FROM {partitions} p
+            WHERE p.partition_key = $1 AND p.claim_token = $3
+              AND p.claimed_until > now() + make_interval(secs => $9::float8 / 1000)
+              AND ($5::uuid IS NULL OR (p.lease_owner = $5 AND p.lease_epoch = $6
+                                       AND p.lease_until > now()))
         ), bucket AS (
             UPDATE {partitions} p
             SET claim_token = $3, claimed_until = now() + make_interval(secs => $4::float8 / 1000)
             WHERE p.partition_key = $1 AND EXISTS (SELECT 1 FROM ready)
+              AND NOT EXISTS (SELECT 1 FROM held)
               AND (p.claim_token IS NULL OR p.claim_token = $3 OR p.claimed_until <= now()
                    OR p.claimed_until > now() + make_interval(secs => $4::float8 / 1000))
               AND ($5::uuid IS NULL OR (p.lease_owner = $5 AND p.lease_epoch = $6
@@ -120,7 +133,7 @@ const CLAIM: &str = "WITH first_rows AS (
         )
         SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                headers, content_type, payload, attempts, created_at
-        FROM ready WHERE EXISTS (SELECT 1 FROM bucket)
+        FROM ready WHERE EXISTS (SELECT 1 FROM bucket) OR EXISTS (SELECT 1 FROM held)
         ORDER BY id";
 
 /// Records a batch as published: ids ($1), under the held claim; the
@@ -296,6 +309,7 @@ impl OutboxSql {
             .bind(fence.map(|f| f.epoch))
             .bind(c.in_flight)
             .bind(c.in_flight.iter().max())
+            .bind(c.min_left.as_millis() as f64)
             .fetch_all(exec)
             .bounded(bounds, "claiming a batch")
             .await

@@ -4,7 +4,7 @@
 //! A claim is a read and at most one write: a read of the bucket's ready
 //! prefix together with whether the caller still holds the bucket's claim
 //! (no lock; a bucket with nothing ready costs the writer nothing). If it
-//! holds it — its token, at least half the claim TTL left, and (fleet mode)
+//! holds it — its token, at least the claim's `min_left`, and (fleet mode)
 //! its lease still valid — the rows read are the batch: that is exactly
 //! the state the taking `UPDATE` would have checked, read in the same
 //! snapshot as the rows, so a trickle costs the writer one record per
@@ -344,7 +344,7 @@ impl SqliteBackend {
     /// The ready prefix of the claimed bucket's first `limit` pending rows
     /// not in flight (a head waiting for its retry stops it), read on a
     /// reader connection; and whether the caller held the bucket's claim,
-    /// with at least half the claim TTL left, as it read them.
+    /// with at least the claim's `min_left` left, as it read them.
     async fn ready_prefix(
         &self,
         c: &Claim<'_>,
@@ -353,7 +353,7 @@ impl SqliteBackend {
         let owner = c.holder.fence.map(|f| f.owner);
         let rows: Vec<Candidate> = sqlx::query_as(self.outbox.claim_read.q())
             .bind(c.holder.token.0)
-            .bind(millis(c.claim_ttl / 2))
+            .bind(millis(c.min_left))
             .bind(owner)
             .bind(owner)
             .bind(c.holder.fence.map(|f| f.epoch))
