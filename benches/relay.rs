@@ -42,16 +42,17 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale|keep`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale|keep|shapes`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
 //! plaintext; traces: `relay/traces.rs`, span export on against off;
 //! sources: `relay/sources.rs`, one worker with 50 idle sources against one;
 //! reload: the same file, sources added to and removed from a busy worker;
 //! scale: `relay/scale.rs`, fleets of 2, 16 and 64 worker processes over
 //! 16, 256 and 1,024 buckets — settle times, idle cost, connections;
-//! keep: `relay/keep.rs`, published rows deleted against kept).
+//! keep: `relay/keep.rs`, published rows deleted against kept; shapes:
+//! `relay/shapes.rs`, the trickle in several shapes, stage by stage, beside
+//! the bare path — the producer publishing itself).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -62,7 +63,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use outboxd::amqp::message_properties;
 use outboxd::config::Config;
@@ -84,6 +85,8 @@ mod otlp;
 mod readme;
 #[path = "relay/scale.rs"]
 mod scale;
+#[path = "relay/shapes.rs"]
+mod shapes;
 #[path = "relay/sources.rs"]
 mod sources;
 #[path = "relay/tls.rs"]
@@ -93,6 +96,10 @@ mod tls;
 mod tls_pki;
 #[path = "relay/traces.rs"]
 mod traces;
+#[path = "relay/trickle.rs"]
+mod trickle;
+
+use trickle::trickle;
 
 const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
 const PAYLOAD: usize = 256;
@@ -209,6 +216,9 @@ async fn main() {
     }
     if run("keep") {
         b.keep().await;
+    }
+    if run("shapes") {
+        b.shapes().await;
     }
 
     println!(
@@ -495,19 +505,7 @@ impl Bench {
 
     /// [`Bench::spawn`] with extra environment variables.
     fn spawn_with(&self, config: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
-        Command::new(BIN)
-            .arg("--config")
-            .arg(config)
-            .arg("work")
-            .args(args)
-            .env_remove("DATABASE_URL")
-            .env_remove("AMQP_URL")
-            .env("OUTBOXD_LOG", "warn")
-            .envs(vars.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+        spawn_bin(Path::new(BIN), config, args, vars)
     }
 
     // ---------------------------------------------------------------- 1 + 5
@@ -1418,74 +1416,6 @@ impl Backend {
     }
 }
 
-/// A producer's pool on either backend (by the URL's scheme).
-#[derive(Clone)]
-enum ProducerPool {
-    Pg(sqlx::PgPool),
-    My(sqlx::MySqlPool),
-    Lite(sqlx::SqlitePool),
-}
-
-impl ProducerPool {
-    async fn connect(url: &str) -> Self {
-        if url.starts_with("sqlite://") {
-            use std::str::FromStr;
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-                .unwrap()
-                .busy_timeout(Duration::from_secs(30));
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(4)
-                .connect_with(options)
-                .await
-                .unwrap();
-            ProducerPool::Lite(pool)
-        } else if url.starts_with("mysql://") {
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(4)
-                .connect(url)
-                .await
-                .unwrap();
-            ProducerPool::My(pool)
-        } else {
-            let pool = PgPoolOptions::new()
-                .max_connections(4)
-                .connect(url)
-                .await
-                .unwrap();
-            ProducerPool::Pg(pool)
-        }
-    }
-
-    /// Enqueues `messages` in one transaction; returns their ids.
-    async fn enqueue(&self, producer: &Producer, messages: Vec<Message>) -> Vec<i64> {
-        let mut ids = Vec::with_capacity(messages.len());
-        match self {
-            ProducerPool::Pg(p) => {
-                let mut tx = p.begin().await.unwrap();
-                for m in messages {
-                    ids.push(producer.enqueue(&mut *tx, m).await.unwrap());
-                }
-                tx.commit().await.unwrap();
-            }
-            ProducerPool::My(p) => {
-                let mut tx = p.begin().await.unwrap();
-                for m in messages {
-                    ids.push(producer.enqueue(&mut *tx, m).await.unwrap());
-                }
-                tx.commit().await.unwrap();
-            }
-            ProducerPool::Lite(p) => {
-                let mut tx = p.begin().await.unwrap();
-                for m in messages {
-                    ids.push(producer.enqueue(&mut *tx, m).await.unwrap());
-                }
-                tx.commit().await.unwrap();
-            }
-        }
-        ids
-    }
-}
-
 struct Measured {
     rate: f64,
     worker_us: f64,
@@ -1776,6 +1706,23 @@ fn terminate(c: &mut Child) {
     let _ = c.wait();
 }
 
+/// `bin work` (another build of outboxd, or this one) on `config`.
+fn spawn_bin(bin: &Path, config: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
+    Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .arg("work")
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env("OUTBOXD_LOG", "warn")
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Median time of one claim (100 rows) + record of that batch, over 64
 /// rounds across the buckets (the relay's per-batch database cost). 80
 /// rounds consume 8,000 rows, so even the 10k backlog never runs dry.
@@ -1833,87 +1780,6 @@ async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N
 
 /// Enqueues at `rate` msg/s for `over`, one transaction each, measuring
 /// commit-to-delivery latency at a consumer in this process.
-async fn trickle(
-    db_url: &str,
-    amqp_url: &str,
-    queue: &str,
-    rate: u64,
-    over: Duration,
-) -> Vec<Duration> {
-    let conn = Connection::connect(amqp_url, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.basic_qos(1000, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "bench".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let committed: Arc<std::sync::Mutex<HashMap<i64, Instant>>> = Default::default();
-    let n = (rate as f64 * over.as_secs_f64()) as usize;
-    let (db, c2) = (db_url.to_string(), committed.clone());
-    let queue2 = queue.to_string();
-    let producing = tokio::spawn(async move {
-        let pool = ProducerPool::connect(&db).await;
-        let producer = Producer::default();
-        let period = Duration::from_secs_f64(1.0 / rate as f64);
-        let mut next = tokio::time::Instant::now();
-        for i in 0..n {
-            let m = Message::new(
-                format!("key-{}", i % 200),
-                "",
-                queue2.as_str(),
-                vec![b'x'; PAYLOAD],
-            );
-            let id = pool.enqueue(&producer, vec![m]).await[0];
-            c2.lock().unwrap().insert(id, Instant::now());
-            next += period;
-            tokio::time::sleep_until(next).await;
-        }
-    });
-    let mut latencies = Vec::with_capacity(n);
-    let mut early: HashMap<i64, Instant> = HashMap::new();
-    let deadline = Instant::now() + over + Duration::from_secs(30);
-    while latencies.len() < n && Instant::now() < deadline {
-        let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(5), consumer.next()).await
-        else {
-            continue;
-        };
-        let got = Instant::now();
-        let id = match d
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get("outbox-id").cloned())
-        {
-            Some(AMQPValue::LongLongInt(i)) => i,
-            _ => continue,
-        };
-        d.ack(BasicAckOptions::default()).await.unwrap();
-        // The delivery can beat the producer's bookkeeping by microseconds.
-        early.insert(id, got);
-        let map = committed.lock().unwrap();
-        early.retain(|id, got| match map.get(id) {
-            Some(c) => {
-                latencies.push(got.saturating_duration_since(*c));
-                false
-            }
-            None => true,
-        });
-    }
-    producing.await.unwrap();
-    conn.close(200, "bye".into()).await.ok();
-    latencies.sort();
-    latencies
-}
-
 async fn produce_at(db_url: String, queue: String, rate: f64, over: Duration) {
     let pool = PgPoolOptions::new()
         .max_connections(4)
