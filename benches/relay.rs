@@ -1285,8 +1285,31 @@ impl Bench {
     /// Starts one worker on `config` (on core 0 when `pinned`), waits until
     /// the `n` seeded rows are published, and measures the rate and the CPU
     /// the worker, the database and the broker spent on them.
+    /// [`Bench::drain_measured`] by another build of outboxd, not pinned.
+    async fn drain_measured_by(
+        &self,
+        bin: &Path,
+        store: &Store,
+        config: &Path,
+        n: usize,
+    ) -> Measured {
+        self.drain_measured_with(bin, store, config, n, false).await
+    }
+
     async fn drain_measured(
         &self,
+        store: &Store,
+        config: &Path,
+        n: usize,
+        pinned: bool,
+    ) -> Measured {
+        self.drain_measured_with(Path::new(BIN), store, config, n, pinned)
+            .await
+    }
+
+    async fn drain_measured_with(
+        &self,
+        bin: &Path,
         store: &Store,
         config: &Path,
         n: usize,
@@ -1301,7 +1324,9 @@ impl Bench {
         let start = Instant::now();
         let mut child = if pinned {
             Command::new("taskset")
-                .args(["-c", "0", BIN, "--config"])
+                .args(["-c", "0"])
+                .arg(bin)
+                .arg("--config")
                 .arg(config)
                 .args(["work", "--silent"])
                 .env_remove("DATABASE_URL")
@@ -1312,7 +1337,7 @@ impl Bench {
                 .spawn()
                 .unwrap()
         } else {
-            self.spawn(config, &["--silent"])
+            spawn_bin(bin, config, &["--silent"], &[])
         };
         let mut worker_ticks = 0;
         loop {

@@ -18,13 +18,27 @@
 
 use serde_json::{Value, json};
 
-use super::{Backend, Bench, Drain, KEYS, Measured, median_of};
+use std::path::PathBuf;
 
-/// The two arms, in the order of even rounds.
-const ARMS: [(&str, &str); 2] = [
-    ("kept", ""),
-    ("deleted", "\n[outbox]\nkeep_published = false\n"),
-];
+use super::{BIN, Backend, Bench, Drain, KEYS, Measured, median_of};
+
+/// The arms, in the order of even rounds (odd rounds reverse it): name,
+/// worker configuration, binary. With `OUTBOXD_BENCH_BASELINE_BIN=<another
+/// outboxd>`, a third arm keeps the rows with that build.
+fn arms() -> Vec<(String, &'static str, PathBuf)> {
+    let mut arms = vec![
+        ("kept".to_string(), "", PathBuf::from(BIN)),
+        (
+            "deleted".to_string(),
+            "\n[outbox]\nkeep_published = false\n",
+            PathBuf::from(BIN),
+        ),
+    ];
+    if let Ok(bin) = std::env::var("OUTBOXD_BENCH_BASELINE_BIN") {
+        arms.push(("kept, baseline build".into(), "", PathBuf::from(bin)));
+    }
+    arms
+}
 
 impl Bench {
     pub(crate) async fn keep(&mut self) {
@@ -48,32 +62,36 @@ impl Bench {
         for round in 0..rounds {
             let consumer = Drain::start(queue);
             let ceiling = self.ceiling_with(queue, n, KEYS, 16, 100).await;
-            let mut arms = [None, None];
-            for i in 0..2 {
-                let arm = if round % 2 == 0 { i } else { 1 - i };
-                let (name, toml) = ARMS[arm];
+            let arms = arms();
+            let mut measured: Vec<Option<Measured>> = arms.iter().map(|_| None).collect();
+            for i in 0..arms.len() {
+                let arm = if round % 2 == 0 {
+                    i
+                } else {
+                    arms.len() - 1 - i
+                };
+                let (name, toml, bin) = &arms[arm];
                 let (store, config, _) = self.fresh_on(on, "outboxd_bench_keep", toml).await;
                 self.seed_keys(&store, n, queue, false, KEYS).await;
-                let measured = self.drain_measured(&store, &config, n, false).await;
+                let m = self.drain_measured_by(bin, &store, &config, n).await;
                 store.close().await;
                 println!(
                     "  {} round {round}, {name}: {:.0} msg/s ({:.2} x ceiling {ceiling:.0}), relay-side {:.1} µs, RabbitMQ {:.1} µs",
                     on.name(),
-                    measured.rate,
-                    measured.rate / ceiling,
-                    relay_side(&measured),
-                    measured.broker_us,
+                    m.rate,
+                    m.rate / ceiling,
+                    relay_side(&m),
+                    m.broker_us,
                 );
-                arms[arm] = Some(measured);
+                measured[arm] = Some(m);
             }
             consumer.stop();
-            let [Some(kept), Some(deleted)] = arms else {
-                unreachable!("both arms ran")
-            };
             runs.push(Round {
                 ceiling,
-                kept,
-                deleted,
+                arms: measured
+                    .into_iter()
+                    .map(|m| m.expect("every arm ran"))
+                    .collect(),
             });
         }
         runs
@@ -87,22 +105,19 @@ impl Bench {
             _ => 0.5,
         };
         let mut json = serde_json::Map::new();
-        for (name, pick) in [
-            ("kept", (|r: &Round| &r.kept) as fn(&Round) -> &Measured),
-            ("deleted", |r: &Round| &r.deleted),
-        ] {
+        for (i, (name, _, _)) in arms().iter().enumerate() {
             let med =
                 |f: &dyn Fn(&Round) -> f64| median_of(&runs.iter().map(f).collect::<Vec<_>>());
-            let ratio = med(&|r| pick(r).rate / r.ceiling);
-            let worker = med(&|r| pick(r).worker_us);
-            let backends = med(&|r| pick(r).backends_us.unwrap_or(f64::NAN));
-            let database = med(&|r| pick(r).database_us);
-            let broker = med(&|r| pick(r).broker_us);
-            let relay = med(&|r| relay_side(pick(r)));
-            let share = med(&|r| relay_side(pick(r)) / pick(r).broker_us);
+            let ratio = med(&|r| r.arms[i].rate / r.ceiling);
+            let worker = med(&|r| r.arms[i].worker_us);
+            let backends = med(&|r| r.arms[i].backends_us.unwrap_or(f64::NAN));
+            let database = med(&|r| r.arms[i].database_us);
+            let broker = med(&|r| r.arms[i].broker_us);
+            let relay = med(&|r| relay_side(&r.arms[i]));
+            let share = med(&|r| relay_side(&r.arms[i]) / r.arms[i].broker_us);
             let each: Vec<String> = runs
                 .iter()
-                .map(|r| format!("{:.2}", relay_side(pick(r)) / pick(r).broker_us))
+                .map(|r| format!("{:.2}", relay_side(&r.arms[i]) / r.arms[i].broker_us))
                 .collect();
             self.row(
                 &format!("{db}, published rows {name}: relay ÷ ceiling"),
@@ -110,7 +125,7 @@ impl Bench {
                 format!(
                     "rounds {}",
                     runs.iter()
-                        .map(|r| format!("{:.2}", pick(r).rate / r.ceiling))
+                        .map(|r| format!("{:.2}", r.arms[i].rate / r.ceiling))
                         .collect::<Vec<_>>()
                         .join(" / ")
                 ),
@@ -135,7 +150,7 @@ impl Bench {
                 );
             }
             json.insert(
-                name.into(),
+                name.clone(),
                 json!({
                     "ratio": ratio, "worker_us": worker, "backends_us": backends,
                     "database_us": database, "broker_us": broker,
@@ -148,11 +163,10 @@ impl Bench {
     }
 }
 
-/// One round: its ceiling and both arms.
+/// One round: its ceiling and every arm (in the order of [`arms`]).
 struct Round {
     ceiling: f64,
-    kept: Measured,
-    deleted: Measured,
+    arms: Vec<Measured>,
 }
 
 /// The relay's side of a drain, per message: the worker and its

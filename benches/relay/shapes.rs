@@ -10,8 +10,12 @@
 //! `no_ack`, the worker with `--no-leasing` — and the **bare path**, the
 //! baseline: the producer itself publishing each message with a confirm
 //! right after its commit, to the same consumer (a dual write, no relay;
-//! its rows go to a database no worker drains). Targets: p50 ≤ 2 ms and
-//! p99 ≤ 5 ms in every shape, and p99 ≤ 3 × the same run's bare path.
+//! its rows go to a database no worker drains), once with the pooled
+//! producer and once with a connection per message: each shape is compared
+//! with the bare path of its own producer. Targets: p50 ≤ 2 ms and p99 ≤
+//! 5 ms in every shape, and p99 ≤ 3 × the same run's bare path. Each shape
+//! also shows commit → delivery, the part the relay adds to the
+//! producer's own transaction.
 //!
 //! Stages per shape: the producer's transaction (begin → commit
 //! returned), commit → notification at a listener of the bench's own (on
@@ -89,6 +93,15 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
             Shape { bare: true, ..base },
             Worker::None,
         ),
+        arm(
+            "bare path, a connection per message",
+            Shape {
+                bare: true,
+                fresh_connection: true,
+                ..base
+            },
+            Worker::None,
+        ),
     ];
     if baseline_build {
         arms.push(arm("base, baseline build", base, Worker::Baseline));
@@ -104,6 +117,10 @@ struct Figures {
     p50: f64,
     p99: f64,
     max: f64,
+    /// Commit returned → delivery: what the relay (or the bare publish)
+    /// adds to the producer's own transaction.
+    after_commit_p50: f64,
+    after_commit_p99: f64,
     commit_p50: f64,
     notified_p50: Option<f64>,
     notified_p99: Option<f64>,
@@ -169,12 +186,14 @@ impl Bench {
                         let after = stages(worker.as_ref().map(|_| port)).await;
                         let f = Figures::of(&t, before.zip(after));
                         println!(
-                            "  round {round}, {} at {rate} msg/s: {:.1} / {:.1} / {:.1} ms (commit {:.2} ms, notified {}, claim {}, publish {}, record {}, claims/msg {})",
+                            "  round {round}, {} at {rate} msg/s: {:.1} / {:.1} / {:.1} ms (commit {:.2} ms, after it {:.1} / {:.1} ms, notified {}, claim {}, publish {}, record {}, claims/msg {})",
                             arm.name,
                             f.p50,
                             f.p99,
                             f.max,
                             f.commit_p50,
+                            f.after_commit_p50,
+                            f.after_commit_p99,
                             opt(f.notified_p50),
                             opt(f.claim_mean),
                             opt(f.publish_mean),
@@ -200,19 +219,24 @@ impl Bench {
     /// Every shape per rate, worst median p99 first, beside the bare path.
     fn shapes_report(&mut self, arms: &[Arm], figures: &[Vec<Vec<Figures>>]) -> Value {
         let mut out = serde_json::Map::new();
-        let bare = arms
-            .iter()
-            .position(|a| a.worker == Worker::None)
-            .expect("the bare path is an arm");
+        // Each shape beside the bare path of the same producer (pooled, or
+        // a connection per message).
+        let bare_of = |a: &Arm| {
+            arms.iter()
+                .position(|b| {
+                    b.worker == Worker::None && b.shape.fresh_connection == a.shape.fresh_connection
+                })
+                .expect("a bare path per producer")
+        };
         for (r, rate) in RATES.iter().enumerate() {
             let medians: Vec<Figures> = figures.iter().map(|f| median_figures(&f[r])).collect();
-            let bare_p99 = medians[bare].p99;
             let mut order: Vec<usize> = (0..arms.len()).collect();
             order.sort_by(|a, b| medians[*b].p99.total_cmp(&medians[*a].p99));
             let mut rows = Vec::new();
             for a in order {
                 let m = &medians[a];
-                let target = if a == bare {
+                let bare_p99 = medians[bare_of(&arms[a])].p99;
+                let target = if arms[a].worker == Worker::None {
                     "baseline".to_string()
                 } else {
                     let ratio = m.p99 / bare_p99;
@@ -229,6 +253,8 @@ impl Bench {
                     "p50_ms": m.p50,
                     "p99_ms": m.p99,
                     "max_ms": m.max,
+                    "after_commit_p50_ms": m.after_commit_p50,
+                    "after_commit_p99_ms": m.after_commit_p99,
                     "p99_over_bare": m.p99 / bare_p99,
                     "commit_p50_ms": m.commit_p50,
                     "notified_p50_ms": m.notified_p50,
@@ -270,6 +296,8 @@ impl Figures {
             p50: ms(pct(lat, 0.5)),
             p99: ms(pct(lat, 0.99)),
             max: ms(*lat.last().expect("messages were delivered")),
+            after_commit_p50: ms(pct(&t.from_commit, 0.5)),
+            after_commit_p99: ms(pct(&t.from_commit, 0.99)),
             commit_p50: ms(pct(&t.commit, 0.5)),
             notified_p50: notified(0.5),
             notified_p99: notified(0.99),
@@ -293,6 +321,8 @@ fn median_figures(rounds: &[Figures]) -> Figures {
         p50: must(&|f| f.p50),
         p99: must(&|f| f.p99),
         max: must(&|f| f.max),
+        after_commit_p50: must(&|f| f.after_commit_p50),
+        after_commit_p99: must(&|f| f.after_commit_p99),
         commit_p50: must(&|f| f.commit_p50),
         notified_p50: med(&|f| f.notified_p50),
         notified_p99: med(&|f| f.notified_p99),
