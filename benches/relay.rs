@@ -7,7 +7,10 @@
 //! 1. throughput — N pending rows drained by 1, 2 and 4 workers on
 //!    PostgreSQL and by 1 and 2 on MariaDB, against the ceiling: a bare
 //!    lapin publisher sending the same messages with confirms and the same
-//!    in-flight window (16 channels × one batch), no database;
+//!    in-flight window (16 channels × one batch), no database
+//!    (`OUTBOXD_BENCH_THROUGHPUT_ONLY=postgres|mariadb|sqlite` for one
+//!    backend's arms; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on
+//!    that build right after);
 //! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
@@ -525,21 +528,35 @@ impl Bench {
             "baseline, again after each arm".into(),
         );
         let mut per_workers = serde_json::Map::new();
-        let runs = [
+        // `OUTBOXD_BENCH_THROUGHPUT_ONLY=mariadb` (a backend's name) runs
+        // that backend's arms only; with `OUTBOXD_BENCH_BASELINE_BIN`, each
+        // arm runs again right after on that build.
+        let only = std::env::var("OUTBOXD_BENCH_THROUGHPUT_ONLY").ok();
+        let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
+        let mut runs = Vec::new();
+        for (on, workers) in [
             (Backend::Postgres, 1usize),
             (Backend::Postgres, 2),
             (Backend::Postgres, 4),
             (Backend::MariaDb, 1),
             (Backend::MariaDb, 2),
             (Backend::Sqlite, 1),
-        ];
-        for (on, workers) in runs {
+        ] {
+            if only.as_deref().is_some_and(|o| !o.eq_ignore_ascii_case(on.name())) {
+                continue;
+            }
+            runs.push((on, workers, PathBuf::from(BIN), ""));
+            if let Some(b) = &baseline {
+                runs.push((on, workers, PathBuf::from(b), ", baseline build"));
+            }
+        }
+        for (on, workers, bin, build) in runs {
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
             let start = Instant::now();
             let mut children: Vec<Child> = (0..workers)
-                .map(|_| self.spawn(&config, &["--silent"]))
+                .map(|_| spawn_bin(&bin, &config, &["--silent"], &[]))
                 .collect();
             let mut peak_rss_kb = 0u64;
             loop {
@@ -579,7 +596,7 @@ impl Bench {
             };
             self.row(
                 &format!(
-                    "relay on {}, {workers} worker(s), default settings",
+                    "relay on {}, {workers} worker(s), default settings{build}",
                     on.name()
                 ),
                 format!("{rate:.0} msg/s"),
@@ -587,7 +604,7 @@ impl Bench {
                     "{ratio:.2} x ceiling ({baseline:.0} msg/s on either side) {target}; worker CPU {cpu_us:.1} us/msg"
                 ),
             );
-            if workers == 1 && on == Backend::Postgres {
+            if workers == 1 && on == Backend::Postgres && build.is_empty() {
                 let mb = peak_rss_kb as f64 / 1024.0;
                 self.row(
                     "peak RSS of the worker (1-worker run)",
@@ -601,7 +618,7 @@ impl Bench {
                 Backend::Postgres => workers.to_string(),
                 Backend::MariaDb => format!("mariadb_{workers}"),
                 Backend::Sqlite => format!("sqlite_{workers}"),
-            };
+            } + if build.is_empty() { "" } else { "_baseline" };
             per_workers.insert(
                 key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
