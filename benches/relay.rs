@@ -542,7 +542,10 @@ impl Bench {
             (Backend::MariaDb, 2),
             (Backend::Sqlite, 1),
         ] {
-            if only.as_deref().is_some_and(|o| !o.eq_ignore_ascii_case(on.name())) {
+            if only
+                .as_deref()
+                .is_some_and(|o| !o.eq_ignore_ascii_case(on.name()))
+            {
                 continue;
             }
             runs.push((on, workers, PathBuf::from(BIN), ""));
