@@ -1019,6 +1019,7 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .bind(None::<i64>)
                 .bind(Vec::<i64>::new())
                 .bind(None::<i64>)
+                .bind(11_000f64)
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();
@@ -1032,7 +1033,15 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .execute(&mut *tx)
                 .await
                 .unwrap();
+            // The read's parameters: token, time left (µs), owner, owner,
+            // epoch (whether the caller holds the claim), bucket, bucket.
             let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{read} ORDER BY id LIMIT 100")))
+                .bind(token)
+                .bind(11_000_000i64)
+                .bind(None::<uuid::Uuid>)
+                .bind(None::<uuid::Uuid>)
+                .bind(None::<i64>)
+                .bind(bucket)
                 .bind(bucket)
                 .fetch_all(&mut *tx)
                 .await

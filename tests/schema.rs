@@ -277,6 +277,7 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     .bind(None::<i64>)
     .bind(Vec::<i64>::new())
     .bind(None::<i64>)
+    .bind(11_000f64)
     .fetch_all(&mut *tx)
     .await
     .unwrap();
@@ -305,12 +306,14 @@ async fn the_claim_reads_a_slice_of_the_pending_index_on_mariadb() {
     let keys: Vec<String> = (0..2000).map(|g| format!("k{g}")).collect();
     env.db.exec(&plain_insert(&keys, "q", 2000)).await;
     env.db.exec("ANALYZE TABLE outbox").await;
-    let read = env
-        .store
-        .mysql()
-        .unwrap()
-        .claim_statement()
-        .replacen('?', "'p03'", 1);
+    // The read's parameters: token, time left (µs), owner, owner, epoch
+    // (whether the caller holds the claim), bucket, bucket.
+    let read = ["NULL", "11000000", "NULL", "NULL", "NULL", "'p03'", "'p03'"]
+        .iter()
+        .fold(
+            env.store.mysql().unwrap().claim_statement().to_string(),
+            |sql, value| sql.replacen('?', value, 1),
+        );
     let plan: String = env
         .db
         .value(&format!("ANALYZE FORMAT=JSON {read} ORDER BY id LIMIT 100"))

@@ -73,9 +73,6 @@ pub struct DbPool {
     lent: Arc<AtomicUsize>,
     /// When the pool may open its next connection ([`GROWTH_SPACING`]).
     next_open: Arc<std::sync::Mutex<Instant>>,
-    /// Acquisitions under way that may be opening a connection: at most
-    /// one at a time ([`DbPool::patient_acquire`]).
-    opening: Arc<AtomicUsize>,
 }
 
 /// How long an acquisition waits for a connection on its way back to the
@@ -87,15 +84,13 @@ const PATIENCE: Duration = Duration::from_millis(3);
 const GROWTH_SPACING: Duration = Duration::from_millis(20);
 
 /// A lent connection's mark: counted in [`DbPool::lent`] until dropped.
-/// (The same mark counts an acquisition that may open a connection in
-/// [`DbPool::opening`].)
 #[derive(Debug)]
 pub(crate) struct Lent(Arc<AtomicUsize>);
 
 impl Lent {
-    fn new(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Lent(count.clone())
+    fn new(lent: &Arc<AtomicUsize>) -> Self {
+        lent.fetch_add(1, Ordering::Relaxed);
+        Lent(lent.clone())
     }
 }
 
@@ -128,16 +123,8 @@ impl DbPool {
     /// while one is on its way back (in use, yet not lent by this wrapper:
     /// sqlx is pinging it), that one if it comes back within [`PATIENCE`];
     /// else whatever the pool gives once it may open another
-    /// ([`GROWTH_SPACING`], and no other acquisition of this pool is
-    /// opening one; at `max_connections` sqlx waits for a released one
-    /// itself).
-    ///
-    /// One opening at a time is what makes a refused worker back off: a
-    /// server out of connections answers `too many clients`, which sqlx
-    /// retries inside that one acquisition with a growing delay (10 ms,
-    /// doubling, up to a fifth of `connect_timeout`), while every other
-    /// statement of the worker waits for a connection it already has —
-    /// instead of each starting attempts of its own.
+    /// ([`GROWTH_SPACING`]; at `max_connections` sqlx waits for a released
+    /// one itself).
     async fn patient_acquire(
         &self,
     ) -> Result<(sqlx::pool::PoolConnection<Postgres>, Lent), sqlx::Error> {
@@ -155,15 +142,8 @@ impl DbPool {
             let returning = in_use.saturating_sub(self.lent.load(Ordering::Relaxed));
             let waited = returning == 0 || started.elapsed() >= PATIENCE;
             let full = size >= self.inner.options().get_max_connections();
-            // With no connection at all (start-up, the database down)
-            // every acquisition tries, as sqlx does.
-            if waited && (size == 0 || full) {
+            if waited && (size == 0 || full || self.may_open()) {
                 break;
-            }
-            let alone = self.opening.load(Ordering::Relaxed) == 0;
-            if waited && alone && self.may_open() {
-                let _opening = Lent::new(&self.opening);
-                return Ok((self.inner.acquire().await?, Lent::new(&self.lent)));
             }
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
@@ -309,7 +289,6 @@ pub async fn connect_to(
         bounds,
         lent: Arc::default(),
         next_open: Arc::new(std::sync::Mutex::new(Instant::now())),
-        opening: Arc::default(),
     })
 }
 
