@@ -10,7 +10,8 @@
 //!    in-flight window (16 channels × one batch), no database
 //!    (`OUTBOXD_BENCH_THROUGHPUT_ONLY=postgres|mariadb|sqlite` for one
 //!    backend's arms; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on
-//!    that build right after);
+//!    that build right after; `OUTBOXD_BENCH_THROUGHPUT_REPEAT=N` runs the
+//!    arms N rounds and adds each arm's median);
 //! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
@@ -533,6 +534,14 @@ impl Bench {
         // arm runs again right after on that build.
         let only = std::env::var("OUTBOXD_BENCH_THROUGHPUT_ONLY").ok();
         let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
+        // `OUTBOXD_BENCH_THROUGHPUT_REPEAT=3` runs the whole list of arms
+        // three times, round after round (so arms alternate), and adds each
+        // arm's median ratio at the end.
+        let rounds: usize = std::env::var("OUTBOXD_BENCH_THROUGHPUT_REPEAT")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(1)
+            .max(1);
         let mut runs = Vec::new();
         for (on, workers) in [
             (Backend::Postgres, 1usize),
@@ -553,6 +562,8 @@ impl Bench {
                 runs.push((on, workers, PathBuf::from(b), ", baseline build"));
             }
         }
+        let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().cloned()).collect();
+        let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
         for (on, workers, bin, build) in runs {
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
@@ -597,11 +608,16 @@ impl Bench {
                 (_, 1) => "target >= 0.85",
                 _ => "",
             };
+            let label = format!(
+                "relay on {}, {workers} worker(s), default settings{build}",
+                on.name()
+            );
+            match ratios.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, r)) => r.push(ratio),
+                None => ratios.push((label.clone(), vec![ratio])),
+            }
             self.row(
-                &format!(
-                    "relay on {}, {workers} worker(s), default settings{build}",
-                    on.name()
-                ),
+                &label,
                 format!("{rate:.0} msg/s"),
                 format!(
                     "{ratio:.2} x ceiling ({baseline:.0} msg/s on either side) {target}; worker CPU {cpu_us:.1} us/msg"
@@ -626,6 +642,19 @@ impl Bench {
                 key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
             );
+        }
+        if rounds > 1 {
+            for (label, mut r) in ratios {
+                let each = r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>();
+                r.sort_by(f64::total_cmp);
+                let median = r[r.len() / 2];
+                self.row(
+                    &format!("{label}, median of {rounds}"),
+                    format!("{median:.2} x"),
+                    format!("each run: {}", each.join(" / ")),
+                );
+                per_workers.insert(format!("median: {label}"), json!(median));
+            }
         }
         let first = ceilings[0];
         self.results.insert(
