@@ -174,3 +174,62 @@ async fn a_writer_holding_the_write_lock_for_3_s_delays_the_fleet_and_never_brea
     assert!(all && v.is_clean(), "{}", v.summary());
     terminate_all(&mut fleet);
 }
+
+/// A worker draining a backlog keeps the WAL file near its limit: SQLite
+/// starts the WAL over only when a write finds it wholly copied back, which
+/// a steady stream of records never allows, so without the worker's
+/// truncating checkpoint the file grew by about a page per message and
+/// stayed that large (840 MB after 200,000 rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn draining_a_backlog_keeps_the_wal_file_near_its_limit() {
+    use outboxd::store::sqlite::pool::WAL_LIMIT;
+    const ROWS: usize = 40_000;
+    let env = TestEnv::on(Db::Sqlite).await;
+    let queue = unique("q");
+    drop(QueueReader::open(&amqp_url(), &queue).await.unwrap());
+    // 400-byte payloads over 300 keys: each bucket's rows are spread over
+    // the file's pages, so every recorded batch rewrites a page per row.
+    env.db
+        .exec(&format!(
+            "INSERT INTO outbox (message_key, exchange, routing_key, payload)
+             WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {})
+             SELECT 'k-' || (i % 300), '', '{queue}', randomblob(400) FROM n",
+            ROWS - 1
+        ))
+        .await;
+    let wal = format!("{}-wal", file_of(&env));
+    let size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    let start = std::time::Instant::now();
+    let mut largest = 0;
+    while env.count("published_at IS NULL").await > 0 {
+        largest = largest.max(size());
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the backlog was not drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drained = start.elapsed();
+    // The checkpoint runs once a second: two of them after the drain.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after = size();
+    let mb = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "{ROWS} rows drained in {drained:?}: WAL file at most {:.1} MB during, {:.1} MB after (limit {:.0} MB)",
+        mb(largest),
+        mb(after),
+        mb(WAL_LIMIT)
+    );
+    assert!(
+        after <= WAL_LIMIT,
+        "the WAL file stayed at {:.1} MB",
+        mb(after)
+    );
+    assert!(
+        largest <= 3 * WAL_LIMIT,
+        "the WAL file grew to {:.1} MB",
+        mb(largest)
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+}
