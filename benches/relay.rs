@@ -521,6 +521,7 @@ impl Bench {
         // each arm is compared with the mean of the ceilings on either side
         // of it, so a machine that slows down (or speeds up) during the
         // section moves an arm and its baseline together.
+        let mut quieting = quiet_machine().await;
         let mut ceiling = self.ceiling(queue, n).await;
         let mut ceilings = vec![ceiling];
         self.row(
@@ -568,6 +569,7 @@ impl Bench {
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
+            quieting += quiet_machine().await;
             let start = Instant::now();
             let mut children: Vec<Child> = (0..workers)
                 .map(|_| spawn_bin(&bin, &config, &["--silent"], &[]))
@@ -598,6 +600,7 @@ impl Bench {
             let rate = n as f64 / took.as_secs_f64();
             store.close().await;
             self.drop_database_on(on, "outboxd_bench_tp").await;
+            quieting += quiet_machine().await;
             let after = self.ceiling(queue, n).await;
             ceilings.push(after);
             let baseline = (ceiling + after) / 2.0;
@@ -643,6 +646,11 @@ impl Bench {
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
             );
         }
+        self.row(
+            "waited for a quiet machine before the arms and ceilings",
+            format!("{:.1} s", quieting.as_secs_f64()),
+            "CPUs 85 % idle over 0.5 s, at most 30 s each".into(),
+        );
         if rounds > 1 {
             for (label, mut r) in ratios {
                 let each = r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>();
@@ -1635,6 +1643,42 @@ impl Drop for Drain {
     fn drop(&mut self) {
         terminate(&mut self.child);
     }
+}
+
+/// Waits, up to 30 s, until the machine's CPUs are 85 % idle over half a
+/// second, so that what one step leaves running (a database writing back
+/// the pages of a seeded or dropped table, PostgreSQL's autovacuum) does
+/// not run during the next measurement and not during its baseline.
+/// Section 1 waits so before each arm and each ceiling.
+async fn quiet_machine() -> Duration {
+    fn busy_and_total() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let idle = ticks.get(3)? + ticks.get(4)?;
+        let total: u64 = ticks.iter().take(8).sum();
+        Some((total - idle, total))
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let Some((busy0, total0)) = busy_and_total() else {
+            break;
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some((busy1, total1)) = busy_and_total() else {
+            break;
+        };
+        let busy = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+        if busy <= 0.15 {
+            break;
+        }
+    }
+    start.elapsed()
 }
 
 /// User + system CPU of a process, in clock ticks.
