@@ -652,10 +652,9 @@ impl Bench {
             "CPUs 85 % idle over 0.5 s, at most 30 s each".into(),
         );
         if rounds > 1 {
-            for (label, mut r) in ratios {
+            for (label, r) in ratios {
                 let each = r.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>();
-                r.sort_by(f64::total_cmp);
-                let median = r[r.len() / 2];
+                let median = median_of(&r);
                 self.row(
                     &format!("{label}, median of {rounds}"),
                     format!("{median:.2} x"),

@@ -34,7 +34,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::trickle::{Shape, Trickled, trickle_shaped};
-use super::{BIN, Bench, ms, pct, spawn_bin, terminate};
+use super::{BIN, Bench, median_of, ms, pct, spawn_bin, terminate};
 
 /// One shape of the trickle, and how the worker runs.
 struct Arm {
@@ -312,9 +312,8 @@ impl Figures {
 /// Per field, the median over rounds.
 fn median_figures(rounds: &[Figures]) -> Figures {
     let med = |f: &dyn Fn(&Figures) -> Option<f64>| {
-        let mut v: Vec<f64> = rounds.iter().filter_map(f).collect();
-        v.sort_by(f64::total_cmp);
-        (!v.is_empty()).then(|| v[v.len() / 2])
+        let v: Vec<f64> = rounds.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median_of(&v))
     };
     let must = |f: &dyn Fn(&Figures) -> f64| med(&|x| Some(f(x))).unwrap_or(f64::NAN);
     Figures {
