@@ -623,6 +623,99 @@ async fn an_idle_postgres_worker_settles_at_two_connections_and_keeps_them() {
     assert!(worker.terminate(Duration::from_secs(15)).success());
 }
 
+/// A PostgreSQL server that refuses the worker more connections than it
+/// has (its role's `CONNECTION LIMIT` is 3: the `LISTEN` connection and two
+/// pooled, against `database.max_connections = 10`) answers every further
+/// attempt with `too many connections` (SQLSTATE 53300, as a server out of
+/// `max_connections` does). The worker drains a backlog on the connections
+/// it has: its statements wait for one of them rather than for an opening
+/// the server refuses (none fails for want of a connection), and it tries
+/// to open more one attempt at a time, pausing after each refused round,
+/// instead of every waiting statement retrying on its own. Each attempt
+/// is counted where it happens: at a TCP proxy in front of the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_worker_refused_more_connections_shares_the_ones_it_has_and_backs_off() {
+    let env = TestEnv::on(Db::Postgres).await;
+    let role = unique("capped");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'capped' CONNECTION LIMIT 3"),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"),
+        format!("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+    ] {
+        env.db.exec(&sql).await;
+    }
+    let server = url::Url::parse(&env.db_url).unwrap();
+    let target = format!("{}:{}", server.host_str().unwrap(), server.port().unwrap());
+    let proxy = common::hosts::DelayProxy::start(
+        "127.0.0.1",
+        target.parse().unwrap(),
+        Duration::ZERO,
+        Duration::ZERO,
+    )
+    .await;
+    let capped_url = format!("postgres://{role}:capped@{}/{}", proxy.addr, env.db_name);
+    let config = env.config_variant("capped", |t| {
+        t.replacen(&env.worker_db_url, &capped_url, 1).replacen(
+            "max_connections = 6",
+            "max_connections = 10",
+            1,
+        )
+    });
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    produce(&env.db, &queue, 4, 200, 60_000).await;
+
+    let mut worker = env.spawn_worker_on(None, &config, &["--silent"]);
+    let started = Instant::now();
+    let all = reader
+        .read_until(Duration::from_secs(180), |c| c.unique() >= 60_000)
+        .await
+        .unwrap();
+    let drained_in = started.elapsed();
+    let attempts = proxy.accepted.load(std::sync::atomic::Ordering::Relaxed);
+    let log = worker.log_text();
+    // (The pool's own line about an opening it could not make names the
+    // same error; only statements that failed count here.)
+    let timed_out = log
+        .lines()
+        .filter(|l| l.contains("pool timed out") && !l.contains("could not open another"))
+        .count();
+    let held = env
+        .db
+        .exec(&format!(
+            "SELECT 1 FROM pg_stat_activity WHERE usename = '{role}'"
+        ))
+        .await;
+    println!(
+        "a worker capped at 3 connections drained 60,000 messages in {drained_in:?}: {attempts} \
+         connection attempts ({:.1} a second), {held} connections held at the end, {timed_out} \
+         statements timed out waiting for a connection",
+        attempts as f64 / drained_in.as_secs_f64()
+    );
+    assert!(all, "not everything arrived; worker log:\n{log}");
+    let v = reader.checker.verdict(env.all_ids().await);
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(
+        timed_out, 0,
+        "statements waited in vain for a connection:\n{log}"
+    );
+    // The connections the server accepts (3, and a few attempts raced at
+    // the start), then one opening at a time: a round of sqlx's retries
+    // (10 ms doubling to 1 s: about twelve in `connect_timeout`, 5 s),
+    // then a pause of 1, 2, 4 … s — at most one round per 6 s. Without
+    // that, every waiting statement ran rounds of its own: 353 attempts
+    // and 17 statements timed out in a drain of 20,000 that took 37 s.
+    let bound = 13.0 + 15.0 * (1.0 + drained_in.as_secs_f64() / 6.0);
+    assert!(
+        (attempts as f64) <= bound,
+        "{attempts} connection attempts in {drained_in:?} (at most {bound})\n{log}"
+    );
+    assert!(worker.terminate(Duration::from_secs(15)).success());
+    env.db.exec(&format!("DROP OWNED BY {role}")).await;
+    env.db.exec(&format!("DROP ROLE {role}")).await;
+}
+
 /// MariaDB has no notifications: between polls, which back off to
 /// `idle_backoff_ms` (1 s) while they find nothing, the probe for added rows
 /// (every 5 ms while rows come, backing off to `poll_interval`, 100 ms)

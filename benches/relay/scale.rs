@@ -99,7 +99,8 @@ impl Bench {
             ]
         };
         // A subset, for a look at one fleet: `OUTBOXD_BENCH_SCALE_FLEETS=64x1024`
-        // (both pool sizes), `64x1024x3` (pools of 3 only).
+        // (both pool sizes), `64x1024x3` (pools of 3 only), `64x1024x0` (the
+        // default pool only).
         let only: Option<Vec<Vec<u32>>> =
             std::env::var("OUTBOXD_BENCH_SCALE_FLEETS").ok().map(|v| {
                 v.split(',')
@@ -110,7 +111,9 @@ impl Bench {
             only.as_ref().is_none_or(|o| {
                 o.iter().any(|f| match f[..] {
                     [fw, fb] => (fw as usize, fb) == (*w, *b),
-                    [fw, fb, fp] => (fw as usize, fb, Some(fp)) == (*w, *b, *pool),
+                    [fw, fb, fp] => {
+                        (fw as usize, fb, Some(fp).filter(|&p| p > 0)) == (*w, *b, *pool)
+                    }
                     _ => false,
                 })
             })

@@ -185,6 +185,9 @@ impl Drop for Lab {
 /// slow link as the stream sees it; packet loss comes from a [`Fault`]).
 pub struct DelayProxy {
     pub addr: SocketAddr,
+    /// Connections accepted so far (each one a connection attempt of a
+    /// client, whatever the server then answers).
+    pub accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     _connections: tokio::task::JoinHandle<()>,
 }
 
@@ -197,9 +200,12 @@ impl DelayProxy {
     ) -> Self {
         let listener = TcpListener::bind((listen_ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
         let task = tokio::spawn(async move {
             let mut pipes = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue;
                 };
@@ -211,6 +217,7 @@ impl DelayProxy {
         });
         Self {
             addr,
+            accepted,
             _connections: task,
         }
     }

@@ -28,13 +28,23 @@
 //! waits up to [`PATIENCE`] for it instead of opening another: a task's
 //! back-to-back statements reuse one connection, so an idle worker keeps
 //! one pooled connection beside its `LISTEN` connection
-//! ([`crate::store::trim`]). And the pool opens at most one connection per
-//! [`GROWTH_SPACING`]: a burst of short statements (a worker's start-up,
-//! a fleet's rebalance) waits for one to be released rather than growing
-//! the pool to `max_connections` for a moment's work — sixty-four workers
-//! starting at once took every connection a 300-connection server had.
-//! Under load the pool still reaches `max_connections` within a tenth of
-//! a second or two.
+//! ([`crate::store::trim`]).
+//!
+//! Once the pool has a connection, no statement opens one itself: a
+//! statement waits for a connection to be released while one background
+//! opening at a time grows the pool ([`Growth`]). So a statement never
+//! waits on an opening that is slow (a lossy link) or refused (a server
+//! out of connections answers `too many clients`, which sqlx retries with
+//! a growing delay) when a connection it already has comes free; and a
+//! refused worker adds one attempt at a time, then pauses (1 s, doubling
+//! up to [`MAX_PAUSE`]) instead of every statement starting attempts of
+//! its own. The openings are spaced further apart the larger the pool
+//! ([`GROWTH_SPACING`] times its size), so a burst of short statements (a
+//! worker's start-up, a fleet's rebalance) is served by the connections
+//! the pool has rather than growing it to `max_connections` for a
+//! moment's work — sixty-four workers starting at once took every
+//! connection a 300-connection server had. Under steady load the pool
+//! still reaches ten connections within five seconds.
 //!
 //! After a switchover the pool closes the connections opened before the
 //! database was seen read-only ([`crate::store::switchover`]): a read-only
@@ -71,17 +81,32 @@ pub struct DbPool {
     /// How many of the pool's connections this wrapper has handed out and
     /// not yet given back (see [`DbPool::patient_acquire`]).
     lent: Arc<AtomicUsize>,
-    /// When the pool may open its next connection ([`GROWTH_SPACING`]).
-    next_open: Arc<std::sync::Mutex<Instant>>,
+    /// The pool's background opening ([`DbPool::grow`]).
+    growth: Arc<std::sync::Mutex<Growth>>,
+}
+
+/// Whether the pool is opening a connection, and when it may next.
+#[derive(Debug)]
+struct Growth {
+    /// An opening is under way.
+    opening: bool,
+    /// The next opening starts no sooner than this.
+    next: Instant,
+    /// Openings that failed in a row (the pause after the next failure
+    /// doubles with each).
+    failures: u32,
 }
 
 /// How long an acquisition waits for a connection on its way back to the
 /// pool (the round trip of sqlx's release ping) before the pool opens
 /// another.
 const PATIENCE: Duration = Duration::from_millis(3);
-/// The least time between two connections the pool opens (its first
-/// excepted); meanwhile an acquisition waits for one to be released.
-const GROWTH_SPACING: Duration = Duration::from_millis(20);
+/// The least time between two connections the pool opens, per
+/// connection it has: 100 ms after the first, 200 ms after the second, …
+/// (4.5 s from one to ten).
+const GROWTH_SPACING: Duration = Duration::from_millis(100);
+/// The longest pause after failed openings (the first pause is 1 s).
+const MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// A lent connection's mark: counted in [`DbPool::lent`] until dropped.
 #[derive(Debug)]
@@ -119,16 +144,20 @@ impl DbPool {
         })
     }
 
-    /// A connection: an idle one (checked as sqlx checks any); else,
-    /// while one is on its way back (in use, yet not lent by this wrapper:
-    /// sqlx is pinging it), that one if it comes back within [`PATIENCE`];
-    /// else whatever the pool gives once it may open another
-    /// ([`GROWTH_SPACING`]; at `max_connections` sqlx waits for a released
-    /// one itself).
+    /// A connection: an idle one (checked as sqlx checks any); else the
+    /// first one released, while the pool grows in the background once
+    /// this acquisition has waited [`PATIENCE`] or nothing is on its way
+    /// back ([`DbPool::grow`]). With no connection at all, or at
+    /// `max_connections`, sqlx's own acquisition (which opens the first
+    /// connection, or queues for a released one). Gives up with sqlx's
+    /// `PoolTimedOut` after the pool's acquire timeout
+    /// (`database.connect_timeout`), as sqlx would.
     async fn patient_acquire(
         &self,
     ) -> Result<(sqlx::pool::PoolConnection<Postgres>, Lent), sqlx::Error> {
         let started = Instant::now();
+        let options = self.inner.options();
+        let (max, timeout) = (options.get_max_connections(), options.get_acquire_timeout());
         loop {
             // An idle connection is taken by `acquire` below, which runs the
             // pool's checks on it (`try_acquire` would skip them: the ping
@@ -138,28 +167,61 @@ impl DbPool {
                 break;
             }
             let size = self.inner.size();
+            if size == 0 || size >= max || self.inner.is_closed() {
+                break;
+            }
             let in_use = (size as usize).saturating_sub(self.inner.num_idle());
             let returning = in_use.saturating_sub(self.lent.load(Ordering::Relaxed));
-            let waited = returning == 0 || started.elapsed() >= PATIENCE;
-            let full = size >= self.inner.options().get_max_connections();
-            if waited && (size == 0 || full || self.may_open()) {
-                break;
+            let waited = started.elapsed();
+            if returning == 0 || waited >= PATIENCE {
+                self.grow(size);
+            }
+            if waited >= timeout {
+                return Err(sqlx::Error::PoolTimedOut);
             }
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
         Ok((self.inner.acquire().await?, Lent::new(&self.lent)))
     }
 
-    /// Whether the pool may open a connection now; if so, the next may
-    /// open no sooner than [`GROWTH_SPACING`] from now.
-    fn may_open(&self) -> bool {
-        let mut next = self.next_open.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if now < *next {
-            return false;
+    /// Starts the pool's one background opening, unless one is under way
+    /// or it is too soon after the last ([`GROWTH_SPACING`] times `size`,
+    /// or the pause after a failure). The opened connection goes to the
+    /// pool's idle ones, where a waiting acquisition takes it.
+    fn grow(&self, size: u32) {
+        let mut growth = self.growth.lock().unwrap_or_else(|e| e.into_inner());
+        if growth.opening || Instant::now() < growth.next {
+            return;
         }
-        *next = now + GROWTH_SPACING;
-        true
+        growth.opening = true;
+        drop(growth);
+        let (pool, growth) = (self.inner.clone(), self.growth.clone());
+        tokio::spawn(async move {
+            let opened = pool.acquire().await;
+            let mut growth = growth.lock().unwrap_or_else(|e| e.into_inner());
+            growth.opening = false;
+            match opened {
+                Ok(_released_now) => {
+                    growth.failures = 0;
+                    growth.next = Instant::now() + GROWTH_SPACING * size.max(1);
+                }
+                Err(_) if pool.is_closed() => {}
+                Err(error) => {
+                    growth.failures = growth.failures.saturating_add(1);
+                    let pause = Duration::from_secs(1)
+                        .saturating_mul(1 << (growth.failures - 1).min(5))
+                        .min(MAX_PAUSE);
+                    growth.next = Instant::now() + pause;
+                    tracing::warn!(
+                        %error,
+                        failures = growth.failures,
+                        pause_ms = pause.as_millis() as u64,
+                        "the database connection pool could not open another connection; \
+                         its statements share the connections it has until the pause ends"
+                    );
+                }
+            }
+        });
     }
 
     /// Counts a connection taken from [`DbPool::sqlx`] for good (the
@@ -288,7 +350,11 @@ pub async fn connect_to(
         pooler,
         bounds,
         lent: Arc::default(),
-        next_open: Arc::new(std::sync::Mutex::new(Instant::now())),
+        growth: Arc::new(std::sync::Mutex::new(Growth {
+            opening: false,
+            next: Instant::now(),
+            failures: 0,
+        })),
     })
 }
 
