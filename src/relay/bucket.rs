@@ -20,7 +20,10 @@
 //! ```
 //!
 //! N+1 is read ahead only when N was a full batch (a trickle of short
-//! batches costs no extra claim per message). Batch N+1 is sent only once
+//! batches costs no extra claim per message); after a short batch, while
+//! `LISTEN` announces every committed row, the next round records N alone
+//! unless a row of the bucket was announced meanwhile (a claim would find
+//! nothing else: one claim per trickled message, not two). Batch N+1 is sent only once
 //! every row of N is confirmed, so reading it ahead changes nothing about
 //! order: a failed row still stops everything behind it. The claim that
 //! reads N+1 skips exactly the rows of N and of N-1, whose record runs
@@ -75,6 +78,9 @@ pub(crate) struct BucketDrainer {
     next: Option<Vec<ClaimedMessage>>,
     /// Ids of the last confirmed batch, recorded during the next round.
     unrecorded: Option<Vec<i64>>,
+    /// The last claim found fewer rows than it asked for, and all of them
+    /// were confirmed: the bucket was drained as of that claim.
+    drained: bool,
     /// The relay's start gate (`super::STARTING_AT_ONCE`).
     gate: Arc<Semaphore>,
     /// Held from before this drainer's first statement until its first
@@ -103,6 +109,7 @@ impl BucketDrainer {
             token: ClaimToken::new(),
             next: None,
             unrecorded: None,
+            drained: false,
             gate,
             starting: None,
         }
@@ -295,6 +302,8 @@ impl BucketDrainer {
         match outcome.failure {
             None => {
                 self.unrecorded = Some(ids);
+                // (A careful round asked for one row only.)
+                self.drained = !self.careful && rows.len() < self.ctx.settings.batch_size as usize;
                 self.next = next;
                 self.careful = false;
                 self.channel = Some(channel);
@@ -380,7 +389,9 @@ impl BucketDrainer {
     /// record and the claim at once (an idle bucket leaves nothing
     /// unrecorded). The claim skips the rows being recorded; if they could
     /// not be recorded they are pending again, and are claimed anew, ahead
-    /// of what follows them.
+    /// of what follows them. After a short batch, while notifications
+    /// announce every row, the record runs alone unless a row was announced
+    /// meanwhile: a trickle costs one claim per message, not two.
     async fn record_and_claim(&mut self) -> Result<Vec<ClaimedMessage>, StoreError> {
         let limit = if self.careful {
             1
@@ -388,6 +399,12 @@ impl BucketDrainer {
             self.ctx.settings.batch_size
         };
         let previous = self.unrecorded.take().unwrap_or_default();
+        if std::mem::take(&mut self.drained) && !self.wake.may_have_more() {
+            if self.record_published(&previous).await {
+                return Ok(Vec::new());
+            }
+            return self.claim(limit, &[]).await;
+        }
         let record = async { self.record_published(&previous).await };
         let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
         self.starting = None;

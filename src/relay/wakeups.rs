@@ -103,19 +103,33 @@ impl FleetSignal {
 
 /// A drainer's hold on its bucket's signal; the bucket is polled while one
 /// is alive.
-pub struct BucketWakeup(Arc<Signal>);
+pub struct BucketWakeup {
+    signal: Arc<Signal>,
+    /// `LISTEN` works: every committed row announces itself.
+    listening: Arc<AtomicBool>,
+}
 
 impl BucketWakeup {
     /// Resolves when the bucket may have new rows. A wake-up that came while
     /// nobody waited is kept, so none is lost mid-batch.
     pub async fn notified(&self) {
-        self.0.notify.notified().await
+        self.signal.notify.notified().await
+    }
+
+    /// Whether rows may have come since the bucket was last found drained:
+    /// false only while `LISTEN` works (each committed row announces its
+    /// bucket) and no announcement came since — one that did is taken
+    /// here. Without notifications only a claim can tell.
+    pub fn may_have_more(&self) -> bool {
+        use futures_util::FutureExt;
+        !self.listening.load(Ordering::Relaxed)
+            || self.signal.notify.notified().now_or_never().is_some()
     }
 }
 
 impl Drop for BucketWakeup {
     fn drop(&mut self) {
-        self.0.drained.store(false, Ordering::Relaxed);
+        self.signal.drained.store(false, Ordering::Relaxed);
     }
 }
 
@@ -145,7 +159,10 @@ impl Wakeups {
     pub fn of(&self, label: &str) -> BucketWakeup {
         let signal = self.buckets.get(label).cloned().unwrap_or_default();
         signal.drained.store(true, Ordering::Relaxed);
-        BucketWakeup(signal)
+        BucketWakeup {
+            signal,
+            listening: self.listening.clone(),
+        }
     }
 
     fn wake(&self, label: &str) {
