@@ -31,13 +31,14 @@
 //! ([`crate::store::trim`]).
 //!
 //! Once the pool has a connection, no statement opens one itself: a
-//! statement waits for a connection to be released while one background
-//! opening at a time grows the pool ([`Growth`]). So a statement never
-//! waits on an opening that is slow (a lossy link) or refused (a server
-//! out of connections answers `too many clients`, which sqlx retries with
-//! a growing delay) when a connection it already has comes free; and a
-//! refused worker adds one attempt at a time, then pauses (1 s, doubling
-//! up to [`MAX_PAUSE`]) instead of every statement starting attempts of
+//! statement waits for a connection to be released while background
+//! openings grow the pool ([`Growth`]). So a statement never waits on an
+//! opening that is slow (a lossy link) or refused (a server out of
+//! connections answers `too many clients`, which sqlx retries with a
+//! growing delay) when a connection it already has comes free. Each
+//! opening starts with one attempt by hand ([`probe`]); after one fails
+//! the pool makes one attempt at a time, each after a pause (1 s,
+//! doubling up to [`MAX_PAUSE`]), instead of every statement retrying on
 //! its own. The openings are spaced further apart the larger the pool
 //! ([`GROWTH_SPACING`] times its size), so a burst of short statements (a
 //! worker's start-up, a fleet's rebalance) is served by the connections
@@ -85,11 +86,11 @@ pub struct DbPool {
     growth: Arc<std::sync::Mutex<Growth>>,
 }
 
-/// Whether the pool is opening a connection, and when it may next.
+/// The pool's openings under way, and when it may start the next.
 #[derive(Debug)]
 struct Growth {
-    /// An opening is under way.
-    opening: bool,
+    /// Openings under way.
+    opening: usize,
     /// The next opening starts no sooner than this.
     next: Instant,
     /// Openings that failed in a row (the pause after the next failure
@@ -184,34 +185,38 @@ impl DbPool {
         Ok((self.inner.acquire().await?, Lent::new(&self.lent)))
     }
 
-    /// Starts the pool's one background opening, unless one is under way
-    /// or it is too soon after the last ([`GROWTH_SPACING`] times `size`,
-    /// or the pause after a failure). The opened connection goes to the
-    /// pool's idle ones, where a waiting acquisition takes it.
+    /// Starts a background opening, unless it is too soon after the last
+    /// one started ([`GROWTH_SPACING`] times `size`) or, after a failed
+    /// one, while another is under way or the pause lasts. The opened
+    /// connection goes to the pool's idle ones, where a waiting
+    /// acquisition takes it. (Openings may overlap while none fails: behind
+    /// a slow link each takes seconds.)
     fn grow(&self, size: u32) {
         let mut growth = self.growth.lock().unwrap_or_else(|e| e.into_inner());
-        if growth.opening || Instant::now() < growth.next {
+        let now = Instant::now();
+        if now < growth.next || (growth.failures > 0 && growth.opening > 0) {
             return;
         }
-        growth.opening = true;
+        growth.opening += 1;
+        growth.next = now + GROWTH_SPACING * size.max(1);
         drop(growth);
         let (pool, growth) = (self.inner.clone(), self.growth.clone());
         tokio::spawn(async move {
-            let opened = pool.acquire().await;
+            let opened = match probe(&pool).await {
+                Ok(()) => pool.acquire().await.map(drop),
+                Err(e) => Err(e),
+            };
             let mut growth = growth.lock().unwrap_or_else(|e| e.into_inner());
-            growth.opening = false;
+            growth.opening -= 1;
             match opened {
-                Ok(_released_now) => {
-                    growth.failures = 0;
-                    growth.next = Instant::now() + GROWTH_SPACING * size.max(1);
-                }
+                Ok(()) => growth.failures = 0,
                 Err(_) if pool.is_closed() => {}
                 Err(error) => {
                     growth.failures = growth.failures.saturating_add(1);
                     let pause = Duration::from_secs(1)
                         .saturating_mul(1 << (growth.failures - 1).min(5))
                         .min(MAX_PAUSE);
-                    growth.next = Instant::now() + pause;
+                    growth.next = growth.next.max(Instant::now() + pause);
                     tracing::warn!(
                         %error,
                         failures = growth.failures,
@@ -249,6 +254,25 @@ impl DbPool {
     /// with parameters in a transaction.
     fn unnamed_statements(&self) -> bool {
         self.pooler == Pooler::Transaction
+    }
+}
+
+/// One attempt to connect, by hand, before the pool opens a connection
+/// itself: sqlx's pool retries a refused opening (`too many clients`)
+/// for `connect_timeout` without a word, and a slow link's opening takes
+/// as long as that; this attempt tells them apart at once, so a refused
+/// pool pauses after a single attempt while openings behind a slow link
+/// may overlap. It costs a second handshake per connection the pool adds.
+async fn probe(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let options = pool.connect_options();
+    let timeout = pool.options().get_acquire_timeout();
+    match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
     }
 }
 
@@ -351,7 +375,7 @@ pub async fn connect_to(
         bounds,
         lent: Arc::default(),
         growth: Arc::new(std::sync::Mutex::new(Growth {
-            opening: false,
+            opening: 0,
             next: Instant::now(),
             failures: 0,
         })),
