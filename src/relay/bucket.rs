@@ -23,12 +23,13 @@
 //! batches costs no extra claim per message); after a short batch, while
 //! `LISTEN` announces every committed row, the next round records N alone
 //! unless a row of the bucket was announced meanwhile (a claim would find
-//! nothing else: one claim per trickled message, not two). Batch N+1 is sent only once
-//! every row of N is confirmed, so reading it ahead changes nothing about
-//! order: a failed row still stops everything behind it. The claim that
-//! reads N+1 skips exactly the rows of N and of N-1, whose record runs
-//! beside it (not every id below N's last): a row with a lower id that
-//! committed late is taken at its place, ahead of the rows after it.
+//! nothing else: one claim per trickled message, not two). Batch N+1 is
+//! sent only once every row of N is confirmed, so reading it ahead changes
+//! nothing about order: a failed row still stops everything behind it.
+//! The claim that reads N+1 skips exactly the rows of N and of N-1, whose
+//! record runs beside it (not every id below N's last): a row with a lower
+//! id that committed late is taken at its place, ahead of the rows after
+//! it.
 //!
 //! After a failure the bucket is *careful*: it claims one row at a time,
 //! without reading ahead, until one succeeds, so a failing head is retried

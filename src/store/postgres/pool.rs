@@ -82,7 +82,7 @@ pub struct DbPool {
     /// How many of the pool's connections this wrapper has handed out and
     /// not yet given back (see [`DbPool::patient_acquire`]).
     lent: Arc<AtomicUsize>,
-    /// The pool's background opening ([`DbPool::grow`]).
+    /// The pool's background openings ([`DbPool::grow`]).
     growth: Arc<std::sync::Mutex<Growth>>,
 }
 
