@@ -25,12 +25,12 @@
 //!   left (no two workers took the same lease) and only the owner
 //!   releases.
 //!
-//! With `OUTBOXD_BENCH_BASELINE_BIN=<path to another outboxd>`, the
-//! PostgreSQL fleets run first with that binary (a baseline build, same
+//! With `OUTBOXD_BENCH_BASELINE_BIN=<path to another outboxd>`, each
+//! backend's fleets run first with that binary (a baseline build, same
 //! run), then with this one; `OUTBOXD_BENCH_SCALE_FLEETS=64x1024` (a
 //! comma-separated list; `64x1024x3`: only its pools of 3) runs only those
-//! fleets, and
-//! `OUTBOXD_BENCH_SCALE_POSTGRES_ONLY=1` only PostgreSQL.
+//! fleets, `OUTBOXD_BENCH_SCALE_POSTGRES_ONLY=1` only PostgreSQL and
+//! `OUTBOXD_BENCH_SCALE_MARIADB_ONLY=1` only MariaDB.
 //!
 //! Targets: an idle worker ≤ 2 connections; coordination at 64 × 1,024
 //! idle ≤ 5 % of one core of the database; settle after a quarter is
@@ -125,17 +125,18 @@ impl Bench {
             "scale: fleets of {fleets:?} (workers, buckets, max_connections), idle measured over {over:?}"
         );
         // (backend, the workers' binary, what the rows say of it)
+        let only = |var: &str| std::env::var(var).is_ok();
+        let backends = [
+            (Backend::Postgres, !only("OUTBOXD_BENCH_SCALE_MARIADB_ONLY")),
+            (Backend::MariaDb, !only("OUTBOXD_BENCH_SCALE_POSTGRES_ONLY")),
+        ];
+        let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
         let mut runs = Vec::new();
-        if let Ok(before) = std::env::var("OUTBOXD_BENCH_BASELINE_BIN") {
-            runs.push((
-                Backend::Postgres,
-                PathBuf::from(before),
-                " (baseline binary)",
-            ));
-        }
-        runs.push((Backend::Postgres, PathBuf::from(BIN), ""));
-        if std::env::var("OUTBOXD_BENCH_SCALE_POSTGRES_ONLY").is_err() {
-            runs.push((Backend::MariaDb, PathBuf::from(BIN), ""));
+        for (backend, _) in backends.into_iter().filter(|(_, run)| *run) {
+            if let Some(before) = &baseline {
+                runs.push((backend, PathBuf::from(before), " (baseline binary)"));
+            }
+            runs.push((backend, PathBuf::from(BIN), ""));
         }
         let mut out = serde_json::Map::new();
         for (on, bin, arm) in runs {

@@ -18,8 +18,10 @@
 //!   primary key: a single index lookup when nothing was added) and wakes
 //!   their buckets at once: every `database.probe_interval` (5 ms) while
 //!   rows keep coming, backing off to `database.poll_interval` while none
-//!   do. So a polling worker relays a new row within milliseconds while
-//!   traffic flows, and within a poll interval after a quiet spell. A row
+//!   do, and to `outbox.idle_backoff_ms` after [`LONG_QUIET`] without any.
+//!   So a polling worker relays a new row within milliseconds while
+//!   traffic flows, within a poll interval after a quiet spell, and within
+//!   `idle_backoff_ms` after a long silence. A row
 //!   whose id was taken earlier but committed after the probe read past it
 //!   (ids commit out of order) is left to the polls.
 //!
@@ -80,24 +82,17 @@ pub struct Wakeups {
 }
 
 /// The fleet coordinator's signal: woken by the peers' announcements
-/// (joining, leaving, releasing), and whether those arrive at all — `LISTEN`
-/// up and its self-check passed — or only the coordinator's own polling
-/// notices a change.
+/// (joining, leaving, releasing) where they arrive (`LISTEN` up); else only
+/// the coordinator's own membership checks notice a change.
 #[derive(Clone, Default)]
 pub struct FleetSignal {
     wake: Arc<Notify>,
-    listening: Arc<AtomicBool>,
 }
 
 impl FleetSignal {
     /// Resolves at the next announcement.
     pub async fn notified(&self) {
         self.wake.notified().await
-    }
-
-    /// Whether announcements arrive now.
-    pub fn announced(&self) -> bool {
-        self.listening.load(Ordering::Relaxed)
     }
 }
 
@@ -151,7 +146,6 @@ impl Wakeups {
     pub fn fleet(&self) -> FleetSignal {
         FleetSignal {
             wake: self.fleet.clone(),
-            listening: self.listening.clone(),
         }
     }
 
@@ -204,7 +198,7 @@ impl Wakeups {
                 "{} has no notifications: {} while rows keep coming, backing off to {} \
                  (outbox.idle_backoff_ms) while none do",
                 store.kind().name(),
-                finding_rows(db),
+                finding_rows(db, idle_backoff),
                 fmt_duration(idle_backoff)
             );
             if store.changes().is_some() && !db.probe_interval.is_zero() {
@@ -231,13 +225,13 @@ impl Wakeups {
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
                  the pooler, {}; set database.listen_url to a direct connection for wake-ups \
                  without either",
-                finding_rows(db)
+                finding_rows(db, idle_backoff)
             ),
             (_, direct) => {
                 let listen = self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
-                    finding_rows(db),
+                    finding_rows(db, idle_backoff),
                     cancel.clone(),
                 );
                 tasks.push(tokio::spawn(listen.in_current_span()));
@@ -258,7 +252,9 @@ impl Wakeups {
         let mut delay = polling.every;
         let mut next_poll = Instant::now() + delay;
         let mut quiet_since: Option<Instant> = None;
-        let mut probe = polling.probe.map(|every| Probe::new(every, polling.every));
+        let mut probe = polling
+            .probe
+            .map(|every| Probe::new(every, polling.every, polling.while_listening));
         let changes = store.changes();
         loop {
             let until = match &probe {
@@ -486,26 +482,28 @@ impl Polling {
 
 /// How a worker without working notifications finds new rows, as its log
 /// lines say it: "[probing … every …, ]polling for new rows every …".
-fn finding_rows(db: &DatabaseConfig) -> String {
+fn finding_rows(db: &DatabaseConfig, idle_backoff: Duration) -> String {
     format!(
         "{}polling for new rows every {} (database.poll_interval)",
-        probing(db),
+        probing(db, idle_backoff),
         fmt_duration(db.poll_interval)
     )
 }
 
 /// How start-up names the probe: "probing … every …, " or nothing.
-fn probing(db: &DatabaseConfig) -> String {
+fn probing(db: &DatabaseConfig, idle_backoff: Duration) -> String {
     if db.probe_interval.is_zero() {
-        String::new()
-    } else {
-        format!(
-            "probing for added rows every {} (database.probe_interval) while rows keep \
-             coming and every {} while none do, ",
-            fmt_duration(db.probe_interval),
-            fmt_duration(db.poll_interval.max(db.probe_interval))
-        )
+        return String::new();
     }
+    let quiet = db.poll_interval.max(db.probe_interval);
+    format!(
+        "probing for added rows every {} (database.probe_interval) while rows keep \
+         coming, every {} while none do and every {} after {} without any, ",
+        fmt_duration(db.probe_interval),
+        fmt_duration(quiet),
+        fmt_duration(idle_backoff.max(quiet)),
+        fmt_duration(LONG_QUIET)
+    )
 }
 
 /// Rows read by one probe at most; more are read by the next.
@@ -516,17 +514,28 @@ const PROBE_ROWS: i64 = 1000;
 /// nothing was added. It runs every `every` while it finds rows and for
 /// [`QUIET_BEFORE_BACKOFF`] after the last it found, then backs off
 /// (doubling) to `back_off_to` (the poll interval): a worker that sees no
-/// traffic wakes a few times a second, not hundreds.
+/// traffic wakes a few times a second, not hundreds. After [`LONG_QUIET`]
+/// without a row it backs off further, to `idle_to`
+/// (`outbox.idle_backoff_ms`, where adaptive polls back off to): an idle
+/// fleet's probes were most of its statements on MariaDB (64 idle workers
+/// ran 640 a second), and the first row after a long silence waits up to
+/// `idle_backoff_ms`, as it did before the probe.
 struct Probe {
     every: Duration,
     back_off_to: Duration,
+    idle_to: Duration,
     delay: Duration,
     /// When it runs next.
     next: tokio::time::Instant,
     /// The newest id seen (`None`: not known yet).
     seen: Option<i64>,
-    found_at: Option<tokio::time::Instant>,
+    /// When it last found rows (or started).
+    found_at: tokio::time::Instant,
 }
+
+/// How long the probe finds nothing before it backs off past the poll
+/// interval to `outbox.idle_backoff_ms` ([`Probe`]).
+const LONG_QUIET: Duration = Duration::from_secs(30);
 
 /// How soon the probe runs after the database reported a change: soon,
 /// but not for every commit of a busy database.
@@ -541,14 +550,19 @@ async fn changed(changes: Option<&tokio::sync::Notify>) {
 }
 
 impl Probe {
-    fn new(every: Duration, back_off_to: Duration) -> Self {
+    fn new(every: Duration, back_off_to: Duration, idle_to: Duration) -> Self {
+        let back_off_to = back_off_to.max(every);
+        let now = tokio::time::Instant::now();
         Self {
             every,
-            back_off_to: back_off_to.max(every),
+            back_off_to,
+            idle_to: idle_to.max(back_off_to),
             delay: every,
-            next: tokio::time::Instant::now() + every,
+            next: now + every,
             seen: None,
-            found_at: None,
+            // Quiet since the start: a fleet that never sees a row backs off
+            // as one that saw its last a second before it started.
+            found_at: now.checked_sub(QUIET_BEFORE_BACKOFF).unwrap_or(now),
         }
     }
 
@@ -574,14 +588,17 @@ impl Probe {
 
     /// Sets when to run next, after a run that `found` rows or not.
     fn pace(&mut self, found: bool) {
-        let now = tokio::time::Instant::now();
+        self.pace_at(found, tokio::time::Instant::now());
+    }
+
+    fn pace_at(&mut self, found: bool, now: tokio::time::Instant) {
+        let quiet = now - self.found_at;
         if found {
-            self.found_at = Some(now);
+            self.found_at = now;
             self.delay = self.every;
-        } else if self
-            .found_at
-            .is_none_or(|at| now - at >= QUIET_BEFORE_BACKOFF)
-        {
+        } else if quiet >= LONG_QUIET {
+            self.delay = (self.delay * 2).min(self.idle_to);
+        } else if quiet >= QUIET_BEFORE_BACKOFF {
             self.delay = (self.delay * 2).min(self.back_off_to);
         }
         self.next = now + self.delay;
@@ -600,5 +617,72 @@ impl Probe {
         labels.sort_unstable();
         labels.dedup();
         Ok(labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Paces `probe` as its runs would for `over` from `start`, finding
+    /// rows when `finds` says so at the time since `start`; returns the
+    /// delay chosen after each run.
+    fn delays(
+        probe: &mut Probe,
+        start: tokio::time::Instant,
+        over: Duration,
+        finds: impl Fn(Duration) -> bool,
+    ) -> Vec<Duration> {
+        let mut now = start;
+        let mut delays = Vec::new();
+        while now - start < over {
+            probe.pace_at(finds(now - start), now);
+            delays.push(probe.delay);
+            now = probe.next;
+        }
+        delays
+    }
+
+    #[test]
+    fn the_probe_backs_off_to_the_poll_interval_then_after_a_long_silence_to_idle_backoff() {
+        let mut probe = Probe::new(5 * MS, 100 * MS, 1000 * MS);
+        let start = probe.next;
+        let quiet = delays(&mut probe, start, LONG_QUIET + 10 * 1000 * MS, |_| false);
+        // Quiet from the start: doubling at once, to the poll interval.
+        assert_eq!(quiet[..5], [10 * MS, 20 * MS, 40 * MS, 80 * MS, 100 * MS]);
+        let at_poll = quiet.iter().filter(|d| **d == 100 * MS).count();
+        assert!(
+            (270..=300).contains(&at_poll),
+            "{at_poll} probes 100 ms apart before the long silence"
+        );
+        // After LONG_QUIET: 200, 400, 800 ms, then idle_backoff.
+        let after: Vec<_> = quiet.iter().copied().filter(|d| *d > 100 * MS).collect();
+        assert_eq!(after[..4], [200 * MS, 400 * MS, 800 * MS, 1000 * MS]);
+        assert!(after[4..].iter().all(|d| *d == 1000 * MS), "{after:?}");
+
+        // A row found: back to every 5 ms at once, for a second, and a
+        // short silence after it stays at the poll interval.
+        let start = probe.next;
+        let busy = delays(&mut probe, start, 20 * 1000 * MS, |t| t < 5 * MS);
+        assert_eq!(busy[0], 5 * MS);
+        let fast = busy.iter().take_while(|d| **d == 5 * MS).count();
+        assert!(
+            (195..=205).contains(&fast),
+            "{fast} probes 5 ms apart after a find"
+        );
+        assert!(
+            busy.iter().all(|d| *d <= 100 * MS),
+            "20 s of silence after a find: {busy:?}"
+        );
+    }
+
+    #[test]
+    fn an_idle_backoff_below_the_poll_interval_never_speeds_the_probe_up() {
+        let mut probe = Probe::new(5 * MS, 100 * MS, 50 * MS);
+        let start = probe.next;
+        let quiet = delays(&mut probe, start, LONG_QUIET * 2, |_| false);
+        assert_eq!(*quiet.last().unwrap(), 100 * MS);
     }
 }
