@@ -51,6 +51,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Database, Executor};
 use uuid::Uuid;
 
+use super::paced::Lent;
 use super::statements::Rendered;
 use super::{Bounded, Bounds, Sql, StoreError, query_error};
 
@@ -146,11 +147,12 @@ pub trait Runs: Send {
     fn bounds(&self) -> &Bounds;
 }
 
-/// A sqlx pool with its store's [`Bounds`]: where the single statements of
-/// MySQL/MariaDB and SQLite run (PostgreSQL's `DbPool` carries its own).
+/// A pool (MySQL/MariaDB's `MyPool`, SQLite's sqlx pool) with its store's
+/// [`Bounds`]: where the single statements of those backends run
+/// (PostgreSQL's `DbPool` carries its own).
 #[derive(Debug, Clone, Copy)]
-pub struct OnPool<'a, DB: Database> {
-    pub pool: &'a sqlx::Pool<DB>,
+pub struct OnPool<'a, P> {
+    pub pool: &'a P,
     pub bounds: &'a Bounds,
 }
 
@@ -161,6 +163,8 @@ pub struct OnPool<'a, DB: Database> {
 pub struct BoundTx<DB: Database> {
     inner: sqlx::Transaction<'static, DB>,
     bounds: Bounds,
+    /// A paced pool's mark on the connection ([`crate::store::paced`]).
+    _lent: Option<Lent>,
 }
 
 impl<DB: Database> BoundTx<DB> {
@@ -168,6 +172,19 @@ impl<DB: Database> BoundTx<DB> {
         Self {
             inner,
             bounds: bounds.clone(),
+            _lent: None,
+        }
+    }
+
+    /// A transaction on a connection a paced pool lent.
+    pub(crate) fn lent(
+        (inner, lent): (sqlx::Transaction<'static, DB>, Lent),
+        bounds: &Bounds,
+    ) -> Self {
+        Self {
+            inner,
+            bounds: bounds.clone(),
+            _lent: Some(lent),
         }
     }
 

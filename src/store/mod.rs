@@ -42,6 +42,7 @@ pub mod lookups;
 pub mod mysql;
 pub mod notify;
 pub mod outbox;
+pub mod paced;
 pub mod partitions;
 pub mod postgres;
 pub mod repartition;

@@ -7,19 +7,19 @@
 //! workers exhausted a database. This task closes one idle connection per
 //! second while the pool is larger than its recent demand — the most
 //! connections in use at once in the last [`QUIET`] (sampled every 100 ms),
-//! and at least one or two more than were always in use ([`Spare`]) — and no connection had
+//! and at least one more than were always in use — and no connection had
 //! to be opened in the last [`AFTER_OPENING`]. Under load the pool is as
-//! large as the load needs; idle, it shrinks back to one connection and
-//! PostgreSQL's `LISTEN` connection (which sqlx counts in the pool as one
-//! always in use), or to two on MariaDB.
+//! large as the load needs; idle, it shrinks back to one connection (and,
+//! on PostgreSQL, the `LISTEN` connection, which sqlx counts in the pool as
+//! one always in use).
 //!
-//! Why two on MariaDB: sqlx pings a released connection before
-//! it is idle again (a round trip), so a task that runs two statements
-//! back to back — the coordinator's membership read, then its renew —
-//! finds the first connection still on its way back and opens another.
-//! With one kept, the pool reopened a connection every few seconds.
-//! PostgreSQL's pool waits for a connection on its way back
-//! (`postgres::pool`), so one spare is enough there ([`Spare`]).
+//! One spare is enough because the pools' statements wait for a connection
+//! on its way back ([`crate::store::paced`]): sqlx pings a released
+//! connection before it is idle again (a round trip), so a task that runs
+//! two statements back to back — the coordinator's membership read, then
+//! its renew — would otherwise find the first still on its way back and
+//! open another (a plain sqlx pool kept one, and reopened a connection
+//! every few seconds; MariaDB's kept two until its pool was paced too).
 
 use std::time::Duration;
 
@@ -39,24 +39,10 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// How often one idle connection may be closed.
 const CLOSE_EVERY: Duration = Duration::from_secs(1);
 
-/// How many idle connections a pool keeps beyond those always in use.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Spare {
-    /// A pool whose acquisitions wait for a connection on its way back
-    /// (PostgreSQL's `DbPool`).
-    One,
-    /// A plain sqlx pool (see the module docs).
-    Two,
-}
-
 /// Trims `pool` down to its demand (see the module docs) until it closes.
 /// `opened` is when the pool last opened a connection (its `after_connect`
 /// hook marks it).
-pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp, spare: Spare) {
-    let spare = match spare {
-        Spare::One => 1,
-        Spare::Two => 2,
-    };
+pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
     tokio::spawn(async move {
         // (connections, since when): the most and the fewest in use.
         let mut peak = (0u32, Instant::now());
@@ -75,7 +61,7 @@ pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp, spa
                 continue;
             }
             next_close = Instant::now() + CLOSE_EVERY;
-            let wanted = peak.0.max(floor.0 + spare);
+            let wanted = peak.0.max(floor.0 + 1);
             if pool.size() > wanted
                 && opened.ago() > AFTER_OPENING
                 && let Some(idle) = pool.try_acquire()

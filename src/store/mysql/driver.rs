@@ -7,6 +7,7 @@ use sqlx::error::BoxDynError;
 use sqlx::mysql::{MySqlArguments, MySqlQueryResult, MySqlRow};
 use sqlx::{Arguments, Executor, MySql};
 
+use super::pool::MyPool;
 use super::{MySqlBackend, micros};
 
 use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Record, Runs, json_list};
@@ -46,7 +47,7 @@ impl Binding for MySql {
     }
 }
 
-impl Runs for OnPool<'_, MySql> {
+impl Runs for OnPool<'_, MyPool> {
     type Db = MySql;
 
     fn on(&mut self) -> impl Executor<'_, Database = MySql> {
@@ -71,10 +72,10 @@ impl Runs for Tx {
 }
 
 impl Driver for MySqlBackend {
-    type Pool<'a> = OnPool<'a, MySql>;
+    type Pool<'a> = OnPool<'a, MyPool>;
     type Tx = Tx;
 
-    fn pool(&self) -> OnPool<'_, MySql> {
+    fn pool(&self) -> OnPool<'_, MyPool> {
         OnPool {
             pool: &self.pool,
             bounds: &self.bounds,
@@ -83,7 +84,7 @@ impl Driver for MySqlBackend {
 
     async fn begin(&self) -> Result<Tx, StoreError> {
         let tx = self.pool.begin().await.doing("starting a transaction")?;
-        Ok(BoundTx::new(tx, &self.bounds))
+        Ok(BoundTx::lent(tx, &self.bounds))
     }
 
     async fn commit(tx: Tx) -> Result<(), StoreError> {

@@ -54,6 +54,8 @@ pub mod workers;
 
 use futures_util::future::BoxFuture;
 use sqlx::MySqlPool;
+
+use pool::MyPool;
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
@@ -63,7 +65,7 @@ use crate::config::{DatabaseConfig, TablesConfig};
 /// A store on MySQL or MariaDB.
 #[derive(Debug)]
 pub struct MySqlBackend {
-    pool: MySqlPool,
+    pool: MyPool,
     bounds: Bounds,
     tables: TablesConfig,
     outbox: outbox::OutboxSql,
@@ -108,7 +110,7 @@ impl MySqlBackend {
 
     /// The pool (for tests and tools that run their own SQL).
     pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        self.pool.sqlx()
     }
 
     /// The claim's read of a bucket's first rows, for diagnostics

@@ -217,7 +217,7 @@ impl OutboxStore for MySqlBackend {
             }
             // Both statements on one connection, so the claim is taken on
             // the server that was read.
-            let mut conn = self.pool.acquire().await.doing("claiming a batch")?;
+            let (mut conn, _lent) = self.pool.acquire().await.doing("claiming a batch")?;
             let rows: Vec<Candidate> = read
                 .bind(i64::from(c.limit))
                 .fetch_all(&mut *conn)
@@ -265,7 +265,7 @@ impl OutboxStore for MySqlBackend {
     ) -> Result<FailureRecord, StoreError> {
         bounded_op(&self.bounds, "recording a failed publish", async {
             let tx = self.pool.begin().await.doing("starting a transaction")?;
-            let mut tx = BoundTx::new(tx, &self.bounds);
+            let mut tx = BoundTx::lent(tx, &self.bounds);
             let published = if confirmed.is_empty() {
                 0
             } else {
@@ -296,7 +296,7 @@ impl OutboxStore for MySqlBackend {
 
     async fn purge_batch(&self, older_than: Duration, limit: i64) -> Result<u64, StoreError> {
         bounded_op(&self.bounds, "purging published rows", async {
-            let mut tx = self.pool.begin().await.doing("starting a transaction")?;
+            let (mut tx, _lent) = self.pool.begin().await.doing("starting a transaction")?;
             // Only whoever holds the purge lock purges; the others skip.
             let locked: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(
                 self.outbox

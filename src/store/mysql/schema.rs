@@ -41,7 +41,7 @@ impl SchemaStore for MySqlBackend {
     async fn migrate(&self, partitioner: Partitioner) -> Result<MigrateReport, StoreError> {
         let before = self.applied_versions().await?;
         migrator(&self.tables)
-            .run(&self.pool)
+            .run(self.pool.sqlx())
             .await
             .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
         let after = self.applied_versions().await?;

@@ -6,9 +6,10 @@ use async_trait::async_trait;
 use sqlx::postgres::PgListener;
 
 use super::PgBackend;
-use super::pool::{DbPool, Lent, connect_to};
+use super::pool::{DbPool, connect_to};
 use crate::config::{Pooler, Redacted};
 use crate::store::notify::{Channel, Listener, Notification, NotifyStore};
+use crate::store::paced::Lent;
 use crate::store::{Bounded, StoreError};
 
 impl PgBackend {

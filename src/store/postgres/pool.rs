@@ -23,39 +23,17 @@
 //!   ([`crate::relay::wakeups`]), and `outboxd migrate` (sqlx's migrator
 //!   holds a session lock) refuses or uses `listen_url`.
 //!
-//! An acquisition that finds no idle connection while one is on its way
-//! back (sqlx pings every released connection before it is idle again)
-//! waits up to [`PATIENCE`] for it instead of opening another: a task's
-//! back-to-back statements reuse one connection, so an idle worker keeps
-//! one pooled connection beside its `LISTEN` connection
+//! Its statements take connections from a [`PacedPool`]: they share the
+//! connections it has while it grows in the background, paced, and back
+//! off when the server refuses another (`too many clients`); an idle
+//! worker keeps one pooled connection beside its `LISTEN` connection
 //! ([`crate::store::trim`]).
-//!
-//! Once the pool has a connection, no statement opens one itself: a
-//! statement waits for a connection to be released while background
-//! openings grow the pool ([`Growth`]). So a statement never waits on an
-//! opening that is slow (a lossy link) or refused (a server out of
-//! connections answers `too many clients`, which sqlx retries with a
-//! growing delay) when a connection it already has comes free. Each
-//! opening starts with one attempt by hand ([`probe`]); after one fails
-//! the pool makes one attempt at a time, each after a pause (1 s,
-//! doubling up to [`MAX_PAUSE`]), instead of every statement retrying on
-//! its own. The openings are spaced further apart the larger the pool
-//! ([`GROWTH_SPACING`] times its size), so a burst of short statements (a
-//! worker's start-up, a fleet's rebalance) is served by the connections
-//! the pool has rather than growing it to `max_connections` for a
-//! moment's work — sixty-four workers starting at once took every
-//! connection a 300-connection server had. Under steady load the pool
-//! still reaches ten connections within five seconds.
 //!
 //! After a switchover the pool closes the connections opened before the
 //! database was seen read-only ([`crate::store::switchover`]): a read-only
 //! answer to any statement run through the pool or one of its
 //! transactions — the store's, or a producer's — marks the pool's own
 //! marker, never another pool's.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -69,6 +47,7 @@ use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
 
 use crate::config::{DatabaseConfig, Pooler};
 use crate::stamp::Stamp;
+use crate::store::paced::{self, Lent, PacedPool};
 use crate::store::trim;
 use crate::store::{BackendKind, Bounds, StoreError, Switchover, shown};
 
@@ -76,54 +55,9 @@ use crate::store::{BackendKind, Bounds, StoreError, Switchover, shown};
 /// database (see the module docs). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct DbPool {
-    inner: PgPool,
+    inner: PacedPool<Postgres>,
     pooler: Pooler,
     bounds: Bounds,
-    /// How many of the pool's connections this wrapper has handed out and
-    /// not yet given back (see [`DbPool::patient_acquire`]).
-    lent: Arc<AtomicUsize>,
-    /// The pool's background openings ([`DbPool::grow`]).
-    growth: Arc<std::sync::Mutex<Growth>>,
-}
-
-/// The pool's openings under way, and when it may start the next.
-#[derive(Debug)]
-struct Growth {
-    /// Openings under way.
-    opening: usize,
-    /// The next opening starts no sooner than this.
-    next: Instant,
-    /// Openings that failed in a row (the pause after the next failure
-    /// doubles with each).
-    failures: u32,
-}
-
-/// How long an acquisition waits for a connection on its way back to the
-/// pool (the round trip of sqlx's release ping) before the pool opens
-/// another.
-const PATIENCE: Duration = Duration::from_millis(3);
-/// The least time between two connections the pool opens, per
-/// connection it has: 100 ms after the first, 200 ms after the second, …
-/// (4.5 s from one to ten).
-const GROWTH_SPACING: Duration = Duration::from_millis(100);
-/// The longest pause after failed openings (the first pause is 1 s).
-const MAX_PAUSE: Duration = Duration::from_secs(30);
-
-/// A lent connection's mark: counted in [`DbPool::lent`] until dropped.
-#[derive(Debug)]
-pub(crate) struct Lent(Arc<AtomicUsize>);
-
-impl Lent {
-    fn new(lent: &Arc<AtomicUsize>) -> Self {
-        lent.fetch_add(1, Ordering::Relaxed);
-        Lent(lent.clone())
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 impl DbPool {
@@ -134,105 +68,19 @@ impl DbPool {
 
     /// Starts a transaction.
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        let (conn, lent) = self.patient_acquire().await?;
+        let (inner, lent) = self.inner.begin().await?;
         Ok(Tx {
-            // (`Transaction::begin` is what `Pool::begin` runs on the
-            // connection it acquired.)
-            inner: sqlx::Transaction::begin(conn, None).await?,
+            inner,
             unnamed: self.unnamed_statements(),
             bounds: self.bounds.clone(),
             _lent: lent,
         })
     }
 
-    /// A connection: an idle one (checked as sqlx checks any); else the
-    /// first one released, while the pool grows in the background once
-    /// this acquisition has waited [`PATIENCE`] or nothing is on its way
-    /// back ([`DbPool::grow`]). With no connection at all, or at
-    /// `max_connections`, sqlx's own acquisition (which opens the first
-    /// connection, or queues for a released one). Gives up with sqlx's
-    /// `PoolTimedOut` after the pool's acquire timeout
-    /// (`database.connect_timeout`), as sqlx would.
-    async fn patient_acquire(
-        &self,
-    ) -> Result<(sqlx::pool::PoolConnection<Postgres>, Lent), sqlx::Error> {
-        let started = Instant::now();
-        let options = self.inner.options();
-        let (max, timeout) = (options.get_max_connections(), options.get_acquire_timeout());
-        loop {
-            // An idle connection is taken by `acquire` below, which runs the
-            // pool's checks on it (`try_acquire` would skip them: the ping
-            // and the switchover's `before_acquire`, so a connection to an
-            // old primary would be handed out again).
-            if self.inner.num_idle() > 0 {
-                break;
-            }
-            let size = self.inner.size();
-            if size == 0 || size >= max || self.inner.is_closed() {
-                break;
-            }
-            let in_use = (size as usize).saturating_sub(self.inner.num_idle());
-            let returning = in_use.saturating_sub(self.lent.load(Ordering::Relaxed));
-            let waited = started.elapsed();
-            if returning == 0 || waited >= PATIENCE {
-                self.grow(size);
-            }
-            if waited >= timeout {
-                return Err(sqlx::Error::PoolTimedOut);
-            }
-            tokio::time::sleep(Duration::from_micros(500)).await;
-        }
-        Ok((self.inner.acquire().await?, Lent::new(&self.lent)))
-    }
-
-    /// Starts a background opening, unless it is too soon after the last
-    /// one started ([`GROWTH_SPACING`] times `size`) or, after a failed
-    /// one, while another is under way or the pause lasts. The opened
-    /// connection goes to the pool's idle ones, where a waiting
-    /// acquisition takes it. (Openings may overlap while none fails: behind
-    /// a slow link each takes seconds.)
-    fn grow(&self, size: u32) {
-        let mut growth = self.growth.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if now < growth.next || (growth.failures > 0 && growth.opening > 0) {
-            return;
-        }
-        growth.opening += 1;
-        growth.next = now + GROWTH_SPACING * size.max(1);
-        drop(growth);
-        let (pool, growth) = (self.inner.clone(), self.growth.clone());
-        tokio::spawn(async move {
-            let opened = match probe(&pool).await {
-                Ok(()) => pool.acquire().await.map(drop),
-                Err(e) => Err(e),
-            };
-            let mut growth = growth.lock().unwrap_or_else(|e| e.into_inner());
-            growth.opening -= 1;
-            match opened {
-                Ok(()) => growth.failures = 0,
-                Err(_) if pool.is_closed() => {}
-                Err(error) => {
-                    growth.failures = growth.failures.saturating_add(1);
-                    let pause = Duration::from_secs(1)
-                        .saturating_mul(1 << (growth.failures - 1).min(5))
-                        .min(MAX_PAUSE);
-                    growth.next = growth.next.max(Instant::now() + pause);
-                    tracing::warn!(
-                        %error,
-                        failures = growth.failures,
-                        pause_ms = pause.as_millis() as u64,
-                        "the database connection pool could not open another connection; \
-                         its statements share the connections it has until the pause ends"
-                    );
-                }
-            }
-        });
-    }
-
     /// Counts a connection taken from [`DbPool::sqlx`] for good (the
     /// `LISTEN` connection) as lent while the mark lives.
     pub(crate) fn lend(&self) -> Lent {
-        Lent::new(&self.lent)
+        self.inner.lend()
     }
 
     /// What bounds this pool's statements.
@@ -247,32 +95,13 @@ impl DbPool {
 
     /// The sqlx pool underneath (for sqlx APIs that take one).
     pub fn sqlx(&self) -> &PgPool {
-        &self.inner
+        self.inner.sqlx()
     }
 
     /// Behind a transaction pooler: unnamed statements, each statement
     /// with parameters in a transaction.
     fn unnamed_statements(&self) -> bool {
         self.pooler == Pooler::Transaction
-    }
-}
-
-/// One attempt to connect, by hand, before the pool opens a connection
-/// itself: sqlx's pool retries a refused opening (`too many clients`)
-/// for `connect_timeout` without a word, and a slow link's opening takes
-/// as long as that; this attempt tells them apart at once, so a refused
-/// pool pauses after a single attempt while openings behind a slow link
-/// may overlap. It costs a second handshake per connection the pool adds.
-async fn probe(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let options = pool.connect_options();
-    let timeout = pool.options().get_acquire_timeout();
-    match tokio::time::timeout(timeout, PgConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => {
-            let _ = conn.close().await;
-            Ok(())
-        }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(sqlx::Error::PoolTimedOut),
     }
 }
 
@@ -362,23 +191,13 @@ pub async fn connect_to(
                 crate::net::harden_connections_to(port, dead_after);
                 Ok(())
             })
-        })
-        .before_acquire(move |_conn, meta| {
-            let fresh = !switchover.opened_before_stale(meta.age);
-            Box::pin(async move { Ok(fresh) })
-        })
-        .connect_lazy_with(options);
-    trim::spawn(inner.clone(), opened, trim::Spare::One);
+        });
+    let inner = paced::checked(inner, switchover).connect_lazy_with(options);
+    trim::spawn(inner.clone(), opened);
     Ok(DbPool {
-        inner,
+        inner: PacedPool::new(inner),
         pooler,
         bounds,
-        lent: Arc::default(),
-        growth: Arc::new(std::sync::Mutex::new(Growth {
-            opening: 0,
-            next: Instant::now(),
-            failures: 0,
-        })),
     })
 }
 
@@ -475,12 +294,12 @@ impl<'p> Executor<'p> for &'_ DbPool {
         let pool = self.clone();
         let rows = async move {
             if !unnamed {
-                let (mut conn, _lent) = pool.patient_acquire().await?;
+                let (mut conn, _lent) = pool.inner.acquire().await?;
                 return collect(conn.fetch_many(query)).await;
             }
             let taken = match route(query)? {
                 Route::AsIs(query) => {
-                    let (mut conn, _lent) = pool.patient_acquire().await?;
+                    let (mut conn, _lent) = pool.inner.acquire().await?;
                     return collect(conn.fetch_many(query)).await;
                 }
                 Route::Unnamed(taken) => taken,
@@ -515,7 +334,7 @@ impl<'p> Executor<'p> for &'_ DbPool {
                     Route::AsIs(query)
                 } {
                     Route::AsIs(query) => {
-                        let (mut conn, _lent) = pool.patient_acquire().await?;
+                        let (mut conn, _lent) = pool.inner.acquire().await?;
                         return conn.fetch_optional(query).await;
                     }
                     Route::Unnamed(taken) => taken,

@@ -4,7 +4,7 @@
 //! (`BEGIN IMMEDIATE`, see [`super`]).
 
 use sqlx::error::BoxDynError;
-use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
+use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult, SqliteRow};
 use sqlx::{Arguments, Executor, Sqlite};
 
 use super::SqliteBackend;
@@ -50,7 +50,7 @@ impl Binding for Sqlite {
     }
 }
 
-impl Runs for OnPool<'_, Sqlite> {
+impl Runs for OnPool<'_, SqlitePool> {
     type Db = Sqlite;
 
     fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
@@ -75,11 +75,11 @@ impl Runs for Tx {
 }
 
 impl Driver for SqliteBackend {
-    type Pool<'a> = OnPool<'a, Sqlite>;
+    type Pool<'a> = OnPool<'a, SqlitePool>;
     type Tx = Tx;
 
     /// The writer: the one writer keeps the worker's writes in one queue.
-    fn pool(&self) -> OnPool<'_, Sqlite> {
+    fn pool(&self) -> OnPool<'_, SqlitePool> {
         OnPool {
             pool: &self.writer,
             bounds: &self.bounds,
@@ -87,7 +87,7 @@ impl Driver for SqliteBackend {
     }
 
     /// The readers: a read never waits behind the writer's queue.
-    fn reads(&self) -> OnPool<'_, Sqlite> {
+    fn reads(&self) -> OnPool<'_, SqlitePool> {
         OnPool {
             pool: &self.pool,
             bounds: &self.bounds,
