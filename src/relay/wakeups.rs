@@ -18,10 +18,11 @@
 //!   primary key: a single index lookup when nothing was added) and wakes
 //!   their buckets at once: every `database.probe_interval` (5 ms) while
 //!   rows keep coming, backing off to `database.poll_interval` while none
-//!   do, and to `outbox.idle_backoff_ms` after [`LONG_QUIET`] without any.
-//!   So a polling worker relays a new row within milliseconds while
-//!   traffic flows, within a poll interval after a quiet spell, and within
-//!   `idle_backoff_ms` after a long silence. A row
+//!   do; after [`LONG_QUIET`] without any it stops, and the polls (which
+//!   back off to `outbox.idle_backoff_ms` where adaptive) start it again
+//!   when they find a row. So a polling worker relays a new row within
+//!   milliseconds while traffic flows, within a poll interval after a
+//!   quiet spell, and within a backed-off poll after a long silence. A row
 //!   whose id was taken earlier but committed after the probe read past it
 //!   (ids commit out of order) is left to the polls.
 //!
@@ -198,7 +199,7 @@ impl Wakeups {
                 "{} has no notifications: {} while rows keep coming, backing off to {} \
                  (outbox.idle_backoff_ms) while none do",
                 store.kind().name(),
-                finding_rows(db, idle_backoff),
+                finding_rows(db),
                 fmt_duration(idle_backoff)
             );
             if store.changes().is_some() && !db.probe_interval.is_zero() {
@@ -225,13 +226,13 @@ impl Wakeups {
                 "database.pooler = \"transaction\" and no database.listen_url: no LISTEN through \
                  the pooler, {}; set database.listen_url to a direct connection for wake-ups \
                  without either",
-                finding_rows(db, idle_backoff)
+                finding_rows(db)
             ),
             (_, direct) => {
                 let listen = self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
-                    finding_rows(db, idle_backoff),
+                    finding_rows(db),
                     cancel.clone(),
                 );
                 tasks.push(tokio::spawn(listen.in_current_span()));
@@ -252,9 +253,7 @@ impl Wakeups {
         let mut delay = polling.every;
         let mut next_poll = Instant::now() + delay;
         let mut quiet_since: Option<Instant> = None;
-        let mut probe = polling
-            .probe
-            .map(|every| Probe::new(every, polling.every, polling.while_listening));
+        let mut probe = polling.probe.map(|every| Probe::new(every, polling.every));
         let changes = store.changes();
         loop {
             let until = match &probe {
@@ -307,9 +306,16 @@ impl Wakeups {
                 added.iter().for_each(|l| self.wake(l));
                 found = !added.is_empty();
             }
-            if polling_now {
-                found |= self.wake_ready(&store, &labels).await;
-            } else if !found {
+            if polling_now && self.wake_ready(&store, &labels).await {
+                // Rows come again: the probe (stopped after a long
+                // silence, or backed off) runs at full pace.
+                if let Some(p) = probe.as_mut().filter(|_| !found) {
+                    // From the newest id: the poll woke what is there.
+                    p.forget();
+                    p.pace(true);
+                }
+                found = true;
+            } else if !polling_now && !found {
                 continue;
             }
             delay = match polling.back_off_to {
@@ -482,26 +488,25 @@ impl Polling {
 
 /// How a worker without working notifications finds new rows, as its log
 /// lines say it: "[probing … every …, ]polling for new rows every …".
-fn finding_rows(db: &DatabaseConfig, idle_backoff: Duration) -> String {
+fn finding_rows(db: &DatabaseConfig) -> String {
     format!(
         "{}polling for new rows every {} (database.poll_interval)",
-        probing(db, idle_backoff),
+        probing(db),
         fmt_duration(db.poll_interval)
     )
 }
 
 /// How start-up names the probe: "probing … every …, " or nothing.
-fn probing(db: &DatabaseConfig, idle_backoff: Duration) -> String {
+fn probing(db: &DatabaseConfig) -> String {
     if db.probe_interval.is_zero() {
         return String::new();
     }
-    let quiet = db.poll_interval.max(db.probe_interval);
     format!(
         "probing for added rows every {} (database.probe_interval) while rows keep \
-         coming, every {} while none do and every {} after {} without any, ",
+         coming and every {} while none do (not at all after {} without any, until a \
+         poll finds one), ",
         fmt_duration(db.probe_interval),
-        fmt_duration(quiet),
-        fmt_duration(idle_backoff.max(quiet)),
+        fmt_duration(db.poll_interval.max(db.probe_interval)),
         fmt_duration(LONG_QUIET)
     )
 }
@@ -515,15 +520,13 @@ const PROBE_ROWS: i64 = 1000;
 /// [`QUIET_BEFORE_BACKOFF`] after the last it found, then backs off
 /// (doubling) to `back_off_to` (the poll interval): a worker that sees no
 /// traffic wakes a few times a second, not hundreds. After [`LONG_QUIET`]
-/// without a row it backs off further, to `idle_to`
-/// (`outbox.idle_backoff_ms`, where adaptive polls back off to): an idle
-/// fleet's probes were most of its statements on MariaDB (64 idle workers
-/// ran 640 a second), and the first row after a long silence waits up to
-/// `idle_backoff_ms`, as it did before the probe.
+/// without a row it stops until a poll finds one (or the database reports a
+/// change): once the polls have backed off too, a probe as often as they
+/// run would only repeat them — 64 idle MariaDB workers ran 640 probes a
+/// second, most of the database's statements.
 struct Probe {
     every: Duration,
     back_off_to: Duration,
-    idle_to: Duration,
     delay: Duration,
     /// When it runs next.
     next: tokio::time::Instant,
@@ -533,9 +536,10 @@ struct Probe {
     found_at: tokio::time::Instant,
 }
 
-/// How long the probe finds nothing before it backs off past the poll
-/// interval to `outbox.idle_backoff_ms` ([`Probe`]).
+/// How long the probe finds nothing before it stops ([`Probe`]).
 const LONG_QUIET: Duration = Duration::from_secs(30);
+/// How far off a stopped probe's next run is.
+const STOPPED: Duration = Duration::from_secs(24 * 3600);
 
 /// How soon the probe runs after the database reported a change: soon,
 /// but not for every commit of a busy database.
@@ -550,13 +554,11 @@ async fn changed(changes: Option<&tokio::sync::Notify>) {
 }
 
 impl Probe {
-    fn new(every: Duration, back_off_to: Duration, idle_to: Duration) -> Self {
-        let back_off_to = back_off_to.max(every);
+    fn new(every: Duration, back_off_to: Duration) -> Self {
         let now = tokio::time::Instant::now();
         Self {
             every,
-            back_off_to,
-            idle_to: idle_to.max(back_off_to),
+            back_off_to: back_off_to.max(every),
             delay: every,
             next: now + every,
             seen: None,
@@ -597,7 +599,7 @@ impl Probe {
             self.found_at = now;
             self.delay = self.every;
         } else if quiet >= LONG_QUIET {
-            self.delay = (self.delay * 2).min(self.idle_to);
+            self.delay = STOPPED;
         } else if quiet >= QUIET_BEFORE_BACKOFF {
             self.delay = (self.delay * 2).min(self.back_off_to);
         }
@@ -646,10 +648,10 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_backs_off_to_the_poll_interval_then_after_a_long_silence_to_idle_backoff() {
-        let mut probe = Probe::new(5 * MS, 100 * MS, 1000 * MS);
+    fn the_probe_backs_off_to_the_poll_interval_then_stops_after_a_long_silence() {
+        let mut probe = Probe::new(5 * MS, 100 * MS);
         let start = probe.next;
-        let quiet = delays(&mut probe, start, LONG_QUIET + 10 * 1000 * MS, |_| false);
+        let quiet = delays(&mut probe, start, LONG_QUIET + 1000 * MS, |_| false);
         // Quiet from the start: doubling at once, to the poll interval.
         assert_eq!(quiet[..5], [10 * MS, 20 * MS, 40 * MS, 80 * MS, 100 * MS]);
         let at_poll = quiet.iter().filter(|d| **d == 100 * MS).count();
@@ -657,15 +659,19 @@ mod tests {
             (270..=300).contains(&at_poll),
             "{at_poll} probes 100 ms apart before the long silence"
         );
-        // After LONG_QUIET: 200, 400, 800 ms, then idle_backoff.
-        let after: Vec<_> = quiet.iter().copied().filter(|d| *d > 100 * MS).collect();
-        assert_eq!(after[..4], [200 * MS, 400 * MS, 800 * MS, 1000 * MS]);
-        assert!(after[4..].iter().all(|d| *d == 1000 * MS), "{after:?}");
+        // After LONG_QUIET: stopped.
+        assert_eq!(
+            quiet.last(),
+            Some(&STOPPED),
+            "{:?}",
+            &quiet[quiet.len() - 3..]
+        );
+        assert_eq!(quiet.iter().filter(|d| **d == STOPPED).count(), 1);
 
-        // A row found: back to every 5 ms at once, for a second, and a
-        // short silence after it stays at the poll interval.
-        let start = probe.next;
-        let busy = delays(&mut probe, start, 20 * 1000 * MS, |t| t < 5 * MS);
+        // A row found (by a poll): back to every 5 ms at once, for a
+        // second, and a short silence after it stays at the poll interval.
+        let start = probe.next - STOPPED + 300 * MS;
+        let busy = delays(&mut probe, start, 20 * 1000 * MS, |t| t.is_zero());
         assert_eq!(busy[0], 5 * MS);
         let fast = busy.iter().take_while(|d| **d == 5 * MS).count();
         assert!(
@@ -676,13 +682,5 @@ mod tests {
             busy.iter().all(|d| *d <= 100 * MS),
             "20 s of silence after a find: {busy:?}"
         );
-    }
-
-    #[test]
-    fn an_idle_backoff_below_the_poll_interval_never_speeds_the_probe_up() {
-        let mut probe = Probe::new(5 * MS, 100 * MS, 50 * MS);
-        let start = probe.next;
-        let quiet = delays(&mut probe, start, LONG_QUIET * 2, |_| false);
-        assert_eq!(*quiet.last().unwrap(), 100 * MS);
     }
 }
