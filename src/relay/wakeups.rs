@@ -279,11 +279,12 @@ impl Wakeups {
             if self.listening.load(Ordering::Relaxed) {
                 // Rows added while LISTEN works are announced; the safety
                 // net looks every `polling.while_listening`. (Should LISTEN
-                // fail, the probe starts afresh, at full pace.)
+                // fail, the probe starts afresh at once, at full pace.)
                 if let Some(p) = &mut probe {
                     p.forget();
                     p.found_at = Instant::now();
                     p.delay = p.every;
+                    p.next = Instant::now();
                 }
                 if polling_now {
                     next_poll = Instant::now() + crate::jitter::jittered(polling.while_listening);

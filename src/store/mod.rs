@@ -19,8 +19,11 @@
 //! | [`notify`] ([`NotifyStore`]) | wake-up notifications (`NOTIFY`/`LISTEN` where the database has them) |
 //!
 //! and the backends: [`postgres`], [`mysql`] and [`sqlite`], each with its
-//! own SQL, migrations (`migrations/<backend>`) and pool. Nothing
-//! above this module knows which backend it talks to.
+//! own SQL, migrations (`migrations/<backend>`) and pool (the two server
+//! databases' pools share [`paced`]: statements wait for a connection of
+//! the pool's while it grows in the background and backs off when refused;
+//! `trim` shrinks them back when idle). Nothing above this module knows
+//! which backend it talks to.
 //!
 //! What every backend promises, whatever its SQL:
 //!

@@ -12,7 +12,9 @@
 //! instead:
 //!
 //! - takes an idle connection when there is one (through sqlx's own
-//!   acquisition, which checks it);
+//!   acquisition, which checks it — [`checked`]: pinged only after a
+//!   second idle — one acquisition at a time, so that one which lost the
+//!   race for it does not open a connection instead);
 //! - waits up to [`PATIENCE`] for a connection on its way back (sqlx pings
 //!   every released connection before it is idle again), so a task's
 //!   back-to-back statements reuse one connection and an idle worker keeps

@@ -54,10 +54,10 @@ pub mod workers;
 
 use futures_util::future::BoxFuture;
 use sqlx::MySqlPool;
-
-use pool::MyPool;
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
+
+use pool::MyPool;
 
 use super::{Backend, BackendKind, Bounds, Sql, StoreError};
 use crate::config::{DatabaseConfig, TablesConfig};
