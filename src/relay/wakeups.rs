@@ -281,10 +281,7 @@ impl Wakeups {
                 // net looks every `polling.while_listening`. (Should LISTEN
                 // fail, the probe starts afresh at once, at full pace.)
                 if let Some(p) = &mut probe {
-                    p.forget();
-                    p.found_at = Instant::now();
-                    p.delay = p.every;
-                    p.next = Instant::now();
+                    p.rest();
                 }
                 if polling_now {
                     next_poll = Instant::now() + crate::jitter::jittered(polling.while_listening);
@@ -570,6 +567,16 @@ impl Probe {
             // as one that saw its last a second before it started.
             found_at: now.checked_sub(QUIET_BEFORE_BACKOFF).unwrap_or(now),
         }
+    }
+
+    /// While `LISTEN` works: no quiet clock runs, and should `LISTEN` fail
+    /// the probe is due at once, from the newest id, at full pace.
+    fn rest(&mut self) {
+        let now = tokio::time::Instant::now();
+        self.forget();
+        self.found_at = now;
+        self.delay = self.every;
+        self.next = now;
     }
 
     /// Starts again from the newest id at its next run.

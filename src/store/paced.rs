@@ -362,14 +362,26 @@ where
 /// single attempt while openings behind a slow link may overlap. It costs
 /// a second handshake per connection the pool adds.
 async fn probe<DB: Database>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-    let options = pool.connect_options();
     let timeout = pool.options().get_acquire_timeout();
-    match tokio::time::timeout(timeout, DB::Connection::connect_with(&options)).await {
+    connect_once::<DB::Connection>(&pool.connect_options(), timeout)
+        .await
+        .map_err(|e| e.unwrap_or(sqlx::Error::PoolTimedOut))
+}
+
+/// One connection, opened by hand and closed at once: the pool's probe, and
+/// each backend's first connection (a pool reports every failure to connect
+/// as "pool timed out", and the cause is what the operator needs). `None`:
+/// no answer within `timeout`.
+pub(crate) async fn connect_once<C: Connection>(
+    options: &C::Options,
+    timeout: Duration,
+) -> Result<(), Option<sqlx::Error>> {
+    match tokio::time::timeout(timeout, C::connect_with(options)).await {
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
             Ok(())
         }
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(sqlx::Error::PoolTimedOut),
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(None),
     }
 }

@@ -17,8 +17,8 @@
 //! retry a refusal on MySQL): 578 statements failed in the capped test of
 //! `tests/relay.rs` before, none after.
 
+use sqlx::MySql;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
-use sqlx::{Connection, MySql};
 
 use crate::config::DatabaseConfig;
 use crate::stamp::Stamp;
@@ -50,17 +50,17 @@ pub async fn connect(
     let options: MySqlConnectOptions = parseable.parse().map_err(connect_err)?;
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
     let session = session_settings(db);
-    // One connection first, by hand: a pool reports every failure to
-    // connect as "pool timed out", and the cause is what the operator needs.
-    let first = tokio::time::timeout(db.connect_timeout, MySqlConnection::connect_with(&options))
+    // One connection first, by hand, for the cause of a failure.
+    paced::connect_once::<MySqlConnection>(&options, db.connect_timeout)
         .await
-        .map_err(|_| StoreError::ConnectTimeout {
-            backend: BackendKind::MySql,
-            url: shown(url),
-            after: db.connect_timeout,
-        })?
-        .map_err(connect_err)?;
-    let _ = first.close().await;
+        .map_err(|e| match e {
+            Some(cause) => connect_err(cause),
+            None => StoreError::ConnectTimeout {
+                backend: BackendKind::MySql,
+                url: shown(url),
+                after: db.connect_timeout,
+            },
+        })?;
     let opened = Stamp::default();
     let opening = opened.clone();
     let switchover = bounds.switchover();

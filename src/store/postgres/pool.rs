@@ -43,7 +43,7 @@ use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow,
     PgStatement, PgTypeInfo,
 };
-use sqlx::{Connection, Either, Execute, Executor, Postgres, SqlStr};
+use sqlx::{Either, Execute, Executor, Postgres, SqlStr};
 
 use crate::config::{DatabaseConfig, Pooler};
 use crate::stamp::Stamp;
@@ -162,18 +162,17 @@ pub async fn connect_to(
         options = options.statement_cache_capacity(0);
     }
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
-    // One connection first, by hand: a pool reports every failure to
-    // connect as "pool timed out", and the cause (refused, wrong password,
-    // no such database) is what the operator needs.
-    let first = tokio::time::timeout(db.connect_timeout, PgConnection::connect_with(&options))
+    // One connection first, by hand, for the cause of a failure.
+    paced::connect_once::<PgConnection>(&options, db.connect_timeout)
         .await
-        .map_err(|_| StoreError::ConnectTimeout {
-            backend: BackendKind::Postgres,
-            url: shown(url),
-            after: db.connect_timeout,
-        })?
-        .map_err(connect_err)?;
-    let _ = first.close().await;
+        .map_err(|e| match e {
+            Some(cause) => connect_err(cause),
+            None => StoreError::ConnectTimeout {
+                backend: BackendKind::Postgres,
+                url: shown(url),
+                after: db.connect_timeout,
+            },
+        })?;
     let opened = Stamp::default();
     let opening = opened.clone();
     let bounds = Bounds::new(db);
