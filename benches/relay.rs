@@ -1961,7 +1961,7 @@ async fn live_as_workers_see_it(
 ) -> Result<Vec<uuid::Uuid>, outboxd::store::StoreError> {
     let w = outboxd::config::WorkerConfig::default();
     let suspect = outboxd::store::workers::suspect_after(w.lease_ttl, w.heartbeat_ttl);
-    Ok(store.live_leasing(uuid::Uuid::nil(), suspect).await?.ids)
+    store.live_leasing(uuid::Uuid::nil(), suspect).await
 }
 
 async fn wait_all_owned(store: &Store, workers: usize, timeout: Duration) {

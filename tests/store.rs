@@ -547,25 +547,15 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         .unwrap();
     // A worker that cannot publish takes no part in the targets.
     assert_eq!(
-        store
-            .live_leasing(Uuid::nil(), SUSPECT_NONE)
-            .await
-            .unwrap()
-            .ids,
+        store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap(),
         [b]
     );
     assert!(store.set_broker_state(a, true, None).await.unwrap());
-    let membership = store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap();
+    let mut live = store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap();
+    live.sort();
     let mut both = vec![a, b];
     both.sort();
-    assert_eq!(membership.ids, both, "sorted");
-    // Heartbeats on time: the membership holds until the first heartbeat
-    // runs out (both 30 s) unless somebody writes.
-    let holds = |m: &outboxd::store::workers::Membership| m.holds_for.expect("someone counts");
-    assert!(
-        (Duration::from_secs(25)..=Duration::from_secs(30)).contains(&holds(&membership)),
-        "{membership:?}"
-    );
+    assert_eq!(live, both);
     let others = store.live_others(a).await.unwrap();
     assert_eq!(others.iter().map(|w| w.worker_id).collect::<Vec<_>>(), [b]);
 
@@ -574,7 +564,11 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     // part in the targets, and stays out once others took its buckets; a
     // valid lease, or a heartbeat on time, and it does.
     const SUSPECT: Duration = Duration::from_secs(60);
-    let live_sorted = || async { store.live_leasing(Uuid::nil(), SUSPECT).await.unwrap().ids };
+    let live_sorted = || async {
+        let mut live = store.live_leasing(Uuid::nil(), SUSPECT).await.unwrap();
+        live.sort();
+        live
+    };
     let buckets = vec!["p01".to_string(), "p02".to_string()];
     store.acquire(a, &buckets, LEASE_TTL, "test").await.unwrap();
     let late = format!(
@@ -594,11 +588,6 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         }
     };
     assert_eq!(live_sorted().await, both, "late, but its leases are valid");
-    let membership = store.live_leasing(Uuid::nil(), SUSPECT).await.unwrap();
-    assert!(
-        holds(&membership) <= LEASE_TTL && holds(&membership) > LEASE_TTL / 3,
-        "a late worker counts until its last lease lapses: {membership:?}"
-    );
     lapse("p01").await;
     assert_eq!(
         live_sorted().await,
@@ -607,19 +596,14 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     );
     lapse("p02").await;
     assert_eq!(live_sorted().await, [b], "late, every lease lapsed");
-    let membership = store.live_leasing(Uuid::nil(), SUSPECT).await.unwrap();
-    assert!(
-        holds(&membership) > Duration::from_secs(20),
-        "b counts until its heartbeat runs out: {membership:?}"
-    );
-    let asked_by_a = store.live_leasing(a, SUSPECT).await.unwrap();
-    assert_eq!(asked_by_a.ids, both, "a worker never leaves itself out");
+    let mut asked_by_a = store.live_leasing(a, SUSPECT).await.unwrap();
+    asked_by_a.sort();
+    assert_eq!(asked_by_a, both, "a worker never leaves itself out");
     assert_eq!(
         store
             .live_leasing(Uuid::nil(), Duration::from_secs(7200))
             .await
             .unwrap()
-            .ids
             .len(),
         2,
         "a heartbeat younger than the bound is on time"
@@ -678,7 +662,6 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .live_leasing(Uuid::nil(), SUSPECT_NONE)
             .await
             .unwrap()
-            .ids
             .is_empty()
     );
     assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);

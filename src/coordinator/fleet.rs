@@ -1,8 +1,7 @@
 //! The fleet coordinator of one worker: targets, leases, drainers.
 //!
-//! Each cycle (on a `NOTIFY` from a joining, leaving or releasing peer, on
-//! a change of the broker's reachability, every `POLL` while something is
-//! pending, and otherwise at steady state — see *Steady state* below):
+//! Each cycle (on a `NOTIFY` from a joining, leaving or releasing peer, or
+//! every `POLL` while something is pending, every `IDLE_POLL` otherwise):
 //!
 //! 1. read the sorted live fleet-mode workers (less late ones without a
 //!    valid lease: dead ones, retargeted once their leases can be taken — see
@@ -17,18 +16,7 @@
 //! 4. acquire the target buckets not held (free or expired leases), and start
 //!    a drainer for each under its [`LeaseGrant`].
 //!
-//! **Steady state is quiet**: renewals only, no lease changes. Where the
-//! peers' announcements arrive (`LISTEN` works, [`FleetSignal::announced`])
-//! every write that changes the membership is announced but one: a dead
-//! peer stops counting by itself once its heartbeat is late and its leases
-//! lapsed. The membership read says when that can first happen
-//! ([`Membership::holds_for`]), so the next check is then (or at the next
-//! renewal, every `lease_renew`, whichever comes first) — a dead peer's
-//! buckets are retargeted the moment they can be taken, and an idle fleet
-//! of 64 reads its membership once per renewal instead of every second.
-//! Without announcements (MariaDB, SQLite, a pooler without `listen_url`)
-//! the check runs every `IDLE_POLL`, which bounds how late a join is seen.
-//! On shutdown every
+//! Steady state is quiet: renewals only, no lease changes. On shutdown every
 //! drainer finishes its batch, every lease is released in one statement and
 //! the peers are told, so they take the buckets over within a cycle.
 //!
@@ -64,25 +52,20 @@ use crate::partitioner::Partitioner;
 use crate::relay::wakeups::FleetSignal;
 use crate::relay::{Drain, Relay};
 use crate::store::outbox::Fence;
-use crate::store::workers::{Membership, suspect_after};
+use crate::store::workers::suspect_after;
 use crate::store::{Channel, Store};
 
 /// How often a cycle runs while targets are not all held or buckets are
 /// being handed over.
 const POLL: Duration = Duration::from_millis(250);
-/// How often a cycle runs at steady state where peers' announcements do
-/// not arrive (no `LISTEN`: MariaDB, SQLite, a transaction pooler without
-/// `listen_url`), or the broker is not reachable: a membership check, which
-/// bounds how late a join or a leave is noticed and a dead peer's buckets
-/// are retargeted after its leases lapsed. (Every 500 ms, until the checks
-/// of 64 idle MariaDB workers were 128 of the database's statements a
-/// second.) Where announcements arrive, see [`Fleet::next_check`].
+/// How often a cycle runs at steady state: a membership check, which bounds
+/// how late a dead peer's buckets are retargeted after its leases lapsed
+/// (a second after is soon enough) and, where peers' announcements do not
+/// arrive (no `LISTEN`: MariaDB, SQLite, a transaction pooler without
+/// `listen_url`), how late a join or a leave is noticed. (Every 500 ms
+/// there, until the checks of 64 idle MariaDB workers were 128 of the
+/// database's statements a second.)
 const IDLE_POLL: Duration = Duration::from_secs(1);
-
-/// How long after the membership could first change by itself the check
-/// runs: the read's `holds_for` counts from the database's clock when it
-/// ran, a little after the read was sent.
-const AFTER_HOLDS: Duration = Duration::from_millis(50);
 
 /// How long a cycle in progress may still take on shutdown.
 const CYCLE_ON_EXIT: Duration = Duration::from_secs(1);
@@ -140,9 +123,6 @@ pub struct Fleet {
     publishing: watch::Sender<bool>,
     /// `can_publish` as last written to the worker row (`None`: to write).
     recorded_can_publish: Option<bool>,
-    /// Until when the last membership read holds by itself
-    /// ([`Membership::holds_for`]; `None`: unknown, or the read failed).
-    holds_until: Option<Instant>,
 }
 
 impl Fleet {
@@ -165,7 +145,6 @@ impl Fleet {
             publishing: watch::channel(false).0,
             // The row says false until the first cycle records true.
             recorded_can_publish: None,
-            holds_until: None,
         }
     }
 
@@ -192,7 +171,6 @@ impl Fleet {
     ) {
         let mut next_renew = Instant::now() + self.settings.lease_renew;
         let mut next_cleanup = Instant::now();
-        let mut reach = self.relay.context().broker.watch_reach();
         loop {
             // On shutdown the cycle in progress may finish if the database
             // answers within CYCLE_ON_EXIT (so leases it is taking are
@@ -215,16 +193,12 @@ impl Fleet {
                 self.renew_until_drained(&cancel, &mut next_renew).await;
                 break;
             }
-            let until = if busy {
-                Instant::now() + crate::jitter::jittered(POLL)
-            } else {
-                self.next_check()
-            };
+            let pause = crate::jitter::jittered(if busy { POLL } else { IDLE_POLL });
+            let until = (Instant::now() + pause).min(next_renew);
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = self.wake.notified() => {}
-                Ok(()) = reach.changed() => {}
-                _ = tokio::time::sleep_until(until.min(next_renew)) => {}
+                _ = tokio::time::sleep_until(until) => {}
             }
         }
         self.shutdown(drain, shutdown_timeout).await;
@@ -245,18 +219,6 @@ impl Fleet {
         }
     }
 
-    /// When the next membership check is due at steady state: when the
-    /// last read stops holding by itself if the peers' announcements arrive
-    /// and the broker is reachable (a change of either wakes the loop);
-    /// every `IDLE_POLL` otherwise.
-    fn next_check(&self) -> Instant {
-        let reachable = matches!(self.relay.context().broker.reach(), Reach::Reachable);
-        match self.holds_until {
-            Some(at) if reachable && self.wake.announced() => at + AFTER_HOLDS,
-            _ => Instant::now() + crate::jitter::jittered(IDLE_POLL),
-        }
-    }
-
     /// One cycle; true while anything is still in motion.
     async fn cycle(
         &mut self,
@@ -267,19 +229,16 @@ impl Fleet {
         let store = self.store.clone();
         self.check_broker().await;
         let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
-        let read_at = Instant::now();
-        let membership = store.live_leasing(self.me, suspect_after).await;
-        self.holds_until = match &membership {
-            Ok(Membership { holds_for, .. }) => holds_for.map(|d| read_at + d),
-            Err(_) => None,
-        };
-        let target_set: Option<BTreeSet<String>> = match membership {
+        let target_set: Option<BTreeSet<String>> = match store
+            .live_leasing(self.me, suspect_after)
+            .await
+        {
             // Stepped aside: no targets, whatever the membership.
             _ if !self.can_publish => Some(BTreeSet::new()),
             Ok(live) => Some(
                 targets(
                     self.settings.assignment,
-                    &live.ids,
+                    &live,
                     self.me,
                     self.settings.partitioner.count(),
                 )

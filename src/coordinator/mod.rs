@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use crate::relay::RelayStats;
 use crate::store::workers::{Joined, LiveWorker, Registration, WorkerCounts, WorkerMode};
-use crate::store::{Channel, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Why a worker may not join.
 #[derive(Debug, thiserror::Error)]
@@ -134,11 +134,7 @@ impl Membership {
     /// Heartbeats every third of the TTL until cancelled. Survives database
     /// outages (retrying faster), and re-registers if the row vanished.
     /// Each heartbeat also reports the worker's totals and recent rate
-    /// (read by the dashboard). A fleet worker whose heartbeat was late
-    /// (more than two periods since the last one written: peers may have
-    /// left it out of their targets) or that registered again announces
-    /// it, as a joining worker does: peers whose announcements arrive check
-    /// the membership only when told or when a peer could die.
+    /// (read by the dashboard).
     pub async fn heartbeat_loop(
         self,
         store: Store,
@@ -148,7 +144,6 @@ impl Membership {
         let period = self.heartbeat_ttl / 3;
         let mut delay = period;
         let (mut last, mut last_at) = (stats.snapshot(), Instant::now());
-        let mut written_at = Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -162,26 +157,15 @@ impl Membership {
                 published_rate: now.since(&last).published as f64 / elapsed,
             };
             (last, last_at) = (now, Instant::now());
-            let late = last_at.duration_since(written_at) > period * 2;
             match store
                 .heartbeat(self.worker_id, self.heartbeat_ttl, counts)
                 .await
             {
-                Ok(true) => {
-                    delay = period;
-                    written_at = last_at;
-                    if late {
-                        self.announce_back(&store).await;
-                    }
-                }
+                Ok(true) => delay = period,
                 Ok(false) => {
                     tracing::warn!(worker_id = %self.worker_id, "worker row was removed; registering again");
-                    match store.register(self.registration(true), &|_| true).await {
-                        Ok(_) => {
-                            written_at = last_at;
-                            self.announce_back(&store).await;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "re-registering failed"),
+                    if let Err(e) = store.register(self.registration(true), &|_| true).await {
+                        tracing::warn!(error = %e, "re-registering failed");
                     }
                     delay = period;
                 }
@@ -190,16 +174,6 @@ impl Membership {
                     delay = Duration::from_millis(500).min(period);
                 }
             }
-        }
-    }
-
-    /// Tells a fleet that this worker counts again (see `heartbeat_loop`).
-    async fn announce_back(&self, store: &Store) {
-        if self.mode != WorkerMode::Leasing {
-            return;
-        }
-        if let Err(e) = store.notify(Channel::Fleet, fleet::announce::JOIN).await {
-            tracing::debug!(error = %e, "could not announce a late heartbeat to the fleet");
         }
     }
 

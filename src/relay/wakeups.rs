@@ -83,29 +83,17 @@ pub struct Wakeups {
 }
 
 /// The fleet coordinator's signal: woken by the peers' announcements
-/// (joining, leaving, releasing) where they arrive (`LISTEN` up), and when
-/// they stop arriving (`LISTEN` lost); else only the coordinator's own
-/// membership checks notice a change.
+/// (joining, leaving, releasing) where they arrive (`LISTEN` up); else only
+/// the coordinator's own membership checks notice a change.
 #[derive(Clone, Default)]
 pub struct FleetSignal {
     wake: Arc<Notify>,
-    /// `LISTEN` works (checked).
-    listening: Arc<AtomicBool>,
 }
 
 impl FleetSignal {
-    /// Resolves at the next announcement, or when announcements stop
-    /// arriving.
+    /// Resolves at the next announcement.
     pub async fn notified(&self) {
         self.wake.notified().await
-    }
-
-    /// Whether the peers' announcements arrive: `LISTEN` works (checked).
-    /// While it does, every write that changes the fleet's membership
-    /// wakes the coordinator — the one change nobody announces is a dead
-    /// peer's, which the membership read dates.
-    pub fn announced(&self) -> bool {
-        self.listening.load(Ordering::Relaxed)
     }
 }
 
@@ -159,7 +147,6 @@ impl Wakeups {
     pub fn fleet(&self) -> FleetSignal {
         FleetSignal {
             wake: self.fleet.clone(),
-            listening: self.listening.clone(),
         }
     }
 
@@ -387,10 +374,7 @@ impl Wakeups {
     ) {
         let mut delay = Duration::from_millis(100);
         while !cancel.is_cancelled() {
-            if self.listening.swap(false, Ordering::Relaxed) {
-                // The coordinator checks the membership itself from now on.
-                self.fleet.notify_one();
-            }
+            self.listening.store(false, Ordering::Relaxed);
             let mut listener = match store.listen(direct.as_deref()).await {
                 Ok(l) => l,
                 Err(e) => {

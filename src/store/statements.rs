@@ -25,13 +25,8 @@ pub struct WorkersSql {
     /// Live workers other than worker_id, as `LiveWorker`: worker_id.
     pub live_others: Sql,
     /// Ids of the live fleet workers that can publish, less late ones
-    /// without a valid lease ([`WorkerStore::live_leasing`](super::workers::WorkerStore::live_leasing)),
-    /// sorted, each with the seconds until it could stop counting by
-    /// itself (`min(heartbeat_until, heartbeat_at + suspect_after)` while
-    /// its heartbeat is on time, else `min(heartbeat_until, its last valid
-    /// lease_until)`, less now; may be NULL for the asking worker): in the
-    /// select list suspect_after, suspect_after; in the filter worker_id
-    /// (never left out), suspect_after.
+    /// without a valid lease ([`WorkerStore::live_leasing`](super::workers::WorkerStore::live_leasing)).
+    /// No parameters.
     pub live_leasing: Sql,
     /// Rows whose heartbeat ran out more than the grace ago: grace.
     pub remove_dead: Sql,

@@ -84,21 +84,6 @@ pub struct WorkerView {
     pub broker_blocked: Option<String>,
 }
 
-/// The workers that count in the fleet's targets, as
-/// [`WorkerStore::live_leasing`] read them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Membership {
-    /// Their ids, sorted.
-    pub ids: Vec<Uuid>,
-    /// How long this stays the membership unless a worker writes (joins,
-    /// leaves, heartbeats after a stall, changes whether it can publish,
-    /// takes a lease): the soonest any of them could stop counting by
-    /// itself — its heartbeat running out, its heartbeat getting late (it
-    /// counts on while it holds a valid lease), its last valid lease
-    /// lapsing. `None` when nobody counts.
-    pub holds_for: Option<Duration>,
-}
-
 /// What a heartbeat reports besides being alive.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WorkerCounts {
@@ -192,16 +177,11 @@ pub trait WorkerStore {
     /// for an onlooker) is never left out for lateness: a worker that asks
     /// is alive, and one that left itself out would take no bucket, so
     /// never hold the valid lease that would count it again.
-    ///
-    /// With the ids comes how long they stay the membership by themselves
-    /// ([`Membership::holds_for`]): a coordinator whose peers announce
-    /// every write that changes it (joins, leaves, broker state, a
-    /// heartbeat after a stall) need not look again before then.
     async fn live_leasing(
         &self,
         me: Uuid,
         suspect_after: Duration,
-    ) -> Result<Membership, StoreError>;
+    ) -> Result<Vec<Uuid>, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
     /// that died without cleaning up). Returns how many.
@@ -339,26 +319,17 @@ impl<D: Driver> WorkerStore for D {
         &self,
         me: Uuid,
         suspect_after: Duration,
-    ) -> Result<Membership, StoreError> {
+    ) -> Result<Vec<Uuid>, StoreError> {
         let sql = &self.sql().workers.live_leasing;
-        let suspect = Arg::Duration(suspect_after);
-        let rows: Vec<(Uuid, Option<f64>)> = self
+        let rows: Vec<(Uuid,)> = self
             .reads()
             .fetch_all(
                 sql,
-                &[suspect, suspect, Arg::Uuid(me), suspect],
+                &[Arg::Uuid(me), Arg::Duration(suspect_after)],
                 "listing live workers",
             )
             .await?;
-        let holds_for = rows
-            .iter()
-            .filter_map(|(_, counted_for)| *counted_for)
-            .min_by(f64::total_cmp)
-            .map(|s| Duration::from_secs_f64(s.max(0.0)));
-        Ok(Membership {
-            ids: rows.into_iter().map(|(id, _)| id).collect(),
-            holds_for,
-        })
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError> {

@@ -1181,11 +1181,7 @@ pub async fn leases(env: &TestEnv) -> Vec<LeaseRow> {
 pub async fn live(env: &TestEnv) -> Vec<Uuid> {
     let w = &env.config.worker;
     let suspect = outboxd::store::workers::suspect_after(w.lease_ttl, w.heartbeat_ttl);
-    env.store
-        .live_leasing(Uuid::nil(), suspect)
-        .await
-        .unwrap()
-        .ids
+    env.store.live_leasing(Uuid::nil(), suspect).await.unwrap()
 }
 
 /// The buckets `worker` holds, with their lease epochs.

@@ -45,14 +45,7 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: Sql::render(
             t,
-            "SELECT w.worker_id,
-                    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), LEAST(w.heartbeat_until,
-                        CASE WHEN w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-                             THEN w.heartbeat_at + INTERVAL ? MICROSECOND
-                             ELSE (SELECT MAX(p.lease_until) FROM {partitions} p
-                                   WHERE p.lease_owner = w.worker_id AND p.lease_until > UTC_TIMESTAMP(6))
-                        END)) / 1e6 AS counted_for
-             FROM {workers} w
+            "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > UTC_TIMESTAMP(6) AND w.mode = 'leasing' AND w.can_publish
                AND (w.worker_id = ? OR w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
                     OR EXISTS (SELECT 1 FROM {partitions} p

@@ -43,16 +43,9 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
         live_leasing: Sql::render(
             t,
-            "SELECT w.worker_id,
-                    extract(epoch FROM LEAST(w.heartbeat_until,
-                        CASE WHEN w.heartbeat_at > now() - make_interval(secs => $1::float8 / 1000)
-                             THEN w.heartbeat_at + make_interval(secs => $2::float8 / 1000)
-                             ELSE (SELECT max(p.lease_until) FROM {partitions} p
-                                   WHERE p.lease_owner = w.worker_id AND p.lease_until > now())
-                        END) - now())::float8 AS counted_for
-             FROM {workers} w
+            "SELECT w.worker_id FROM {workers} w
              WHERE w.heartbeat_until > now() AND w.mode = 'leasing' AND w.can_publish
-               AND (w.worker_id = $3 OR w.heartbeat_at > now() - make_interval(secs => $4::float8 / 1000)
+               AND (w.worker_id = $1 OR w.heartbeat_at > now() - make_interval(secs => $2::float8 / 1000)
                     OR EXISTS (SELECT 1 FROM {partitions} p
                                WHERE p.lease_owner = w.worker_id AND p.lease_until > now()))
              ORDER BY w.worker_id",

@@ -8,10 +8,6 @@ use super::{seconds_between, sql};
 use crate::config::TablesConfig;
 use crate::store::statements::WorkersSql;
 
-/// A heartbeat before this is late: now less a duration parameter.
-const LATE_BEFORE: &str =
-    "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))";
-
 /// The statements, in SQLite (parameters as [`WorkersSql`] orders them).
 pub fn statements(t: &TablesConfig) -> WorkersSql {
     WorkersSql {
@@ -45,27 +41,12 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: sql(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: sql(
             t,
-            &format!(
-                "SELECT w.worker_id,
-                        {} AS counted_for
-                 FROM {{workers}} w
-                 WHERE w.heartbeat_until > {{now}} AND w.mode = 'leasing' AND w.can_publish
-                   AND (w.worker_id = ? OR w.heartbeat_at > {LATE_BEFORE}
-                        OR EXISTS (SELECT 1 FROM {{partitions}} p
-                                   WHERE p.lease_owner = w.worker_id AND p.lease_until > {{now}}))
-                 ORDER BY w.worker_id",
-                seconds_between(
-                    "{now}",
-                    &format!(
-                        "min(w.heartbeat_until,
-                             CASE WHEN w.heartbeat_at > {LATE_BEFORE}
-                                  THEN strftime('%Y-%m-%d %H:%M:%f', w.heartbeat_at, printf('%+.3f seconds', ? / 1000.0))
-                                  ELSE (SELECT max(p.lease_until) FROM {{partitions}} p
-                                        WHERE p.lease_owner = w.worker_id AND p.lease_until > {{now}})
-                             END)"
-                    )
-                )
-            ),
+            "SELECT w.worker_id FROM {workers} w
+             WHERE w.heartbeat_until > {now} AND w.mode = 'leasing' AND w.can_publish
+               AND (w.worker_id = ? OR w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+                    OR EXISTS (SELECT 1 FROM {partitions} p
+                               WHERE p.lease_owner = w.worker_id AND p.lease_until > {now}))
+             ORDER BY w.worker_id",
         ),
         set_broker_state: sql(
             t,
