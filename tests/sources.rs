@@ -160,9 +160,27 @@ async fn three_sources_two_workers_each_source_in_order_and_on_its_own_broker() 
     // row there, and every bucket is leased.
     for (name, env) in names.iter().zip(envs) {
         let live = live(env).await;
-        assert_eq!(live.len(), 2, "{name}: live workers {live:?}");
+        assert_eq!(
+            live.len(),
+            2,
+            "{name}: live workers {live:?}; logs:\n{}",
+            workers
+                .iter()
+                .map(|w| w.log_text())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
         let held = leases(env).await.iter().filter(|l| l.valid).count();
-        assert_eq!(held, 16, "{name}: {held} buckets leased");
+        assert_eq!(
+            held,
+            16,
+            "{name}: {held} buckets leased; logs:\n{}",
+            workers
+                .iter()
+                .map(|w| w.log_text())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
     }
     terminate_all(&mut workers);
     for w in &workers {
