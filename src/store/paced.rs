@@ -265,7 +265,15 @@ impl<DB: Database> PacedPool<DB> {
         let (pool, growth) = (self.inner.clone(), self.growth.clone());
         tokio::spawn(async move {
             let opened = match probe(&pool).await {
-                Ok(()) => pool.acquire().await.map(drop),
+                // The server accepted a connection. Openings overlap, so the
+                // pool may have reached its size meanwhile: then sqlx's
+                // acquire would only queue behind the statements for a
+                // connection already there, and time out — no refusal.
+                Ok(()) if full(&pool) => Ok(()),
+                Ok(()) => match pool.acquire().await {
+                    Err(sqlx::Error::PoolTimedOut) if full(&pool) => Ok(()),
+                    opened => opened.map(drop),
+                },
                 Err(e) => Err(e),
             };
             let mut growth = growth.lock().unwrap_or_else(|e| e.into_inner());
@@ -361,6 +369,11 @@ where
 /// attempt tells them apart at once, so a refused pool pauses after a
 /// single attempt while openings behind a slow link may overlap. It costs
 /// a second handshake per connection the pool adds.
+/// Whether the pool holds as many connections as it may.
+fn full<DB: Database>(pool: &Pool<DB>) -> bool {
+    pool.size() >= pool.options().get_max_connections()
+}
+
 async fn probe<DB: Database>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let timeout = pool.options().get_acquire_timeout();
     connect_once::<DB::Connection>(&pool.connect_options(), timeout)
