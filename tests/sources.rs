@@ -100,6 +100,12 @@ fn ctl(args: &[&str]) {
     assert!(status.success(), "rabbitmqctl {args:?}");
 }
 
+/// Every worker's log, one after the other.
+fn all_logs(workers: &[WorkerProcess]) -> String {
+    let logs: Vec<String> = workers.iter().map(|w| w.log_text()).collect();
+    logs.join("\n----\n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sources_two_workers_each_source_in_order_and_on_its_own_broker() {
     let vhost = Vhost::new();
@@ -164,22 +170,14 @@ async fn three_sources_two_workers_each_source_in_order_and_on_its_own_broker() 
             live.len(),
             2,
             "{name}: live workers {live:?}; logs:\n{}",
-            workers
-                .iter()
-                .map(|w| w.log_text())
-                .collect::<Vec<_>>()
-                .join("\n----\n")
+            all_logs(&workers)
         );
         let held = leases(env).await.iter().filter(|l| l.valid).count();
         assert_eq!(
             held,
             16,
             "{name}: {held} buckets leased; logs:\n{}",
-            workers
-                .iter()
-                .map(|w| w.log_text())
-                .collect::<Vec<_>>()
-                .join("\n----\n")
+            all_logs(&workers)
         );
     }
     terminate_all(&mut workers);
