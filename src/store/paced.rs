@@ -363,17 +363,17 @@ where
     }
 }
 
+/// Whether the pool holds as many connections as it may.
+fn full<DB: Database>(pool: &Pool<DB>) -> bool {
+    pool.size() >= pool.options().get_max_connections()
+}
+
 /// One attempt to connect, by hand, before the pool opens a connection
 /// itself: sqlx's pool retries a refused opening for the acquire timeout
 /// without a word, and a slow link's opening takes as long as that; this
 /// attempt tells them apart at once, so a refused pool pauses after a
 /// single attempt while openings behind a slow link may overlap. It costs
 /// a second handshake per connection the pool adds.
-/// Whether the pool holds as many connections as it may.
-fn full<DB: Database>(pool: &Pool<DB>) -> bool {
-    pool.size() >= pool.options().get_max_connections()
-}
-
 async fn probe<DB: Database>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let timeout = pool.options().get_acquire_timeout();
     connect_once::<DB::Connection>(&pool.connect_options(), timeout)
