@@ -161,7 +161,12 @@ pub fn main() -> ExitCode {
         }
     };
     let format = config.log.format;
-    match runtime.block_on(dispatch(&cli, config, provenance, traces)) {
+    let outcome = runtime.block_on(dispatch(&cli, config, provenance, traces));
+    // Dropping the runtime would wait for every blocking task, however
+    // long (a name lookup that hangs): the work is done, so the exit is
+    // held up for a second at most.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             match format {

@@ -189,11 +189,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         left.log_text()
     );
     for w in &mut workers {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 
@@ -347,11 +343,7 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
     traffic.abort();
     draining.abort();
     for w in &mut workers {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 

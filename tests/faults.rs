@@ -90,7 +90,7 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
     assert!(peak_kb < 100 * 1024, "peak RSS {peak_kb} kB");
     // Responsive throughout: a clean stop, in time.
     let stop = Instant::now();
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
     assert!(
         stop.elapsed() < Duration::from_secs(10),
         "stop took {:?}",
@@ -370,7 +370,7 @@ async fn the_checker_catches_a_relay_that_reorders_skips_repeats_or_invents(db: 
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     let (all, v) = read_and_judge(&mut reader, &env, 8, Duration::from_secs(20)).await;
     assert!(all && v.is_clean() && v.duplicates == 0, "{v:?}");
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 // ------------------------------------------------------------- scenario 1
@@ -802,7 +802,7 @@ async fn a_binding_removed_mid_run_halts_at_the_head_and_resumes_in_order(db: Db
         v.summary()
     );
     assert!(v.is_clean(), "{}", v.summary());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 // ------------------------------------------------------------- scenario 7
@@ -864,7 +864,7 @@ async fn scaling_2_6_2_every_few_seconds_keeps_one_owner_per_bucket(db: Db) {
         } else {
             while fleet.len() > 2 {
                 let mut w = fleet.pop().unwrap();
-                assert!(w.terminate(Duration::from_secs(15)).success());
+                assert!(w.terminate(EXIT_WITHIN).success());
             }
         }
         changes += 1;
@@ -988,7 +988,7 @@ async fn corrupted_claim_tokens_hold_their_bucket_no_longer_than_the_claim_ttl(d
     assert!(year_claim < Duration::from_secs(4), "{year_claim:?}");
     assert!(short_claim >= Duration::from_secs(3), "{short_claim:?}");
     assert!(all && v.is_clean(), "{}", v.summary());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// A message beyond the broker's own size limit (RabbitMQ's
@@ -1057,7 +1057,7 @@ async fn a_message_beyond_the_brokers_limit_and_bad_headers_are_parked_with_clea
         reader.summary()
     );
     assert!(!reader.checker.has(big) && !reader.checker.has(nested));
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 // ----------------------------------------------------------- clock skew

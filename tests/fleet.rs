@@ -36,11 +36,7 @@ async fn three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet(db: Db
     assert_eq!(epochs, epochs_after);
     println!("3 workers: converged in {took:?}; {before} lease events, none at steady state");
     for w in &mut workers {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 
@@ -303,11 +299,7 @@ async fn a_stopped_worker_loses_its_buckets_and_after_resuming_publishes_nothing
     assert!(all && v.is_clean(), "{v:?}");
     let mut stopped = stopped;
     for w in workers.iter_mut().chain(std::iter::once(&mut stopped)) {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 
@@ -350,7 +342,7 @@ async fn no_leasing_and_fleet_workers_refuse_each_other(db: Db) {
         "{err}"
     );
     assert!(err.contains("leasing"), "{err}");
-    assert!(fleet.terminate(Duration::from_secs(15)).success());
+    assert!(fleet.terminate(EXIT_WITHIN).success());
 
     let mut single = env.spawn_worker(&["--no-leasing", "--silent"]);
     worker_id_of(&env, &single).await;
@@ -358,7 +350,7 @@ async fn no_leasing_and_fleet_workers_refuse_each_other(db: Db) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("a --no-leasing worker is live"), "{err}");
-    assert!(single.terminate(Duration::from_secs(15)).success());
+    assert!(single.terminate(EXIT_WITHIN).success());
 }
 
 async fn sticky_assignment_moves_few_buckets_when_a_worker_joins(db: Db) {
@@ -463,11 +455,7 @@ async fn a_worker_left_without_buckets_stays_idle(db: Db) {
     println!("share of a core over {over:?}, per worker: {busy:?}");
     assert!(busy.iter().all(|&b| b < 0.3), "{busy:?}");
     for w in &mut workers {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 

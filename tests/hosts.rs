@@ -355,7 +355,7 @@ async fn sigterm_stops_a_worker_whose_database_is_blackholed_in_time() {
         worker.log_text()
     );
     assert!(all && v.is_clean(), "{v:?}");
-    assert!(next.terminate(Duration::from_secs(15)).success());
+    assert!(next.terminate(EXIT_WITHIN).success());
 }
 
 /// When every worker loses the broker, every one steps aside once: no

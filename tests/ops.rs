@@ -124,7 +124,7 @@ async fn a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bu
         .value("SELECT count(*) FROM outbox_audit WHERE action = 'requeue' AND actor LIKE 'cli %'")
         .await;
     assert_eq!(audited, 1);
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn drop_needs_yes_takes_only_parked_rows_and_is_audited(db: Db) {
@@ -299,7 +299,7 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing(db:
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("1 worker(s) are live"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
     let published_before = env.count("published_at IS NOT NULL").await;
     assert!(
         published_before < 10_000,
@@ -456,7 +456,7 @@ async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabe
         ))
         .await;
     assert_eq!(label, right);
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// A purge that deleted many rows vacuums the table, so the pending index

@@ -104,7 +104,7 @@ async fn twenty_thousand_messages_through_pgbouncer_in_transaction_mode_arrive_c
         "start-up says it polls:\n{log}"
     );
     assert!(!log.contains("prepared statement"), "{log}");
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -463,11 +463,7 @@ async fn a_primary_switchover_behind_pgbouncer_under_load_loses_nothing_and_keep
     assert!(all && v.is_clean(), "{v:?}");
     assert!(gap < Duration::from_secs(15), "{gap:?}");
     for w in &mut workers {
-        assert!(
-            w.terminate(Duration::from_secs(15)).success(),
-            "{}",
-            w.log_text()
-        );
+        assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
     }
 }
 
@@ -572,7 +568,7 @@ async fn a_read_only_old_primary_makes_workers_reconnect_to_the_new_one() {
         "{}",
         worker.log_text()
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 #[tokio::test]

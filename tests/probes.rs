@@ -305,7 +305,7 @@ async fn a_worker_that_never_reached_the_broker_takes_no_bucket_until_it_does() 
     }
     wait_status(&format!("{base}/readyz"), 200, Duration::from_secs(10)).await;
     println!("broker up: every bucket taken after {:.2?}", from.elapsed());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// With PostgreSQL stopped: the dashboard's `/healthz` answers 503 with
@@ -379,7 +379,7 @@ async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() 
     };
     assert!(dm.body.contains("outboxd_database_up 1"), "{}", dm.body);
     assert!(dm.body.contains("outboxd_workers_live 1"), "{}", dm.body);
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// With `[[source]]` entries, one listener serves every source's probes:
@@ -491,5 +491,5 @@ async fn with_several_sources_one_listener_says_each_sources_state() {
         "{}",
         m.body
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -81,7 +82,7 @@ async fn twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order
     assert!(v.is_clean(), "{v:?}");
     assert_eq!(v.keys, 500);
     assert_eq!(env.count("published_at IS NULL").await, 0);
-    let status = worker.terminate(Duration::from_secs(15));
+    let status = worker.terminate(EXIT_WITHIN);
     assert!(
         status.success(),
         "worker exit: {status:?}\n{}",
@@ -208,7 +209,7 @@ async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fix
         "unroutable head: {attempts} attempts before the fix; other buckets delivered {}",
         v.unique
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on(db: Db) {
@@ -244,7 +245,7 @@ async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_go
         .await;
     assert_eq!((attempts, parked), (2, true), "{err:?}");
     assert!(err.unwrap().contains("unroutable"));
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others(db: Db) {
@@ -296,7 +297,7 @@ async fn oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blockin
         "{errors:?}"
     );
     assert!(!reader.checker.has(big) && !reader.checker.has(bad_header));
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn declare(url: &str, queue: &str) {
@@ -366,7 +367,7 @@ async fn rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_or
         v.summary()
     );
     assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order(db: Db) {
@@ -406,7 +407,7 @@ async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order(d
         "no backend was terminated: the test proved nothing"
     );
     assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,7 +449,7 @@ async fn a_start_up_query_killed_mid_flight_is_tried_again() {
         log.contains("start-up query failed; trying again"),
         "registered as {id} without saying it retried:\n{log}"
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// A row whose transaction commits after rows with higher ids of its
@@ -499,7 +500,7 @@ async fn a_lower_id_committed_late_is_published_while_its_bucket_is_busy(db: Db)
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
@@ -544,7 +545,7 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     // Polling alone would give a p50 around idle_backoff_ms / 2 = 500 ms.
     assert!(p50 < Duration::from_millis(100), "p50 {p50:?}");
     assert!(p99 < Duration::from_millis(500), "p99 {p99:?}");
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// An idle fleet worker on PostgreSQL settles at two connections — its
@@ -620,7 +621,39 @@ async fn an_idle_postgres_worker_settles_at_two_connections_and_keeps_them() {
         "2 connections or fewer only {:.0} % of the idle time: {samples:?}",
         at_two * 100.0
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
+}
+
+/// A TCP proxy in front of `env`'s database server, which counts the
+/// connections a worker attempts, and a config variant named `name` whose
+/// pool of ten connects through it, as `login` (user, password) when given.
+async fn through_a_counting_proxy(
+    env: &TestEnv,
+    name: &str,
+    login: Option<(&str, &str)>,
+) -> (common::hosts::DelayProxy, std::path::PathBuf) {
+    let mut url = url::Url::parse(&env.worker_db_url).unwrap();
+    let server = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let proxy = common::hosts::DelayProxy::start(
+        "127.0.0.1",
+        server.parse().unwrap(),
+        Duration::ZERO,
+        Duration::ZERO,
+    )
+    .await;
+    url.set_port(Some(proxy.addr.port())).unwrap();
+    if let Some((user, password)) = login {
+        url.set_username(user).unwrap();
+        url.set_password(Some(password)).unwrap();
+    }
+    let config = env.config_variant(name, |t| {
+        t.replacen(&env.worker_db_url, url.as_str(), 1).replacen(
+            "max_connections = 6",
+            "max_connections = 10",
+            1,
+        )
+    });
+    (proxy, config)
 }
 
 /// A database that refuses the worker more connections than it has — a
@@ -656,28 +689,7 @@ async fn a_worker_refused_more_connections_shares_the_ones_it_has_and_backs_off(
     for sql in setup {
         env.db.exec(&sql).await;
     }
-    let server = url::Url::parse(&env.db_url).unwrap();
-    let target = format!("{}:{}", server.host_str().unwrap(), server.port().unwrap());
-    let proxy = common::hosts::DelayProxy::start(
-        "127.0.0.1",
-        target.parse().unwrap(),
-        Duration::ZERO,
-        Duration::ZERO,
-    )
-    .await;
-    let capped_url = format!(
-        "{}://{user}:capped@{}/{}",
-        server.scheme(),
-        proxy.addr,
-        env.db_name
-    );
-    let config = env.config_variant("capped", |t| {
-        t.replacen(&env.worker_db_url, &capped_url, 1).replacen(
-            "max_connections = 6",
-            "max_connections = 10",
-            1,
-        )
-    });
+    let (proxy, config) = through_a_counting_proxy(&env, "capped", Some((&user, "capped"))).await;
     let queue = unique("q");
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     produce(&env.db, &queue, 4, 200, 20_000).await;
@@ -747,7 +759,7 @@ async fn a_worker_refused_more_connections_shares_the_ones_it_has_and_backs_off(
         (attempts as f64) <= bound,
         "{attempts} connection attempts in {drained_in:?} (at most {bound})\n{log}"
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
     match db {
         Db::Postgres => {
             env.db.exec(&format!("DROP OWNED BY {user}")).await;
@@ -757,6 +769,89 @@ async fn a_worker_refused_more_connections_shares_the_ones_it_has_and_backs_off(
             env.db.exec(&format!("DROP USER '{user}'@'%'")).await;
         }
     };
+}
+
+/// PostgreSQL slow to take connections just after a worker started on a
+/// backlog: its postmaster paused, so that a new connection is accepted by
+/// the kernel and never answered (on a loaded CI machine PostgreSQL took
+/// over 5 s to take connections, and a worker starting then kept one more
+/// opening waiting every 100–200 ms, twenty-five at once, and did not exit
+/// within 15 s of SIGTERM). The worker goes on publishing over the
+/// connections it has, keeps only a few openings waiting at once, and,
+/// stopped meanwhile, exits within its bound; once the server takes
+/// connections again, another worker drains the rest with nothing lost.
+/// Attempts are counted at a TCP proxy in front of the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_slow_to_take_connections_leaves_a_worker_publishing_and_able_to_stop() {
+    let server = PrivatePostgres::start();
+    let env = TestEnv::with(Tuning {
+        server_admin_url: Some(server.admin_url()),
+        ..Tuning::default()
+    })
+    .await;
+    let (proxy, config) = through_a_counting_proxy(&env, "proxied", None).await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    produce(&env.db, &queue, 4, 200, 20_000).await;
+
+    let mut worker = env.spawn_worker_on(None, &config, &["--silent"]);
+    assert!(
+        reader
+            .read_until(Duration::from_secs(60), |c| c.unique() >= 1)
+            .await
+            .unwrap(),
+        "nothing published; worker log:\n{}",
+        worker.log_text()
+    );
+    let paused = server.pause_postmaster();
+    let (attempts, published) = (
+        proxy.accepted.load(Ordering::Relaxed),
+        reader.checker.unique(),
+    );
+    let window = Duration::from_secs(8);
+    reader.read_until(window, |_| false).await.unwrap();
+    let attempts = proxy.accepted.load(Ordering::Relaxed) - attempts;
+    let published = reader.checker.unique() - published;
+    let stopping = Instant::now();
+    worker.signal("TERM");
+    let status = worker.wait(Duration::from_secs(40));
+    let exited_in = stopping.elapsed();
+    let log = worker.log_text();
+    drop(paused);
+
+    let mut rest = env.spawn_worker_on(None, &config, &["--silent"]);
+    let all = reader
+        .read_until(Duration::from_secs(120), |c| c.unique() >= 20_000)
+        .await
+        .unwrap();
+    println!(
+        "PostgreSQL took no new connection for {window:?} and the shutdown after: \
+         {published} messages published meanwhile, {attempts} connections attempted, \
+         exited {exited_in:?} after SIGTERM ({status})"
+    );
+    assert!(
+        all,
+        "not everything arrived; worker log:\n{}",
+        rest.log_text()
+    );
+    let v = reader.checker.verdict(env.all_ids().await);
+    assert!(v.is_clean(), "{}", v.summary());
+    assert!(status.success(), "exit {status}:\n{log}");
+    assert!(
+        exited_in < EXIT_WITHIN,
+        "exited {exited_in:?} after SIGTERM:\n{log}"
+    );
+    assert!(
+        published > 0,
+        "nothing published over the connections the worker had:\n{log}"
+    );
+    // At most four openings wait at once, each for connect_timeout (5 s):
+    // over 8 s, two rounds. (Without that bound: 18.)
+    assert!(
+        attempts <= 10,
+        "{attempts} connections attempted in {window:?}:\n{log}"
+    );
+    assert!(rest.terminate(EXIT_WITHIN).success());
 }
 
 /// MariaDB has no notifications: between polls, which back off to
@@ -814,7 +909,7 @@ async fn on_mariadb_the_probe_relays_a_row_after_a_quiet_spell_before_the_next_p
             took.len() - 1
         };
         slowest.insert(probe, took[judged]);
-        assert!(worker.terminate(Duration::from_secs(15)).success());
+        assert!(worker.terminate(EXIT_WITHIN).success());
     }
     // After a poll that found a row, the polls run every 100 ms for a
     // second, then 200, 400, 800 and 1000 ms apart: a row committed 2.6 s
@@ -1011,7 +1106,7 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db)
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("published_at IS NOT NULL", 100, Duration::from_secs(20))
         .await;
-    let status = worker.terminate(Duration::from_secs(15));
+    let status = worker.terminate(EXIT_WITHIN);
     assert!(status.success(), "exit {status:?}\n{}", worker.log_text());
     producing.await.unwrap();
     let workers: i64 = env.db.value("SELECT count(*) FROM outbox_workers").await;
@@ -1036,7 +1131,7 @@ async fn a_missing_exchange_is_one_clear_line_naming_it(db: Db) {
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     env.wait_count("attempts >= 2", 1, Duration::from_secs(20))
         .await;
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
     let log = worker.log_text();
     let failures: Vec<&str> = log
         .lines()
@@ -1135,7 +1230,7 @@ async fn a_producers_insert_never_waits_for_a_claim(db: Db) {
         "an INSERT took {:?} during the drain",
         busy.last().unwrap()
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// The relay's claim of `bucket`, run by hand and held open in a
@@ -1490,7 +1585,7 @@ async fn rows_of_any_shape_are_published_or_parked_and_hold_up_nothing(db: Db) {
         "a plain message was not published (seed {seed})"
     );
     assert!(all && v.is_clean(), "seed {seed}: {}", v.summary());
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 on_every_db!(

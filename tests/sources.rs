@@ -310,7 +310,7 @@ async fn a_source_that_cannot_be_served_leaves_the_others_running() {
         .await;
     assert_eq!(published, 1, "{}", worker.log_text());
     assert!(
-        worker.terminate(Duration::from_secs(15)).success(),
+        worker.terminate(EXIT_WITHIN).success(),
         "{}",
         worker.log_text()
     );

@@ -231,5 +231,5 @@ async fn draining_a_backlog_keeps_the_wal_file_near_its_limit() {
         "the WAL file grew to {:.1} MB",
         mb(largest)
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }

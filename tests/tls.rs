@@ -487,7 +487,7 @@ async fn mutual_tls_with_external_login_survives_rotated_certificates() {
         validity.contains("2002-01-01"),
         "the broker sees the new certificate: {validity}"
     );
-    assert!(worker.terminate(Duration::from_secs(15)).success());
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 /// Closes every connection of `user` from the broker's side; how many.

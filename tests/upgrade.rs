@@ -112,7 +112,7 @@ async fn old_workers_replaced_one_by_one_by_new_ones_lose_nothing(db: Db) {
     for (i, w) in fleet.iter_mut().enumerate() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
-            w.terminate(Duration::from_secs(15)).success(),
+            w.terminate(EXIT_WITHIN).success(),
             "old worker {i}: {}",
             w.log_text()
         );

@@ -31,7 +31,7 @@
 //! Each opening starts with one attempt by hand ([`probe`]): a refusal is
 //! known after one attempt (then the pool makes one attempt at a time, each
 //! after a pause of 1 s doubling to [`MAX_PAUSE`], with one warning each),
-//! while a slow link's openings may overlap. With no connection at all it
+//! while a slow link's openings may overlap, up to [`MAX_OPENINGS`]. With no connection at all it
 //! is sqlx's own acquisition, one at a time (the first connection is opened
 //! once, not by every statement that started with the worker), and at
 //! `max_connections` too (which queues for a released one). It gives up
@@ -60,6 +60,13 @@ const PATIENCE: Duration = Duration::from_millis(3);
 const GROWTH_SPACING: Duration = Duration::from_millis(100);
 /// The longest pause after failed openings (the first pause is 1 s).
 const MAX_PAUSE: Duration = Duration::from_secs(30);
+/// The most openings under way at once. Behind a slow link several overlap
+/// (one at a time left a host behind a 300 ms link short of connections);
+/// a server slow to take connections, as a loaded machine's is, answers
+/// none for seconds, and a worker that started one more every 100–200 ms
+/// meanwhile had twenty-five waiting, each a backend the server had yet to
+/// start, before the first gave up.
+const MAX_OPENINGS: usize = 4;
 /// How often a waiting acquisition looks for a released connection.
 const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// How long a connection may sit idle before it is pinged when acquired
@@ -248,15 +255,16 @@ impl<DB: Database> PacedPool<DB> {
     }
 
     /// Starts a background opening, unless it is too soon after the last
-    /// one started ([`GROWTH_SPACING`] times `size`) or, after a failed
-    /// one, while another is under way or the pause lasts. The opened
-    /// connection goes to the pool's idle ones, where a waiting
-    /// acquisition takes it. (Openings may overlap while none fails: behind
-    /// a slow link each takes seconds.)
+    /// one started ([`GROWTH_SPACING`] times `size`), [`MAX_OPENINGS`] are
+    /// under way or, after a failed one, while another is under way or the
+    /// pause lasts. The opened connection goes to the pool's idle ones,
+    /// where a waiting acquisition takes it. (Openings may overlap while
+    /// none fails: behind a slow link each takes seconds.)
     fn grow(&self, size: u32) {
         let mut growth = self.growth.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        if now < growth.next || (growth.failures > 0 && growth.opening > 0) {
+        let most = if growth.failures > 0 { 1 } else { MAX_OPENINGS };
+        if now < growth.next || growth.opening >= most {
             return;
         }
         growth.opening += 1;

@@ -681,10 +681,18 @@ async fn delete_queues(queues: &[String]) {
     let _ = conn.close(200, "bye".into()).await;
 }
 
-/// SIGTERMs every worker and asserts each exits 0 within 15 s.
+/// The longest a worker of [`TestEnv`]'s config may take to exit after
+/// SIGTERM when its database is slow: the coordinator's cycle in progress
+/// (1 s), the in-flight batches (`worker.shutdown_timeout`, 10 s),
+/// releasing the leases (2 s) and the farewell (2 s), plus 5 s for a
+/// loaded machine. (15 s, the sum without that margin, once ran out in CI
+/// while PostgreSQL took over 5 s to take each connection.)
+pub const EXIT_WITHIN: Duration = Duration::from_secs(20);
+
+/// SIGTERMs every worker and asserts each exits 0 within [`EXIT_WITHIN`].
 pub fn terminate_all(workers: &mut [WorkerProcess]) {
     for w in workers {
-        assert!(w.terminate(Duration::from_secs(15)).success());
+        assert!(w.terminate(EXIT_WITHIN).success());
     }
 }
 
@@ -868,6 +876,19 @@ impl PrivatePostgres {
         }
     }
 
+    /// Pauses the postmaster alone (`STOP`) until the guard is dropped
+    /// (`CONT`): the connections it has keep answering, while a new one is
+    /// accepted by the kernel and never answered — a server slow to take
+    /// connections, as a loaded machine's sometimes is.
+    pub fn pause_postmaster(&self) -> PausedPostmaster {
+        let pidfile = self.dir.join("pg/postmaster.pid");
+        let text = std::fs::read_to_string(&pidfile).expect("postmaster.pid");
+        let pid = text.lines().next().unwrap_or_default().trim().to_string();
+        let status = Command::new("kill").args(["-STOP", &pid]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -STOP {pid}");
+        PausedPostmaster(pid)
+    }
+
     fn try_signal_all(&self, sig: &str) -> Result<(), String> {
         let pidfile = self.dir.join("pg/postmaster.pid");
         let text = std::fs::read_to_string(&pidfile).map_err(|e| e.to_string())?;
@@ -995,6 +1016,16 @@ impl Drop for PrivateMariaDb {
     fn drop(&mut self) {
         self.run("kill");
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A paused postmaster ([`PrivatePostgres::pause_postmaster`]), resumed
+/// when dropped — also when the test fails.
+pub struct PausedPostmaster(String);
+
+impl Drop for PausedPostmaster {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
     }
 }
 
