@@ -31,12 +31,12 @@
 //! Each opening starts with one attempt by hand ([`probe`]): a refusal is
 //! known after one attempt (then the pool makes one attempt at a time, each
 //! after a pause of 1 s doubling to [`MAX_PAUSE`], with one warning each),
-//! while a slow link's openings may overlap, up to [`MAX_OPENINGS`]. With no connection at all it
-//! is sqlx's own acquisition, one at a time (the first connection is opened
-//! once, not by every statement that started with the worker), and at
-//! `max_connections` too (which queues for a released one). It gives up
-//! with sqlx's `PoolTimedOut` after the pool's acquire timeout, as sqlx
-//! would.
+//! while a slow link's openings may overlap, up to [`MAX_OPENINGS`]. With
+//! no connection at all it is sqlx's own acquisition, one at a time (the
+//! first connection is opened once, not by every statement that started
+//! with the worker), and at `max_connections` too (which queues for a
+//! released one). It gives up with sqlx's `PoolTimedOut` after the pool's
+//! acquire timeout, as sqlx would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
