@@ -881,18 +881,21 @@ impl PrivatePostgres {
     /// accepted by the kernel and never answered — a server slow to take
     /// connections, as a loaded machine's sometimes is.
     pub fn pause_postmaster(&self) -> PausedPostmaster {
-        let pidfile = self.dir.join("pg/postmaster.pid");
-        let text = std::fs::read_to_string(&pidfile).expect("postmaster.pid");
-        let pid = text.lines().next().unwrap_or_default().trim().to_string();
+        let pid = self.postmaster_pid().expect("postmaster.pid");
         let status = Command::new("kill").args(["-STOP", &pid]).status();
         assert!(status.is_ok_and(|s| s.success()), "kill -STOP {pid}");
         PausedPostmaster(pid)
     }
 
-    fn try_signal_all(&self, sig: &str) -> Result<(), String> {
+    /// The postmaster's process id, from its pid file.
+    fn postmaster_pid(&self) -> Result<String, String> {
         let pidfile = self.dir.join("pg/postmaster.pid");
         let text = std::fs::read_to_string(&pidfile).map_err(|e| e.to_string())?;
-        let postmaster = text.lines().next().unwrap_or_default().trim().to_string();
+        Ok(text.lines().next().unwrap_or_default().trim().to_string())
+    }
+
+    fn try_signal_all(&self, sig: &str) -> Result<(), String> {
+        let postmaster = self.postmaster_pid()?;
         let children = Command::new("pgrep")
             .args(["-P", &postmaster])
             .output()
