@@ -1118,6 +1118,48 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db)
     assert_eq!(claims, 0, "no claim is left behind");
 }
 
+/// A reader of stdout that stalls (a pipe nobody drains): the worker's
+/// report lines are dropped, with one warning, while it goes on relaying,
+/// and SIGTERM still stops it within its bound. Before, the report's write
+/// blocked for good once the pipe was full, and the exit with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_stdout_is_not_read_relays_and_stops_on_sigterm() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    declare(&amqp_url(), &queue).await;
+    // A tick every 10 ms is ~24 KB/s of JSON: the 64 KiB pipe is full
+    // within seconds.
+    let mut worker =
+        env.spawn_worker_with_unread_stdout(&["--no-leasing", "--json", "--interval-ms", "10"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !worker.log_text().contains("stdout is not being read") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..500 {
+        env.db
+            .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))
+            .await;
+    }
+    let published = env
+        .wait_count("published_at IS NOT NULL", 500, Duration::from_secs(30))
+        .await;
+    assert_eq!(published, 500, "{}", worker.log_text());
+    let asked = Instant::now();
+    let status = worker.terminate(EXIT_WITHIN);
+    println!(
+        "stdout unread: 500 relayed meanwhile; exit {:?} after SIGTERM",
+        asked.elapsed()
+    );
+    assert!(status.success(), "exit {status:?}\n{}", worker.log_text());
+    assert!(
+        worker.log_text().contains("stdout is not being read"),
+        "the pipe never filled:\n{}",
+        worker.log_text()
+    );
+    let rows: i64 = env.db.value("SELECT count(*) FROM outbox_workers").await;
+    assert_eq!(rows, 0, "the worker row is removed:\n{}", worker.log_text());
+}
+
 /// A row for an exchange that does not exist: the broker closes the
 /// channel, which is the row's fault, not the connection's. The log says so
 /// in one line per attempt that names the exchange — no lapin internals, no

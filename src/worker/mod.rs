@@ -7,7 +7,8 @@
 //! - the drain itself: the fleet coordinator (leases) or, with
 //!   `--no-leasing`, one drainer per bucket, under the process's
 //!   [`CancellationToken`];
-//! - [`report`]: the periodic report while it drains;
+//! - [`report`]: the periodic report while it drains, its lines written
+//!   by [`stdout`]'s thread (a stalled reader never holds the worker up);
 //! - [`probes`]: `/livez`, `/readyz` and `/metrics` (`worker.health_listen`);
 //! - [`sources`]: several outboxes (`[[source]]`) — one such worker per
 //!   source in this process, each retried on its own, reloaded on SIGHUP.
@@ -24,6 +25,7 @@ mod probes;
 mod report;
 pub mod sources;
 mod startup;
+mod stdout;
 mod supervisor;
 
 use std::sync::Arc;
@@ -203,6 +205,8 @@ pub async fn run(
         );
     }
     let _ = tokio::time::timeout_at(farewell, store.close()).await;
+    // Last, as a stalled reader of stdout may take the whole budget.
+    stdout::flush(farewell).await;
     match fatal {
         Some(e) => Err(e),
         None => Ok(totals),
@@ -211,7 +215,7 @@ pub async fn run(
 
 /// How long the steps after the drain may take together on exit: the last
 /// throughput record, stopping the background tasks, removing the worker
-/// row, closing the pool.
+/// row, closing the pool, writing the report lines still queued.
 const FAREWELL: Duration = Duration::from_secs(2);
 
 /// Starts what runs beside the drain, under `tasks`: the heartbeat, the

@@ -4,7 +4,7 @@
 //! `--window` otherwise), its counts added to the throughput tables, and
 //! RabbitMQ's flow control of its connection written to its row.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -249,14 +249,9 @@ impl Reporter {
         };
         self.last = now_stats;
         self.last_at = now;
-        let mut out = std::io::stdout().lock();
         if self.json {
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&tick).expect("tick serialises")
-            );
-            let _ = out.flush();
+            let line = serde_json::to_string(&tick).expect("tick serialises");
+            super::stdout::print(line + "\n");
         } else if force_line || now.duration_since(self.window_at) >= self.window {
             let d = now_stats.since(&self.window_start);
             let secs = now.duration_since(self.window_at).as_secs_f64().max(1e-3);
@@ -275,20 +270,20 @@ impl Reporter {
                 labels.len(),
                 tick.pending_buckets.map_or("?".into(), |p| p.to_string()),
             );
-            if self.tty {
-                let _ = write!(out, "\r\x1b[K{line}");
+            super::stdout::print(if self.tty {
+                format!("\r\x1b[K{line}")
             } else {
-                let _ = writeln!(out, "{line}");
-            }
-            let _ = out.flush();
+                line + "\n"
+            });
             self.window_start = now_stats;
             self.window_at = now;
         }
     }
 
+    /// Ends the rate line on a terminal.
     fn finish(&self) {
         if self.human && self.tty {
-            crate::say!();
+            super::stdout::print("\n".into());
         }
     }
 }
