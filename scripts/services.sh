@@ -124,6 +124,30 @@ as_svc() {
   fi
 }
 
+# Keeps PORTs out of the kernel's choice of local ports for outgoing
+# connections, in this network namespace. The default ports lie in Linux's
+# ephemeral range (32768-60999), so a client socket (a readiness check, a
+# pooled connection) may hold one just when a server starts on it: RabbitMQ
+# then stops with "eaddrinuse" (seen once in CI). Only ports in that range,
+# only as root; it lasts until reboot and changes nothing else (a server
+# binds a reserved port as before).
+reserve_ports() {
+  local file=/proc/sys/net/ipv4/ip_local_reserved_ports
+  [ "$(id -u)" = 0 ] && [ -w "$file" ] || return 0
+  local lo hi p
+  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range
+  (
+    flock 9
+    local now
+    now=$(cat "$file")
+    for p in "$@"; do
+      [ "$p" -ge "$lo" ] && [ "$p" -le "$hi" ] || continue
+      case ",$now," in *",$p,"*) ;; *) now=${now:+$now,}$p ;; esac
+    done
+    echo "$now" > "$file"
+  ) 9>/tmp/outboxd-reserved-ports.lock
+}
+
 own_state() {
   mkdir -p "$state"
   if [ "$(id -u)" = 0 ]; then
@@ -136,6 +160,7 @@ own_state() {
 pg_start() {
   local data=$state/pg
   own_state
+  reserve_ports "$pg_port"
   if [ ! -f "$data/PG_VERSION" ]; then
     log "initdb $data"
     as_svc mkdir -p "$data"
@@ -241,6 +266,7 @@ pgbouncer_admin() {
 pgbouncer_start() {
   local dir=$1 port=$2
   own_state
+  reserve_ports "$port"
   as_svc mkdir -p "$dir"
   as_svc sh -c "echo '\"outboxd\" \"outboxd\"' > '$dir/userlist.txt'"
   [ -z "$tls_dir" ] || tls_copy "$dir/tls"
@@ -287,6 +313,7 @@ pgbouncer_stop() {
 mariadb_start() {
   local data=$state/mariadb
   own_state
+  reserve_ports "$mysql_port"
   if [ ! -d "$data/mysql" ]; then
     log "mariadb-install-db $data"
     as_svc mkdir -p "$data"
@@ -377,6 +404,7 @@ rabbit_ctl() {
 rabbit_start() {
   local dir=$1 port=$2
   own_state
+  reserve_ports "$port" "$((port + 1))" ${OUTBOXD_AMQPS_PORT:-}
   as_svc mkdir -p "$dir/log" "$dir/mnesia"
   # Before any CLI call, which would create a random cookie of its own.
   if [ -n "${OUTBOXD_RABBIT_COOKIE:-}" ]; then
@@ -414,12 +442,14 @@ ssl_options.fail_if_no_peer_cert = false"
   # shellcheck disable=SC2046
   as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
     >"$dir/stdout.log" 2>&1 </dev/null &
-  local i
+  local server=$! i
   for i in $(seq 1 120); do
     if rabbit_ctl "$dir" "$port" -q await_startup >/dev/null 2>&1; then
       log "RabbitMQ up on $listen:$port ($dir)"
       return 0
     fi
+    # A node that stopped (a port in use) is not waited for.
+    kill -0 "$server" 2>/dev/null || break
     sleep 1
   done
   log "RabbitMQ did not start; see $dir/log and $dir/stdout.log"
