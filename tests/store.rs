@@ -588,6 +588,19 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         }
     };
     assert_eq!(live_sorted().await, both, "late, but its leases are valid");
+    // How long the list stands: zero while a member is late but counted;
+    // else until the first other could be left out — here b's heartbeat,
+    // 30 s from its registration, runs out before it is 60 s late.
+    let stands = |me| async move {
+        let m = store.membership(me, SUSPECT).await.unwrap();
+        m.stable_for.expect("another member")
+    };
+    assert_eq!(stands(b).await, Duration::ZERO, "a is late: read again");
+    let for_a = stands(a).await;
+    assert!(
+        for_a > Duration::from_secs(20) && for_a <= Duration::from_secs(30),
+        "b's heartbeat expires first: {for_a:?}"
+    );
     lapse("p01").await;
     assert_eq!(
         live_sorted().await,
@@ -657,13 +670,9 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap()
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(
-        store
-            .live_leasing(Uuid::nil(), SUSPECT_NONE)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    let nobody = store.membership(Uuid::nil(), SUSPECT_NONE).await.unwrap();
+    assert!(nobody.live.is_empty());
+    assert_eq!(nobody.stable_for, None, "no member to wait for");
     assert_eq!(store.remove_dead(Duration::ZERO).await.unwrap(), 1);
     assert!(store.list_workers().await.unwrap().is_empty());
 }

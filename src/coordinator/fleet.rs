@@ -6,7 +6,10 @@
 //! 1. read the sorted live fleet-mode workers (less late ones without a
 //!    valid lease: dead ones, retargeted once their leases can be taken — see
 //!    [`WorkerStore::live_leasing`](crate::store::workers::WorkerStore::live_leasing))
-//!    and compute this worker's target buckets ([`assignment`](super::assignment));
+//!    and compute this worker's target buckets ([`assignment`](super::assignment)).
+//!    Where the peers' announcements arrive, the last read's targets serve
+//!    until an announcement, a handover, or the first moment that read says
+//!    a peer could be left out ([`Fleet::targets`]);
 //! 2. every `lease_renew`, renew every held lease (owner *and* epoch must
 //!    match); a lease that did not renew is lost: its drainer is stopped and
 //!    its trust revoked;
@@ -58,13 +61,13 @@ use crate::store::{Channel, Store};
 /// How often a cycle runs while targets are not all held or buckets are
 /// being handed over.
 const POLL: Duration = Duration::from_millis(250);
-/// How often a cycle runs at steady state: a membership check, which bounds
-/// how late a dead peer's buckets are retargeted after its leases lapsed
-/// (a second after is soon enough) and, where peers' announcements do not
-/// arrive (no `LISTEN`: MariaDB, SQLite, a transaction pooler without
-/// `listen_url`), how late a join or a leave is noticed. (Every 500 ms
-/// there, until the checks of 64 idle MariaDB workers were 128 of the
-/// database's statements a second.)
+/// How often a cycle runs at steady state: a membership check when one is
+/// due, which bounds how late a dead peer's buckets are retargeted after its
+/// leases lapsed (a second after is soon enough) and, where peers'
+/// announcements do not arrive (no `LISTEN`: MariaDB, SQLite, a transaction
+/// pooler without `listen_url`), how late a join or a leave is noticed.
+/// (Every 500 ms there, until the checks of 64 idle MariaDB workers were
+/// 128 of the database's statements a second.)
 const IDLE_POLL: Duration = Duration::from_secs(1);
 
 /// How long a cycle in progress may still take on shutdown.
@@ -123,6 +126,17 @@ pub struct Fleet {
     publishing: watch::Sender<bool>,
     /// `can_publish` as last written to the worker row (`None`: to write).
     recorded_can_publish: Option<bool>,
+    /// The targets of the last membership read, while they stand.
+    known: Option<Known>,
+    /// A peer announced a change since the last membership read.
+    announced: bool,
+}
+
+/// Targets from a membership read, and until when they stand without
+/// another (see [`Fleet::targets`]).
+struct Known {
+    targets: BTreeSet<String>,
+    until: Instant,
 }
 
 impl Fleet {
@@ -145,6 +159,8 @@ impl Fleet {
             publishing: watch::channel(false).0,
             // The row says false until the first cycle records true.
             recorded_can_publish: None,
+            known: None,
+            announced: false,
         }
     }
 
@@ -197,7 +213,7 @@ impl Fleet {
             let until = (Instant::now() + pause).min(next_renew);
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = self.wake.notified() => {}
+                _ = self.wake.notified() => self.announced = true,
                 _ = tokio::time::sleep_until(until) => {}
             }
         }
@@ -227,29 +243,16 @@ impl Fleet {
         next_cleanup: &mut Instant,
     ) -> bool {
         let store = self.store.clone();
+        let could_publish = self.can_publish;
         self.check_broker().await;
-        let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
-        let target_set: Option<BTreeSet<String>> = match store
-            .live_leasing(self.me, suspect_after)
-            .await
-        {
+        if self.can_publish != could_publish {
+            self.known = None;
+        }
+        let target_set = if self.can_publish {
+            self.targets().await
+        } else {
             // Stepped aside: no targets, whatever the membership.
-            _ if !self.can_publish => Some(BTreeSet::new()),
-            Ok(live) => Some(
-                targets(
-                    self.settings.assignment,
-                    &live,
-                    self.me,
-                    self.settings.partitioner.count(),
-                )
-                .into_iter()
-                .map(|b| self.settings.partitioner.label(b))
-                .collect(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the fleet membership; keeping current leases");
-                None
-            }
+            Some(BTreeSet::new())
         };
 
         if Instant::now() >= *next_renew {
@@ -291,6 +294,59 @@ impl Fleet {
             }
         }
         pending
+    }
+
+    /// This worker's target buckets (`None`: the membership could not be
+    /// read). From a membership read — or, while the peers' announcements
+    /// arrive (`LISTEN` works), none came since the last read and no
+    /// handover is under way, from that read for as long as it stands
+    /// ([`Membership::stable_for`](crate::store::workers::Membership::stable_for)),
+    /// `lease_renew` at most. A read meanwhile would find nothing new: a
+    /// join, a leave, a release or a change of broker state is announced,
+    /// and a dead peer is left out no sooner than `stable_for` says. Only a
+    /// stalled peer that comes back is not announced: it gets its share
+    /// within `lease_renew` rather than within a cycle. An idle fleet thus
+    /// reads its membership every `lease_renew` per worker instead of every
+    /// cycle.
+    async fn targets(&mut self) -> Option<BTreeSet<String>> {
+        let now = Instant::now();
+        let announced = std::mem::take(&mut self.announced);
+        let handing_over = self.held.values().any(|h| h.stopping.is_some());
+        if let Some(known) = &self.known
+            && !announced
+            && !handing_over
+            && self.wake.announcements_arrive()
+            && now < known.until
+        {
+            return Some(known.targets.clone());
+        }
+        let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
+        match self.store.membership(self.me, suspect_after).await {
+            Ok(members) => {
+                let targets: BTreeSet<String> = targets(
+                    self.settings.assignment,
+                    &members.live,
+                    self.me,
+                    self.settings.partitioner.count(),
+                )
+                .into_iter()
+                .map(|b| self.settings.partitioner.label(b))
+                .collect();
+                let stands = members.stable_for.map_or(self.settings.lease_renew, |s| {
+                    s.min(self.settings.lease_renew)
+                });
+                self.known = Some(Known {
+                    targets: targets.clone(),
+                    until: now + stands,
+                });
+                Some(targets)
+            }
+            Err(e) => {
+                self.known = None;
+                tracing::warn!(error = %e, "cannot read the fleet membership; keeping current leases");
+                None
+            }
+        }
     }
 
     /// Steps aside when the broker has been unreachable for longer than

@@ -88,12 +88,21 @@ pub struct Wakeups {
 #[derive(Clone, Default)]
 pub struct FleetSignal {
     wake: Arc<Notify>,
+    /// `LISTEN` works (checked).
+    listening: Arc<AtomicBool>,
 }
 
 impl FleetSignal {
     /// Resolves at the next announcement.
     pub async fn notified(&self) {
         self.wake.notified().await
+    }
+
+    /// Whether the peers' announcements arrive: `LISTEN` works. (While it
+    /// reconnects they do not; once it is back, everything is woken, the
+    /// coordinator too.)
+    pub fn announcements_arrive(&self) -> bool {
+        self.listening.load(Ordering::Relaxed)
     }
 }
 
@@ -147,6 +156,7 @@ impl Wakeups {
     pub fn fleet(&self) -> FleetSignal {
         FleetSignal {
             wake: self.fleet.clone(),
+            listening: self.listening.clone(),
         }
     }
 

@@ -24,9 +24,11 @@ pub struct WorkersSql {
     pub remove: Sql,
     /// Live workers other than worker_id, as `LiveWorker`: worker_id.
     pub live_others: Sql,
-    /// Ids of the live fleet workers that can publish, less late ones
-    /// without a valid lease ([`WorkerStore::live_leasing`](super::workers::WorkerStore::live_leasing)).
-    /// No parameters.
+    /// The live fleet workers that can publish, less late ones without a
+    /// valid lease, as (worker_id, seconds since its heartbeat, seconds
+    /// until its heartbeat expires), sorted by id
+    /// ([`WorkerStore::membership`](super::workers::WorkerStore::membership)):
+    /// worker_id (never left out), suspect_after.
     pub live_leasing: Sql,
     /// Rows whose heartbeat ran out more than the grace ago: grace.
     pub remove_dead: Sql,

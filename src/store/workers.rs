@@ -53,6 +53,22 @@ pub struct LiveWorker {
     pub expires_in: f64,
 }
 
+/// The fleet's members as target computation reads them
+/// ([`WorkerStore::membership`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Membership {
+    /// The ids of [`WorkerStore::live_leasing`], sorted.
+    pub live: Vec<Uuid>,
+    /// How long the list stands at least, unless a member changes its row
+    /// (a worker joins, leaves, steps aside or comes back — each announced
+    /// on the fleet channel, except a stalled worker's return): until the
+    /// first of the others could be left out, for lateness
+    /// (`suspect_after` after its last heartbeat) or because its heartbeat
+    /// expires. Zero while one is late but still holds a valid lease;
+    /// `None` without others.
+    pub stable_for: Option<Duration>,
+}
+
 /// A worker as the dashboard shows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct WorkerView {
@@ -181,7 +197,13 @@ pub trait WorkerStore {
         &self,
         me: Uuid,
         suspect_after: Duration,
-    ) -> Result<Vec<Uuid>, StoreError>;
+    ) -> Result<Vec<Uuid>, StoreError> {
+        Ok(self.membership(me, suspect_after).await?.live)
+    }
+
+    /// [`WorkerStore::live_leasing`], with how long the list stands.
+    async fn membership(&self, me: Uuid, suspect_after: Duration)
+    -> Result<Membership, StoreError>;
 
     /// Deletes rows whose heartbeat expired more than `grace` ago (workers
     /// that died without cleaning up). Returns how many.
@@ -315,13 +337,13 @@ impl<D: Driver> WorkerStore for D {
         Ok(())
     }
 
-    async fn live_leasing(
+    async fn membership(
         &self,
         me: Uuid,
         suspect_after: Duration,
-    ) -> Result<Vec<Uuid>, StoreError> {
+    ) -> Result<Membership, StoreError> {
         let sql = &self.sql().workers.live_leasing;
-        let rows: Vec<(Uuid,)> = self
+        let rows: Vec<(Uuid, f64, f64)> = self
             .reads()
             .fetch_all(
                 sql,
@@ -329,7 +351,17 @@ impl<D: Driver> WorkerStore for D {
                 "listing live workers",
             )
             .await?;
-        Ok(rows.into_iter().map(|(id,)| id).collect())
+        let suspect = suspect_after.as_secs_f64();
+        let stable_for = rows
+            .iter()
+            .filter(|(id, _, _)| *id != me)
+            .map(|&(_, age, expires_in)| (suspect - age).min(expires_in))
+            .min_by(f64::total_cmp)
+            .map(|s| Duration::try_from_secs_f64(s).unwrap_or_default());
+        Ok(Membership {
+            live: rows.into_iter().map(|(id, _, _)| id).collect(),
+            stable_for,
+        })
     }
 
     async fn remove_dead(&self, grace: Duration) -> Result<u64, StoreError> {

@@ -45,7 +45,9 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: Sql::render(
             t,
-            "SELECT w.worker_id FROM {workers} w
+            "SELECT w.worker_id, TIMESTAMPDIFF(MICROSECOND, w.heartbeat_at, UTC_TIMESTAMP(6)) / 1e6,
+                    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.heartbeat_until) / 1e6
+             FROM {workers} w
              WHERE w.heartbeat_until > UTC_TIMESTAMP(6) AND w.mode = 'leasing' AND w.can_publish
                AND (w.worker_id = ? OR w.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
                     OR EXISTS (SELECT 1 FROM {partitions} p

@@ -43,7 +43,9 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),
         live_leasing: Sql::render(
             t,
-            "SELECT w.worker_id FROM {workers} w
+            "SELECT w.worker_id, extract(epoch FROM now() - w.heartbeat_at)::float8,
+                    extract(epoch FROM w.heartbeat_until - now())::float8
+             FROM {workers} w
              WHERE w.heartbeat_until > now() AND w.mode = 'leasing' AND w.can_publish
                AND (w.worker_id = $1 OR w.heartbeat_at > now() - make_interval(secs => $2::float8 / 1000)
                     OR EXISTS (SELECT 1 FROM {partitions} p

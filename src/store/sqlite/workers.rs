@@ -41,12 +41,17 @@ pub fn statements(t: &TablesConfig) -> WorkersSql {
         remove: sql(t, "DELETE FROM {workers} WHERE worker_id = ?"),
         live_leasing: sql(
             t,
-            "SELECT w.worker_id FROM {workers} w
-             WHERE w.heartbeat_until > {now} AND w.mode = 'leasing' AND w.can_publish
-               AND (w.worker_id = ? OR w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
-                    OR EXISTS (SELECT 1 FROM {partitions} p
-                               WHERE p.lease_owner = w.worker_id AND p.lease_until > {now}))
-             ORDER BY w.worker_id",
+            &format!(
+                "SELECT w.worker_id, {} , {}
+                 FROM {{workers}} w
+                 WHERE w.heartbeat_until > {{now}} AND w.mode = 'leasing' AND w.can_publish
+                   AND (w.worker_id = ? OR w.heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+                        OR EXISTS (SELECT 1 FROM {{partitions}} p
+                                   WHERE p.lease_owner = w.worker_id AND p.lease_until > {{now}}))
+                 ORDER BY w.worker_id",
+                seconds_between("w.heartbeat_at", "{now}"),
+                seconds_between("{now}", "w.heartbeat_until")
+            ),
         ),
         set_broker_state: sql(
             t,
