@@ -243,15 +243,13 @@ impl Fleet {
         next_cleanup: &mut Instant,
     ) -> bool {
         let store = self.store.clone();
-        let could_publish = self.can_publish;
         self.check_broker().await;
-        if self.can_publish != could_publish {
-            self.known = None;
-        }
         let target_set = if self.can_publish {
             self.targets().await
         } else {
-            // Stepped aside: no targets, whatever the membership.
+            // Stepped aside: no targets, whatever the membership (read
+            // afresh once it is back).
+            self.known = None;
             Some(BTreeSet::new())
         };
 

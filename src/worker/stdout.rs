@@ -67,7 +67,10 @@ pub(super) fn print(text: String) {
 
 /// Waits until every line queued so far is written, up to `deadline`.
 pub(super) async fn flush(deadline: tokio::time::Instant) {
-    let Some(tx) = writer() else { return };
+    // Nothing was ever printed (`--silent`): no thread to start.
+    let Some(Some(tx)) = WRITER.get() else {
+        return;
+    };
     let (done, written) = oneshot::channel();
     let mut flush = Message::Flush(done);
     // Waits for room behind the lines queued, then for them to be written.
