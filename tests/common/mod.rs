@@ -19,6 +19,8 @@ pub mod readme;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outboxd::checker::Verdict;
@@ -1486,6 +1488,19 @@ pub async fn read_and_judge(
 /// Enqueues `total` messages over `keys` keys spread evenly over `over`, one
 /// transaction each.
 pub async fn produce_evenly(db: TestDb, queue: String, total: usize, keys: usize, over: Duration) {
+    produce_evenly_counted(db, queue, total, keys, over, Arc::default()).await
+}
+
+/// [`produce_evenly`], adding each committed message to `produced`, so that
+/// a test can tell a relay that fell behind from a producer that did.
+pub async fn produce_evenly_counted(
+    db: TestDb,
+    queue: String,
+    total: usize,
+    keys: usize,
+    over: Duration,
+    produced: Arc<AtomicUsize>,
+) {
     let period = over / total as u32;
     let mut next = tokio::time::Instant::now();
     for i in 0..total {
@@ -1496,6 +1511,7 @@ pub async fn produce_evenly(db: TestDb, queue: String, total: usize, keys: usize
             i.to_string(),
         ))
         .await;
+        produced.fetch_add(1, Ordering::Relaxed);
         next += period;
         tokio::time::sleep_until(next).await;
     }
