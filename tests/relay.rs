@@ -212,6 +212,83 @@ async fn an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fix
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+/// A failed head is retried when its backoff ends, timed by its drainer:
+/// not at the worker's next look for unannounced rows, which an idle
+/// worker makes only every `idle_backoff_ms` (60 s here) or, where `LISTEN`
+/// works, less often still. With a 300 ms backoff the head is tried again
+/// and again; once its route exists it goes out at once, the row behind it
+/// after it.
+async fn a_failed_head_is_retried_when_its_backoff_ends_not_at_the_next_poll(db: Db) {
+    let env = TestEnv::with(Tuning {
+        idle_backoff_ms: 60_000,
+        retry_backoff_initial: "300ms",
+        retry_backoff: "300ms",
+        ..Tuning::default().on(db)
+    })
+    .await;
+    let queue = unique("q");
+    let missing = unique("missing");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let k = keys_in_bucket(env.partitioner(), "p07", 1, "retry");
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    let bad = env
+        .db
+        .enqueue(Message::new(k[0].clone(), "", missing.clone(), "x"))
+        .await;
+    let behind = env
+        .db
+        .enqueue(Message::new(k[0].clone(), "", queue.clone(), "y"))
+        .await;
+    let attempts = |env: &TestEnv| {
+        let db = env.db.clone();
+        async move {
+            let (n,): (i32,) = db
+                .row(&format!("SELECT attempts FROM outbox WHERE id = {bad}"))
+                .await;
+            n
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while attempts(&env).await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the head was never tried:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let from = attempts(&env).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tried = attempts(&env).await - from;
+    // 3 s of 300 ms backoffs: about 9 tries; waiting for a poll, none.
+    assert!(
+        tried >= 5,
+        "the failed head was tried {tried} times in 3 s with a 300 ms backoff:\n{}",
+        worker.log_text()
+    );
+    declare(&amqp_url(), &missing).await;
+    let fixed_at = Instant::now();
+    let mut fixed = QueueReader::open(&amqp_url(), &missing).await.unwrap();
+    assert!(
+        fixed
+            .read_until(Duration::from_secs(3), |c| c.has(bad))
+            .await
+            .unwrap(),
+        "the head did not go out within 3 s of its route's fix:\n{}",
+        worker.log_text()
+    );
+    let out_after = fixed_at.elapsed();
+    assert!(
+        reader
+            .read_until(Duration::from_secs(3), |c| c.has(behind))
+            .await
+            .unwrap(),
+        "the row behind the head did not follow it"
+    );
+    println!("a 300 ms backoff: {tried} tries in 3 s; out {out_after:?} after the fix");
+    assert!(worker.terminate(EXIT_WITHIN).success());
+}
+
 async fn a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on(db: Db) {
     let env = TestEnv::with(Tuning {
         max_attempts: 2,
@@ -545,6 +622,62 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     // Polling alone would give a p50 around idle_backoff_ms / 2 = 500 ms.
     assert!(p50 < Duration::from_millis(100), "p50 {p50:?}");
     assert!(p99 < Duration::from_millis(500), "p99 {p99:?}");
+    assert!(worker.terminate(EXIT_WITHIN).success());
+}
+
+/// Where `LISTEN` works, the look for rows nobody announced backs off on
+/// an idle worker (doubling from `idle_backoff_ms`, 100 ms here, towards
+/// 30 s) — at a fixed 100 ms it would run 60 times in the 6 s measured —
+/// and one announced row brings its pace back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_postgres_workers_safety_net_backs_off_and_an_announced_row_brings_it_back() {
+    let env = TestEnv::with(Tuning {
+        idle_backoff_ms: 100,
+        ..Tuning::default()
+    })
+    .await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let log = format!("{WORKER_LOG},outboxd::relay::wakeups=trace");
+    let mut worker = env.spawn_worker_with(
+        None,
+        &env.config_path,
+        &["--no-leasing", "--silent"],
+        &[("OUTBOXD_LOG", &log)],
+    );
+    let looks = |w: &WorkerProcess| w.log_text().matches("polled for new rows").count();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (idle_from, idle_start) = (looks(&worker), Instant::now());
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle = looks(&worker) - idle_from;
+    let idle_over = idle_start.elapsed();
+    let id = env
+        .db
+        .enqueue(Message::new("k", "", queue.clone(), "x"))
+        .await;
+    assert!(
+        reader
+            .read_until(Duration::from_secs(5), |c| c.has(id))
+            .await
+            .unwrap()
+    );
+    let woken_from = looks(&worker);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let woken = looks(&worker) - woken_from;
+    println!(
+        "looks for unannounced rows: {idle} in {idle_over:?} idle (8 s after start), \
+         {woken} in the 3 s after an announced row"
+    );
+    assert!(
+        idle <= 2,
+        "an idle worker looked {idle} times in {idle_over:?}:\n{}",
+        worker.log_text()
+    );
+    assert!(
+        woken >= 3,
+        "after an announced row the worker looked {woken} times in 3 s:\n{}",
+        worker.log_text()
+    );
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
@@ -1633,6 +1766,7 @@ async fn rows_of_any_shape_are_published_or_parked_and_hold_up_nothing(db: Db) {
 on_every_db!(
     twenty_thousand_messages_over_500_keys_arrive_complete_and_in_key_order,
     an_unroutable_head_blocks_only_its_bucket_and_resumes_in_order_once_fixed,
+    a_failed_head_is_retried_when_its_backoff_ends_not_at_the_next_poll,
     a_row_that_keeps_failing_is_parked_after_max_attempts_and_its_bucket_goes_on,
     oversized_and_badly_headed_rows_fail_with_a_clear_error_without_blocking_others,
     rabbitmq_stopped_and_restarted_mid_drain_loses_nothing_and_keeps_key_order,

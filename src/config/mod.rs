@@ -306,7 +306,9 @@ pub struct OutboxConfig {
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub claim_ttl: Duration,
     /// How often a worker looks, in one query for all its buckets, for rows
-    /// no wake-up announced (and heads whose retry time has come).
+    /// no wake-up announced while it sees traffic (where `LISTEN` works it
+    /// backs off to 30 s while it sees none); what polling backs off to on
+    /// a database without notifications.
     pub idle_backoff_ms: u64,
     /// First retry delay of a failing row; doubles per attempt.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]

@@ -82,6 +82,9 @@ pub(crate) struct BucketDrainer {
     /// The last claim found fewer rows than it asked for, and all of them
     /// were confirmed: the bucket was drained as of that claim.
     drained: bool,
+    /// When the head that last failed here is ready again: an idle wait
+    /// ends then, whatever wakes the bucket meanwhile.
+    retry_at: Option<tokio::time::Instant>,
     /// The relay's start gate (`super::STARTING_AT_ONCE`).
     gate: Arc<Semaphore>,
     /// Held from before this drainer's first statement until its first
@@ -111,6 +114,7 @@ impl BucketDrainer {
             next: None,
             unrecorded: None,
             drained: false,
+            retry_at: None,
             gate,
             starting: None,
         }
@@ -313,7 +317,9 @@ impl BucketDrainer {
                 // What was read ahead is dropped unsent: the failed row
                 // stays the head and everything behind it waits.
                 let failed = &rows[outcome.confirmed];
-                self.record_failure(&ids, failed, &failure).await;
+                if let Some(backoff) = self.record_failure(&ids, failed, &failure).await {
+                    self.retry_at = Some(tokio::time::Instant::now() + backoff + RETRY_MARGIN);
+                }
                 self.careful = true;
                 // After a nack or a return the channel is still fine, but
                 // later rows of the batch may have been confirmed on it: start
@@ -461,12 +467,14 @@ impl BucketDrainer {
         }
     }
 
+    /// Records the confirmed prefix of a batch and its failed row; the
+    /// failed row's backoff when it stays the head, to wait out.
     async fn record_failure(
         &self,
         confirmed: &[i64],
         failed: &ClaimedMessage,
         failure: &PublishError,
-    ) {
+    ) -> Option<Duration> {
         let error = failure.to_string();
         let counted = failure.counts_attempt().then(|| Failure {
             id: failed.id,
@@ -512,12 +520,15 @@ impl BucketDrainer {
                     } else {
                         tracing::warn!(bucket = %self.partition_key, error = %error, "broker unavailable; the rest of the batch is sent again later");
                     }
-                    return;
+                    return match (counted, parked) {
+                        (Some(f), Some(false)) => Some(f.policy.backoff_after(failed.attempts)),
+                        _ => None,
+                    };
                 }
                 Err(e) if self.cancel.is_cancelled() || !e.is_transient() => {
                     tracing::error!(bucket = %self.partition_key, error = %e,
                         "could not record a failed publish; the claim lapses after outbox.claim_ttl and the batch is replayed");
-                    return;
+                    return None;
                 }
                 Err(e) => {
                     let delay = backoff.next();
@@ -542,12 +553,27 @@ impl BucketDrainer {
         }
     }
 
-    /// Waits for the bucket's wake-up: a notification, a poll, or the
-    /// worker's safety-net poll every `idle_backoff_ms` ([`super::wakeups`]).
-    async fn idle_wait(&self) {
+    /// Waits for the bucket's wake-up — a notification, a poll, or the
+    /// worker's safety-net poll ([`super::wakeups`]) — or for the head that
+    /// failed here to be ready again: its retry is timed here, not left to
+    /// the safety net, which backs off on an idle worker.
+    async fn idle_wait(&mut self) {
+        let retry = async {
+            match self.retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.cancel.cancelled() => {}
             _ = self.wake.notified() => {}
+            _ = retry => {}
+        }
+        if self
+            .retry_at
+            .is_some_and(|at| at <= tokio::time::Instant::now())
+        {
+            self.retry_at = None;
         }
     }
 
@@ -565,12 +591,17 @@ enum Step {
     Cancelled,
 }
 
-/// Exponential backoff between `min` and `max`.
+/// How long after a failed head's backoff its drainer claims it: the
+/// database's clock started the backoff a little before this one did, and
+/// SQLite rounds it to the millisecond.
+const RETRY_MARGIN: Duration = Duration::from_millis(5);
+
 /// How long a drainer waits after a batch it could not record (an error
 /// retrying would not fix) before its rows are claimed and sent again: one
 /// repeat a second at most, whatever the error.
 const UNRECORDED_PAUSE: Duration = Duration::from_secs(1);
 
+/// Exponential backoff between `min` and `max`.
 pub(crate) struct Backoff {
     min: Duration,
     max: Duration,

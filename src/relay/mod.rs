@@ -5,9 +5,10 @@
 //! blocks only its own bucket. Idle drainers sleep until a wake-up names
 //! their bucket ([`wakeups`]: a `NOTIFY` from `<outbox>_enqueue()`,
 //! polling where `LISTEN` cannot work, and beside `LISTEN` one poll of
-//! every bucket per `idle_backoff_ms` — the fallback for plain `INSERT`s,
-//! for notifications lost while the listener reconnected and for heads
-//! whose retry time has come).
+//! every bucket per `idle_backoff_ms`, backing off to 30 s on an idle
+//! worker — the fallback for rows nobody announced and for drainers that
+//! went idle before their head was claimable), or until the head that
+//! failed in their bucket is ready again (timed by the drainer itself).
 //!
 //! The relay decides nothing about *which* buckets to drain: in
 //! `--no-leasing` mode that is all of them; in fleet mode the coordinator

@@ -36,13 +36,18 @@
 //! SQLite's files, watched through the kernel), each change brings the
 //! probe forward to within [`PROBE_AFTER_CHANGE`].
 //!
-//! While `LISTEN` works, the poller still looks every
-//! `outbox.idle_backoff_ms`, in the same one query for every bucket
-//! drained here: the safety net for a row no notification announced (a
-//! producer without the trigger, a notification lost with a connection)
-//! and for a head whose retry time has come. An idle drainer waits for its
-//! signal only, so an idle worker runs one such query per
-//! `idle_backoff_ms`, not one claim per bucket.
+//! While `LISTEN` works, the poller still looks, in the same one query for
+//! every bucket drained here: the safety net for a row no notification
+//! announced (a producer without the trigger) and for a drainer that went
+//! idle before its head was claimable (another token's claim not yet
+//! lapsed, a lease too close to its end). It looks every
+//! `outbox.idle_backoff_ms` while it finds a ready head or rows are
+//! announced, and backs off (doubling) to [`SAFETY_NET_BACKS_OFF_TO`]
+//! while neither: an idle worker runs one such query per 30 s, not one a
+//! second, and one announcement brings the pace back. A head waiting out
+//! its retry backoff is not the net's to find: its drainer times the retry
+//! itself (`super::bucket`). An idle drainer waits for its signal only, so
+//! an idle worker runs no claim per bucket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,6 +85,9 @@ pub struct Wakeups {
     fleet: Arc<Notify>,
     /// `LISTEN` works (checked): polling pauses.
     listening: Arc<AtomicBool>,
+    /// Rows were announced (or everything woken): a backed-off safety net
+    /// returns to its shortest pace.
+    announced: Arc<Notify>,
 }
 
 /// The fleet coordinator's signal: woken by the peers' announcements
@@ -149,6 +157,7 @@ impl Wakeups {
             ),
             fleet: Arc::new(Notify::new()),
             listening: Arc::new(AtomicBool::new(false)),
+            announced: Arc::new(Notify::new()),
         }
     }
 
@@ -177,7 +186,14 @@ impl Wakeups {
         }
     }
 
+    /// Wakes the bucket of an announced row.
+    fn announce(&self, label: &str) {
+        self.announced.notify_one();
+        self.wake(label);
+    }
+
     fn wake_all(&self) {
+        self.announced.notify_one();
         self.buckets.values().for_each(|s| s.notify.notify_one());
         self.fleet.notify_one();
     }
@@ -265,14 +281,32 @@ impl Wakeups {
         let mut quiet_since: Option<Instant> = None;
         let mut probe = polling.probe.map(|every| Probe::new(every, polling.every));
         let changes = store.changes();
+        // The safety net's gap while LISTEN works.
+        let mut net = polling.while_listening;
         loop {
+            let listening = self.listening.load(Ordering::Relaxed);
             let until = match &probe {
-                Some(p) if !self.listening.load(Ordering::Relaxed) => next_poll.min(p.next),
+                Some(p) if !listening => next_poll.min(p.next),
                 _ => next_poll,
+            };
+            // Only a backed-off safety net waits for announcements: at its
+            // shortest pace a stream of them costs the poller nothing.
+            let backed_off = listening && net > polling.while_listening;
+            let announced = async {
+                if backed_off {
+                    self.announced.notified().await
+                } else {
+                    std::future::pending().await
+                }
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep_until(until) => {}
+                _ = announced => {
+                    net = polling.while_listening;
+                    next_poll = next_poll.min(Instant::now() + crate::jitter::jittered(net));
+                    continue;
+                }
                 // The database changed: probe now (at most every
                 // PROBE_AFTER_CHANGE), then sleep again.
                 _ = changed(changes.as_deref()) => {
@@ -288,14 +322,21 @@ impl Wakeups {
             }
             if self.listening.load(Ordering::Relaxed) {
                 // Rows added while LISTEN works are announced; the safety
-                // net looks every `polling.while_listening`. (Should LISTEN
-                // fail, the probe starts afresh at once, at full pace.)
+                // net looks every `polling.while_listening` while it finds
+                // ready heads or rows are announced, and backs off
+                // (doubling) to `SAFETY_NET_BACKS_OFF_TO` while neither.
+                // (Should LISTEN fail, the probe starts afresh at once, at
+                // full pace.)
                 if let Some(p) = &mut probe {
                     p.rest();
                 }
                 if polling_now {
-                    next_poll = Instant::now() + crate::jitter::jittered(polling.while_listening);
-                    self.wake_ready(&store, &self.drained_here()).await;
+                    net = if self.wake_ready(&store, &self.drained_here()).await {
+                        polling.while_listening
+                    } else {
+                        (net * 2).min(SAFETY_NET_BACKS_OFF_TO.max(polling.while_listening))
+                    };
+                    next_poll = Instant::now() + crate::jitter::jittered(net);
                 }
                 continue;
             }
@@ -460,7 +501,7 @@ impl Wakeups {
                         checked = None;
                         self.listening.store(true, Ordering::Relaxed);
                     }
-                    Ok(Some(n)) => self.wake(&n.payload),
+                    Ok(Some(n)) => self.announce(&n.payload),
                     // The connection was lost and re-established.
                     Ok(None) => self.wake_all(),
                     Err(e) => {
@@ -472,6 +513,13 @@ impl Wakeups {
         }
     }
 }
+
+/// How far apart the safety net's polls grow while `LISTEN` works and
+/// neither they find a ready head nor rows are announced: what an idle
+/// worker costs the database, and how long a row nobody announced (the
+/// trigger dropped, a notification lost some other way than with the
+/// listener's connection) can wait on a worker that has seen no traffic.
+pub const SAFETY_NET_BACKS_OFF_TO: Duration = Duration::from_secs(30);
 
 /// How the poller paces itself.
 #[derive(Debug, Clone, Copy)]

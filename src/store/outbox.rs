@@ -192,6 +192,17 @@ pub struct FailurePolicy {
     pub backoff_max_ms: f64,
 }
 
+impl FailurePolicy {
+    /// How long a row that failed after `attempts` earlier attempts waits
+    /// before it is ready again: the initial delay doubled per earlier
+    /// attempt, capped — what every backend's `record_failure` statement
+    /// adds to the database's clock.
+    pub fn backoff_after(&self, attempts: i32) -> Duration {
+        let doubled = self.backoff_initial_ms * 2f64.powi(attempts.clamp(0, 30));
+        Duration::from_secs_f64(self.backoff_max_ms.min(doubled).max(0.0) / 1000.0)
+    }
+}
+
 /// A failed publish of one row of a batch.
 #[derive(Debug, Clone, Copy)]
 pub struct Failure<'a> {
