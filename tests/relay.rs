@@ -248,7 +248,8 @@ async fn a_failed_head_is_retried_when_its_backoff_ends_not_at_the_next_poll(db:
             n
         }
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A loaded CI machine took 18 s for this whole test on PostgreSQL.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while attempts(&env).await < 1 {
         assert!(
             Instant::now() < deadline,
