@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::coordinator::housekeeping::Housekeeping;
 use crate::dashboard::api::{Summary, load_summary};
 use crate::partitioner::Partitioner;
 use crate::store::workers::WorkerView;
@@ -136,10 +137,11 @@ pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(30);
 
 /// A worker's housekeeping task, until `cancel` fires:
 ///
-/// - at start and every [`MAINTENANCE_EVERY`], parks pending rows whose
-///   bucket label does not exist here (see
-///   [`park_unknown_labels`](crate::store::RepartitionStore::park_unknown_labels))
-///   and checks that the database's bucket count is still `partition_count`;
+/// - at start and every [`MAINTENANCE_EVERY`], checks that the database's
+///   bucket count is still `partition_count` and, while this worker keeps
+///   the fleet's house ([`Housekeeping`]), parks pending rows whose bucket
+///   label does not exist here (see
+///   [`park_unknown_labels`](crate::store::RepartitionStore::park_unknown_labels));
 /// - with a `retention`, purges published rows older than it every
 ///   [`PURGE_EVERY`].
 ///
@@ -150,6 +152,7 @@ pub async fn maintenance_loop(
     store: Store,
     partition_count: u32,
     retention: Option<Duration>,
+    housekeeping: Housekeeping,
     cancel: CancellationToken,
     stop_worker: CancellationToken,
 ) -> Result<(), crate::store::StoreError> {
@@ -171,20 +174,8 @@ pub async fn maintenance_loop(
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "reading partition_count failed"),
         }
-        match store.park_unknown_labels().await {
-            Ok(parked) if !parked.is_empty() => {
-                let mut labels: Vec<&str> =
-                    parked.iter().map(|r| r.partition_key.as_str()).collect();
-                labels.sort_unstable();
-                labels.dedup();
-                tracing::warn!(
-                    rows = parked.len(),
-                    ?labels,
-                    "parked rows whose bucket label does not exist in this deployment (see `outboxd failed list`)"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "looking for rows in unknown buckets failed"),
+        if housekeeping.is_mine() {
+            park_unknown(&store).await;
         }
         if let Some(retention) = retention
             && purged_at.elapsed() >= PURGE_EVERY
@@ -198,6 +189,24 @@ pub async fn maintenance_loop(
                 }
             }
         }
+    }
+}
+
+/// Parks pending rows in buckets that do not exist here, and says so.
+async fn park_unknown(store: &Store) {
+    match store.park_unknown_labels().await {
+        Ok(parked) if !parked.is_empty() => {
+            let mut labels: Vec<&str> = parked.iter().map(|r| r.partition_key.as_str()).collect();
+            labels.sort_unstable();
+            labels.dedup();
+            tracing::warn!(
+                rows = parked.len(),
+                ?labels,
+                "parked rows whose bucket label does not exist in this deployment (see `outboxd failed list`)"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "looking for rows in unknown buckets failed"),
     }
 }
 

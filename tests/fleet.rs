@@ -459,7 +459,85 @@ async fn a_worker_left_without_buckets_stays_idle(db: Db) {
     }
 }
 
+/// The fleet-wide chores (here: removing a dead worker's row) are done by
+/// the first live worker alone, and move on when it dies.
+async fn the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on_when_it_dies(
+    db: Db,
+) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    let log = format!("{WORKER_LOG},outboxd::coordinator::housekeeping=debug");
+    let vars = [("OUTBOXD_LOG", log.as_str())];
+    let mut workers: Vec<WorkerProcess> = (0..3)
+        .map(|_| env.spawn_worker_with(None, &env.config_path, &["--silent"], &vars))
+        .collect();
+    wait_converged(&env, 3, Duration::from_secs(15)).await;
+    let mut ids = Vec::new();
+    for w in &workers {
+        ids.push(worker_id_of(&env, w).await);
+    }
+    // Sorted by id: the first keeps house, the others have said so.
+    let mut order: Vec<usize> = (0..3).collect();
+    order.sort_by_key(|&i| ids[i]);
+    let chores_left = |w: &WorkerProcess| {
+        w.log_text()
+            .contains("the fleet-wide chores are another worker's")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !order[1..].iter().all(|&i| chores_left(&workers[i])) {
+        assert!(
+            Instant::now() < deadline,
+            "the later workers never left the chores to the first"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !chores_left(&workers[order[0]]),
+        "{}",
+        workers[order[0]].log_text()
+    );
+
+    // The first dies: the next by id takes the chores over and removes its row.
+    workers[order[0]].signal("KILL");
+    let killed = Instant::now();
+    // By pid: each backend stores the id in its own form.
+    let dead = format!(
+        "SELECT worker_id FROM outbox_workers WHERE pid = {}",
+        workers[order[0]].pid()
+    );
+    loop {
+        let left: Vec<Uuid> = env.db.column(&dead).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the dead worker's row was never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let removed = "removed rows of workers that died";
+    let (next, last) = (&workers[order[1]], &workers[order[2]]);
+    assert!(next.log_text().contains(removed), "{}", next.log_text());
+    assert!(
+        next.log_text()
+            .contains("the fleet-wide chores are this worker's")
+    );
+    assert!(!last.log_text().contains(removed), "{}", last.log_text());
+    println!(
+        "the dead first worker's row was removed {:?} after SIGKILL, by the next by id",
+        killed.elapsed()
+    );
+    for &i in &order[1..] {
+        assert!(
+            workers[i].terminate(EXIT_WITHIN).success(),
+            "{}",
+            workers[i].log_text()
+        );
+    }
+}
+
 on_every_db!(
+    the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on_when_it_dies,
     three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet,
     a_worker_left_without_buckets_stays_idle,
     scaling_1_to_4_to_2_under_load_loses_nothing_and_keeps_key_order,

@@ -1101,6 +1101,27 @@ async fn once_json_prints_one_valid_json_report_and_exits_zero(db: Db) {
     assert_eq!(env.count("published_at IS NULL").await, 0);
 }
 
+/// The human rate line comes once per `--window`, not per tick, with the
+/// lag read for it (the heads are read only for a line that is printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_line_comes_once_per_window_with_the_lag() {
+    let env = TestEnv::new().await;
+    let mut w = env.spawn_worker(&["--no-leasing", "--interval-ms", "100", "--window", "1"]);
+    let over = Duration::from_millis(4_500);
+    tokio::time::sleep(over).await;
+    let out = std::fs::read_to_string(w.log.with_extension("out")).unwrap();
+    assert!(w.terminate(EXIT_WITHIN).success(), "{}", w.log_text());
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" last ")).collect();
+    println!("{} rate lines in {over:?}: {lines:?}", lines.len());
+    assert!((3..=5).contains(&lines.len()), "{out}");
+    for line in &lines[..lines.len() - 1] {
+        assert!(
+            line.contains("last 1s") && line.contains("lag 0.0s"),
+            "{line}"
+        );
+    }
+}
+
 /// No configuration file at all: every setting from `OUTBOXD_` variables
 /// (and the URLs as `_FILE` secrets), in a directory without
 /// `config/outboxd.toml`.

@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::assignment::{Assignment, targets};
+use super::housekeeping::Housekeeping;
 use crate::amqp::Reach;
 use crate::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::partitioner::Partitioner;
@@ -130,6 +131,9 @@ pub struct Fleet {
     known: Option<Known>,
     /// A peer announced a change since the last membership read.
     announced: bool,
+    /// Whether this worker does the fleet-wide chores (the dead-row
+    /// cleanup here), set from every membership read.
+    housekeeping: Housekeeping,
 }
 
 /// Targets from a membership read, and until when they stand without
@@ -146,6 +150,7 @@ impl Fleet {
         me: Uuid,
         settings: FleetSettings,
         wake: FleetSignal,
+        housekeeping: Housekeeping,
     ) -> Self {
         Self {
             store,
@@ -161,6 +166,7 @@ impl Fleet {
             recorded_can_publish: None,
             known: None,
             announced: false,
+            housekeeping,
         }
     }
 
@@ -285,10 +291,12 @@ impl Fleet {
                 // the database lost it) would say it can publish.
                 self.recorded_can_publish = None;
             }
-            match store.remove_dead(self.settings.heartbeat_ttl).await {
-                Ok(n) if n > 0 => tracing::info!(rows = n, "removed rows of workers that died"),
-                Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, "dead-row cleanup failed"),
+            if self.housekeeping.is_mine() {
+                match store.remove_dead(self.settings.heartbeat_ttl).await {
+                    Ok(n) if n > 0 => tracing::info!(rows = n, "removed rows of workers that died"),
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "dead-row cleanup failed"),
+                }
             }
         }
         pending
@@ -321,6 +329,7 @@ impl Fleet {
         let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
         match self.store.membership(self.me, suspect_after).await {
             Ok(members) => {
+                self.housekeeping.follow(self.me, &members.live);
                 let targets: BTreeSet<String> = targets(
                     self.settings.assignment,
                     &members.live,

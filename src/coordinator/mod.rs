@@ -1,6 +1,7 @@
 //! Fleet coordination: membership and heartbeats (this file), target
-//! computation ([`assignment`]) and the per-worker coordination loop
-//! ([`fleet`]). The lease and its fencing argument are [`crate::lease`],
+//! computation ([`assignment`]), the per-worker coordination loop
+//! ([`fleet`]) and which worker does the fleet-wide chores
+//! ([`housekeeping`]). The lease and its fencing argument are [`crate::lease`],
 //! where the relay and the broker's send gate import them too.
 //!
 //! A worker registers a row in the workers table and keeps
@@ -13,6 +14,7 @@
 
 pub mod assignment;
 pub mod fleet;
+pub mod housekeeping;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

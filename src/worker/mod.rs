@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::coordinator::JoinError;
 use crate::coordinator::fleet::{self, Fleet, FleetSettings};
+use crate::coordinator::housekeeping::Housekeeping;
 use crate::otel::{ExportConfig, Tracer};
 use crate::relay::stats::StatsSnapshot;
 use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
@@ -122,7 +123,7 @@ pub async fn run(
         }),
         wakeups.clone(),
     ));
-    start_background(
+    let housekeeping = start_background(
         &mut tasks,
         config,
         opts,
@@ -135,7 +136,15 @@ pub async fn run(
         owned,
         publishing,
         mut coordination,
-    } = start_draining(config, opts, &started, &relay, &labels, &wakeups, &cancel);
+    } = start_draining(
+        config,
+        opts,
+        &started,
+        &relay,
+        &wakeups,
+        &housekeeping,
+        &cancel,
+    );
 
     let report_turns = Beat::new("report");
     let listener = started.probes.take();
@@ -176,6 +185,7 @@ pub async fn run(
         started.mode,
         started.store.clone(),
         stats,
+        housekeeping,
     );
     report
         .run(&mut coordination, owned, &cancel, report_turns)
@@ -220,7 +230,9 @@ const FAREWELL: Duration = Duration::from_secs(2);
 
 /// Starts what runs beside the drain, under `tasks`: the heartbeat, the
 /// wake-ups, the broker connection, the flow-control record, the
-/// maintenance (whose failure stops the worker) and the dashboard.
+/// maintenance (whose failure stops the worker) and the dashboard. Returns
+/// whether this worker does the fleet-wide chores, which the maintenance
+/// follows and the coordinator sets ([`Housekeeping`]).
 fn start_background(
     tasks: &mut Supervisor,
     config: &Config,
@@ -229,8 +241,9 @@ fn start_background(
     stats: &Arc<RelayStats>,
     wakeups: &Wakeups,
     cancel: &CancellationToken,
-) {
+) -> Housekeeping {
     let store = &started.store;
+    let housekeeping = Housekeeping::default();
     let heartbeat =
         started
             .membership
@@ -256,6 +269,7 @@ fn start_background(
         store.clone(),
         started.partitioner.count(),
         retention,
+        housekeeping.clone(),
         tasks.token(),
         cancel.clone(),
     );
@@ -270,6 +284,7 @@ fn start_background(
             }
         });
     }
+    housekeeping
 }
 
 /// The drain under way.
@@ -290,10 +305,11 @@ fn start_draining(
     opts: &WorkOptions,
     started: &Started,
     relay: &Arc<Relay>,
-    labels: &[String],
     wakeups: &Wakeups,
+    housekeeping: &Housekeeping,
     cancel: &CancellationToken,
 ) -> Draining {
+    let labels = started.partitioner.labels();
     let drain = if opts.once {
         Drain::UntilEmpty
     } else {
@@ -302,7 +318,7 @@ fn start_draining(
     let shutdown_timeout = config.worker.shutdown_timeout;
     match started.mode {
         WorkerMode::NoLeasing => {
-            for label in labels {
+            for label in &labels {
                 relay.spawn_bucket(label, None, drain, cancel.child_token());
             }
             tracing::info!(buckets = labels.len(), mode = "no-leasing", "draining");
@@ -322,7 +338,7 @@ fn start_draining(
             };
             let coordination = tokio::spawn(coordination.in_current_span());
             Draining {
-                owned: watch::channel(labels.to_vec()).1,
+                owned: watch::channel(labels).1,
                 publishing: None,
                 coordination,
             }
@@ -342,6 +358,7 @@ fn start_draining(
                 started.membership.worker_id,
                 settings,
                 wakeups.fleet(),
+                housekeeping.clone(),
             );
             Draining {
                 owned: fleet.owned(),

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkOptions;
 use super::probes::Beat;
+use crate::coordinator::housekeeping::Housekeeping;
 use crate::relay::RelayStats;
 use crate::relay::stats::StatsSnapshot;
 use crate::store::Store;
@@ -38,12 +39,17 @@ impl Report {
         mode: WorkerMode,
         store: Store,
         stats: Arc<RelayStats>,
+        housekeeping: Housekeeping,
     ) -> Self {
         Self {
             store,
             stats,
             reporter: Reporter::new(opts, worker_id, mode),
-            throughput: ThroughputRecorder::default(),
+            throughput: ThroughputRecorder {
+                recorded: StatsSnapshot::default(),
+                ticks: 0,
+                housekeeping,
+            },
             interval: opts.interval,
             once: opts.once,
         }
@@ -153,11 +159,12 @@ pub(super) async fn report_blocked(
 }
 
 /// Adds this worker's counts to the throughput tables (per minute, per
-/// second) once per tick, and prunes old rows every minute or so.
-#[derive(Default)]
+/// second) once per tick, and prunes old rows every minute or so while it
+/// keeps the fleet's house.
 struct ThroughputRecorder {
     recorded: StatsSnapshot,
     ticks: u64,
+    housekeeping: Housekeeping,
 }
 
 impl ThroughputRecorder {
@@ -170,12 +177,15 @@ impl ThroughputRecorder {
                 Err(e) => tracing::debug!(error = %e, "recording throughput failed"),
             }
         }
-        if self.ticks.is_multiple_of(60) {
+        if self.ticks.is_multiple_of(60) && self.housekeeping.is_mine() {
             let _ = store.prune_throughput().await;
         }
         self.ticks += 1;
     }
 }
+
+/// How much later than the next a tick may wake (see [`Reporter::tick`]).
+const LATE_WAKE: Duration = Duration::from_millis(20);
 
 /// Prints ticks (`--json`) and the rate line (`--window`).
 struct Reporter {
@@ -217,7 +227,13 @@ impl Reporter {
         now_stats: StatsSnapshot,
         force_line: bool,
     ) {
-        if !self.json && !self.human {
+        // The heads are read for a line that is printed: every tick with
+        // `--json`, every `--window` for the rate line (a statement a tick
+        // otherwise, for every worker of a fleet). A tick that wakes a
+        // little earlier after the last line than that one did still counts.
+        let began = Instant::now();
+        let line_due = force_line || began + LATE_WAKE >= self.window_at + self.window;
+        if !(self.json || self.human && line_due) {
             return;
         }
         let heads = store.bucket_heads(labels).await;
@@ -252,9 +268,9 @@ impl Reporter {
         if self.json {
             let line = serde_json::to_string(&tick).expect("tick serialises");
             super::stdout::print(line + "\n");
-        } else if force_line || now.duration_since(self.window_at) >= self.window {
+        } else if line_due {
             let d = now_stats.since(&self.window_start);
-            let secs = now.duration_since(self.window_at).as_secs_f64().max(1e-3);
+            let secs = began.duration_since(self.window_at).as_secs_f64().max(1e-3);
             let line = format!(
                 "{}{} last {:.0}s: published {} ({:.0}/s) failed {} parked {} | now: lag {} buckets {} ({} with pending rows)",
                 tick.ts.format("%H:%M:%S"),
@@ -276,7 +292,7 @@ impl Reporter {
                 line + "\n"
             });
             self.window_start = now_stats;
-            self.window_at = now;
+            self.window_at = began;
         }
     }
 
