@@ -5,12 +5,13 @@
 //! leaves them to the first of its live members (the lowest id of the last
 //! membership read, which every member computes alike).
 //!
-//! A worker keeps house until a membership read names another first: at
-//! start (so a lone worker, and a `--no-leasing` worker, always does), and
-//! while it cannot read the membership. Two workers may both keep house for
-//! a cycle while the fleet changes, which costs a repeated chore and nothing
-//! else; a fleet is never left without one for longer than a membership
-//! read, as its first member always counts itself in.
+//! A worker keeps house from its start until a membership read names another
+//! first (so a lone worker, and a `--no-leasing` worker, always does), and
+//! keeps the last read's answer while it cannot read the membership or has
+//! stepped aside. Two workers may both keep house for a while as the fleet
+//! changes, which repeats a chore and nothing else; a fleet is never left
+//! without one for longer than a membership read, as its first member
+//! always counts itself in.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
