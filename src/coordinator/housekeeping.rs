@@ -39,13 +39,13 @@ impl Housekeeping {
     /// [`Membership::live`](crate::store::workers::Membership::live)).
     pub fn follow(&self, me: Uuid, live: &[Uuid]) {
         let mine = live.first().is_none_or(|first| *first == me);
-        if self.0.swap(mine, Ordering::Relaxed) != mine {
-            match mine {
-                true => tracing::debug!("the fleet-wide chores are this worker's"),
-                false => {
-                    tracing::debug!(first = %live[0], "the fleet-wide chores are another worker's")
-                }
-            }
+        if self.0.swap(mine, Ordering::Relaxed) == mine {
+            return;
+        }
+        if mine {
+            tracing::debug!("the fleet-wide chores are this worker's");
+        } else {
+            tracing::debug!(first = %live[0], "the fleet-wide chores are another worker's");
         }
     }
 }
