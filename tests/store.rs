@@ -437,6 +437,46 @@ async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
             .unwrap()
             .is_empty()
     );
+    // A renewal that beats too: on PostgreSQL it pushes the worker row's
+    // heartbeat in the same statement; elsewhere, and for a worker without
+    // a row, it renews alone and says so.
+    let beat_ttl = Duration::from_secs(40);
+    assert_eq!(
+        store
+            .renew_and_beat(me, std::slice::from_ref(&p01), LEASE_TTL, beat_ttl)
+            .await
+            .unwrap(),
+        (vec!["p01".to_string()], false),
+        "no worker row, no beat"
+    );
+    let registration = Registration {
+        worker_id: me,
+        hostname: "host-1",
+        name: "host-1:1",
+        mode: WorkerMode::Leasing,
+        heartbeat_ttl: Duration::from_secs(5),
+        can_publish: true,
+    };
+    store.register(registration, &|_| true).await.unwrap();
+    let (renewed, beat) = store
+        .renew_and_beat(me, std::slice::from_ref(&p01), LEASE_TTL, beat_ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        (renewed, beat),
+        (vec!["p01".to_string()], db == Db::Postgres)
+    );
+    let row = store.list_workers().await.unwrap();
+    let ttl_left = row
+        .iter()
+        .find(|w| w.worker_id == me)
+        .unwrap()
+        .heartbeat_ttl_seconds;
+    if beat {
+        assert!(ttl_left > 30.0, "the beat left {ttl_left} s, not ~40");
+    } else {
+        assert!(ttl_left <= 5.0, "{ttl_left} s left of a 5 s heartbeat");
+    }
     assert_eq!(
         store
             .release_leases(me, std::slice::from_ref(&p02), "test")

@@ -48,6 +48,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::RenewalBeats;
 use super::assignment::{Assignment, targets};
 use super::housekeeping::Housekeeping;
 use crate::amqp::Reach;
@@ -134,6 +135,8 @@ pub struct Fleet {
     /// Whether this worker does the fleet-wide chores (the dead-row
     /// cleanup here), set from every membership read.
     housekeeping: Housekeeping,
+    /// Where a renewal that also beat is recorded for the heartbeat task.
+    beats: RenewalBeats,
 }
 
 /// Targets from a membership read, and until when they stand without
@@ -151,6 +154,7 @@ impl Fleet {
         settings: FleetSettings,
         wake: FleetSignal,
         housekeeping: Housekeeping,
+        beats: RenewalBeats,
     ) -> Self {
         Self {
             store,
@@ -167,6 +171,7 @@ impl Fleet {
             known: None,
             announced: false,
             housekeeping,
+            beats,
         }
     }
 
@@ -418,12 +423,17 @@ impl Fleet {
         if renewing.is_empty() {
             return started + self.settings.lease_renew;
         }
-        match self
-            .store
-            .renew(self.me, &renewing, self.settings.lease_ttl)
-            .await
-        {
-            Ok(renewed) => {
+        let renewed = self.store.renew_and_beat(
+            self.me,
+            &renewing,
+            self.settings.lease_ttl,
+            self.settings.heartbeat_ttl,
+        );
+        match renewed.await {
+            Ok((renewed, beat)) => {
+                if beat {
+                    self.beats.record(started.into_std());
+                }
                 let renewed: BTreeSet<String> = renewed.into_iter().collect();
                 let deadline = trust_deadline(started, self.settings.lease_ttl);
                 for (bucket, h) in self.held.iter_mut() {

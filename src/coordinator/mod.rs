@@ -6,7 +6,9 @@
 //!
 //! A worker registers a row in the workers table and keeps
 //! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
-//! slow publish never delays a heartbeat. The row is deleted on a clean exit.
+//! slow publish never delays a heartbeat. Where a lease renewal pushes the
+//! heartbeat too (PostgreSQL, [`RenewalBeats`]), that task skips a beat
+//! that would write nothing new. The row is deleted on a clean exit.
 //! Registration runs under a transaction-scoped lock: a
 //! `--no-leasing` worker joins only when no other worker is live, a fleet
 //! worker only when no `--no-leasing` worker is, and two workers cannot both
@@ -82,6 +84,30 @@ pub struct Membership {
     pub name: String,
     pub mode: WorkerMode,
     pub heartbeat_ttl: Duration,
+    /// When a lease renewal last beat for this worker (set by its
+    /// coordinator, read by its heartbeat task).
+    pub renewal_beats: RenewalBeats,
+}
+
+/// When a lease renewal last pushed this worker's heartbeat forward
+/// ([`PartitionStore::renew_and_beat`](crate::store::partitions::PartitionStore::renew_and_beat)).
+/// The heartbeat task skips its beat while one did within the beat's
+/// period and the counts it would write are those it wrote last: an idle
+/// PostgreSQL fleet worker that holds leases then runs no heartbeat
+/// statement of its own.
+#[derive(Debug, Clone, Default)]
+pub struct RenewalBeats(Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl RenewalBeats {
+    /// A renewal that started at `at` beat (its `now()` is no earlier).
+    pub fn record(&self, at: Instant) {
+        *self.0.lock().expect("renewal beats") = Some(at);
+    }
+
+    /// How long ago a renewal last beat.
+    fn age(&self) -> Option<Duration> {
+        self.0.lock().expect("renewal beats").map(|at| at.elapsed())
+    }
 }
 
 impl Membership {
@@ -98,6 +124,7 @@ impl Membership {
             name,
             mode,
             heartbeat_ttl,
+            renewal_beats: RenewalBeats::default(),
         }
     }
 
@@ -136,7 +163,10 @@ impl Membership {
     /// Heartbeats every third of the TTL until cancelled. Survives database
     /// outages (retrying faster), and re-registers if the row vanished.
     /// Each heartbeat also reports the worker's totals and recent rate
-    /// (read by the dashboard).
+    /// (read by the dashboard). A beat is skipped while a lease renewal beat
+    /// within the period and the counts are those last written (so an idle
+    /// worker's rate reads 0 first), and is then due a period after that
+    /// renewal; never skipped after a failed or a refused beat.
     pub async fn heartbeat_loop(
         self,
         store: Store,
@@ -146,6 +176,7 @@ impl Membership {
         let period = self.heartbeat_ttl / 3;
         let mut delay = period;
         let (mut last, mut last_at) = (stats.snapshot(), Instant::now());
+        let mut written: Option<WorkerCounts> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -159,11 +190,22 @@ impl Membership {
                 published_rate: now.since(&last).published as f64 / elapsed,
             };
             (last, last_at) = (now, Instant::now());
+            // Skipped, the next beat is due a period after the renewal's,
+            // so the row is never written less often than every period.
+            let renewal_age = self.renewal_beats.age().filter(|age| *age < period);
+            if let Some(age) = renewal_age.filter(|_| written == Some(counts)) {
+                delay = period - age;
+                continue;
+            }
+            written = None;
             match store
                 .heartbeat(self.worker_id, self.heartbeat_ttl, counts)
                 .await
             {
-                Ok(true) => delay = period,
+                Ok(true) => {
+                    written = Some(counts);
+                    delay = period;
+                }
                 Ok(false) => {
                     tracing::warn!(worker_id = %self.worker_id, "worker row was removed; registering again");
                     if let Err(e) = store.register(self.registration(true), &|_| true).await {

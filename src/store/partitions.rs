@@ -109,6 +109,26 @@ pub trait PartitionStore {
         ttl: Duration,
     ) -> Result<Vec<String>, StoreError>;
 
+    /// [`PartitionStore::renew`], and where the backend does both in one
+    /// round trip (PostgreSQL) also `me`'s heartbeat as
+    /// [`WorkerStore::heartbeat`](super::workers::WorkerStore::heartbeat)
+    /// pushes it (`heartbeat_at`, `heartbeat_until = now() +
+    /// heartbeat_ttl`), without the counts. Returns the buckets renewed and
+    /// whether the worker row was beaten: false where the backend does not
+    /// (this default) or the row is gone. The heartbeat task skips a beat
+    /// that a renewal made and that would write nothing new
+    /// ([`crate::coordinator::RenewalBeats`]).
+    async fn renew_and_beat(
+        &self,
+        me: Uuid,
+        held: &[(String, i64)],
+        ttl: Duration,
+        heartbeat_ttl: Duration,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let _ = heartbeat_ttl;
+        Ok((self.renew(me, held, ttl).await?, false))
+    }
+
     /// Frees the given leases (bucket, epoch) that are still ours.
     async fn release_leases(
         &self,

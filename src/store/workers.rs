@@ -101,7 +101,7 @@ pub struct WorkerView {
 }
 
 /// What a heartbeat reports besides being alive.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WorkerCounts {
     pub published_total: u64,
     pub failed_total: u64,

@@ -359,6 +359,7 @@ fn start_draining(
                 settings,
                 wakeups.fleet(),
                 housekeeping.clone(),
+                started.membership.renewal_beats.clone(),
             );
             Draining {
                 owned: fleet.owned(),

@@ -37,6 +37,7 @@ pub(crate) async fn ensure_rows<'e, E: PgExecutor<'e>>(
 pub struct PartitionsSql {
     acquire: Sql,
     renew: Sql,
+    renew_and_beat: Sql,
     release: Sql,
     release_all: Sql,
     overview: Sql,
@@ -76,6 +77,24 @@ impl PartitionsSql {
                  FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
                  WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
                  RETURNING p.partition_key",
+            ),
+            // The renewal's rows, then one NULL if the worker row was beaten.
+            renew_and_beat: Sql::render(
+                t,
+                "WITH renewed AS (
+                    UPDATE {partitions} p
+                    SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
+                    FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
+                    WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
+                    RETURNING p.partition_key
+                 ), beat AS (
+                    UPDATE {workers} SET heartbeat_at = now(),
+                        heartbeat_until = now() + make_interval(secs => $5::float8 / 1000)
+                    WHERE worker_id = $1
+                    RETURNING worker_id
+                 )
+                 SELECT partition_key FROM renewed
+                 UNION ALL SELECT NULL FROM beat",
             ),
             release: Sql::render(
                 t,
@@ -175,6 +194,27 @@ impl PartitionStore for PgBackend {
             .fetch_all(&self.pool)
             .bounded(self.pool.bounds(), "renewing leases")
             .await
+    }
+
+    async fn renew_and_beat(
+        &self,
+        me: Uuid,
+        held: &[(String, i64)],
+        ttl: Duration,
+        heartbeat_ttl: Duration,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let (keys, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
+        let rows: Vec<Option<String>> = sqlx::query_scalar(self.partitions.renew_and_beat.q())
+            .bind(me)
+            .bind(millis(ttl))
+            .bind(keys)
+            .bind(epochs)
+            .bind(millis(heartbeat_ttl))
+            .fetch_all(&self.pool)
+            .bounded(self.pool.bounds(), "renewing leases")
+            .await?;
+        let beat = rows.iter().any(Option::is_none);
+        Ok((rows.into_iter().flatten().collect(), beat))
     }
 
     /// Frees the given leases (bucket, epoch) that are still ours.
