@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
 };
@@ -149,7 +149,6 @@ pub async fn consume(
             break;
         }
     }
-    reader.ack_taken().await?;
     crate::say!("{}", reader.summary());
     Ok(())
 }
@@ -179,17 +178,7 @@ pub struct QueueReader {
     pub checker: Checker,
     /// Every delivery in arrival order, when enabled with [`QueueReader::keep_log`].
     pub log: Option<Vec<Delivered>>,
-    /// The newest delivery taken but not yet acknowledged, and how many
-    /// such there are: acknowledged together (`multiple`) when the count
-    /// reaches [`ACK_EVERY`], when no delivery is waiting, and when a read
-    /// ends. One acknowledgement per message cost a round trip through
-    /// lapin's I/O task each (10 s for 16,700 messages in the fault suite).
-    unacked: Option<lapin::Acker>,
-    unacked_count: usize,
 }
-
-/// At most this many deliveries are taken before they are acknowledged.
-const ACK_EVERY: usize = 100;
 
 /// One delivery as the log keeps it.
 #[derive(Debug, Clone)]
@@ -230,8 +219,6 @@ impl QueueReader {
             args,
             checker: Checker::default(),
             log: None,
-            unacked: None,
-            unacked_count: 0,
         })
     }
 
@@ -278,10 +265,7 @@ impl QueueReader {
                 let _ = self.read_until(Duration::from_secs(5), |_| false).await;
             }
         }
-        let _ = self.ack_taken().await;
         let (conn, channel, consumer) = Self::consume(url, &self.queue, &self.args).await?;
-        self.unacked = None;
-        self.unacked_count = 0;
         // Closed, not just dropped: a dropped connection lives on.
         let old = std::mem::replace(&mut self.conn, conn);
         let _ = tokio::time::timeout(Duration::from_secs(2), old.close(200, "moving".into())).await;
@@ -300,19 +284,9 @@ impl QueueReader {
         self
     }
 
-    /// Takes one delivery; false when the consumer ended. What was taken
-    /// is acknowledged before it waits for more, so a reader that stops
-    /// after [`QueueReader::read_until`] or [`QueueReader::ack_taken`]
-    /// leaves nothing it has seen for a later reader.
+    /// Takes one delivery; false when the consumer ended.
     pub async fn next(&mut self) -> anyhow::Result<bool> {
-        let ready = match self.consumer.next().now_or_never() {
-            Some(ready) => ready,
-            None => {
-                self.ack_taken().await?;
-                self.consumer.next().await
-            }
-        };
-        let Some(delivery) = ready else {
+        let Some(delivery) = self.consumer.next().await else {
             return Ok(false);
         };
         let delivery = delivery?;
@@ -345,24 +319,8 @@ impl QueueReader {
                 tracestate: text("tracestate"),
             });
         }
-        self.unacked = Some(delivery.acker);
-        self.unacked_count += 1;
-        if self.unacked_count >= ACK_EVERY {
-            self.ack_taken().await?;
-        }
+        delivery.ack(BasicAckOptions::default()).await?;
         Ok(true)
-    }
-
-    /// Acknowledges every delivery taken so far.
-    pub async fn ack_taken(&mut self) -> anyhow::Result<()> {
-        if let Some(acker) = &self.unacked {
-            // A second call for the same acker (after a cancelled one) is
-            // a no-op in lapin, never a second `basic.ack`.
-            acker.ack(BasicAckOptions { multiple: true }).await?;
-        }
-        self.unacked = None;
-        self.unacked_count = 0;
-        Ok(())
     }
 
     /// Reads until `done(checker)` holds or `timeout` passes; true if it held.
@@ -372,23 +330,17 @@ impl QueueReader {
         done: impl Fn(&Checker) -> bool,
     ) -> anyhow::Result<bool> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut held = true;
         while !done(&self.checker) {
             match tokio::time::timeout_at(deadline, self.next()).await {
-                Err(_) => {
-                    held = false;
-                    break;
-                }
+                Err(_) => return Ok(false),
                 Ok(r) => {
                     if !r? {
-                        held = false;
-                        break;
+                        return Ok(false);
                     }
                 }
             }
         }
-        self.ack_taken().await?;
-        Ok(held)
+        Ok(true)
     }
 
     pub fn summary(&self) -> String {
