@@ -192,8 +192,9 @@ impl Membership {
             (last, last_at) = (now, Instant::now());
             // Skipped, the next beat is due a period after the renewal's,
             // so the row is never written less often than every period.
-            let renewal_age = self.renewal_beats.age().filter(|age| *age < period);
-            if let Some(age) = renewal_age.filter(|_| written == Some(counts)) {
+            if written == Some(counts)
+                && let Some(age) = self.renewal_beats.age().filter(|age| *age < period)
+            {
                 delay = period - age;
                 continue;
             }

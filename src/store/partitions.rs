@@ -123,9 +123,8 @@ pub trait PartitionStore {
         me: Uuid,
         held: &[(String, i64)],
         ttl: Duration,
-        heartbeat_ttl: Duration,
+        _heartbeat_ttl: Duration,
     ) -> Result<(Vec<String>, bool), StoreError> {
-        let _ = heartbeat_ttl;
         Ok((self.renew(me, held, ttl).await?, false))
     }
 

@@ -43,6 +43,15 @@ pub struct PartitionsSql {
     overview: Sql,
 }
 
+/// Extends the leases `$3` (buckets) under `$4` (epochs) still held by `$1`
+/// to `$2` ms; returns the buckets renewed (alone, or inside
+/// `renew_and_beat`).
+const RENEW: &str = "UPDATE {partitions} p
+    SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
+    FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
+    WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
+    RETURNING p.partition_key";
+
 impl PartitionsSql {
     pub fn new(t: &TablesConfig) -> Self {
         Self {
@@ -70,31 +79,20 @@ impl PartitionsSql {
                  )
                  SELECT partition_key, new_epoch AS lease_epoch FROM acquired",
             ),
-            renew: Sql::render(
-                t,
-                "UPDATE {partitions} p
-                 SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
-                 FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
-                 WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
-                 RETURNING p.partition_key",
-            ),
+            renew: Sql::render(t, RENEW),
             // The renewal's rows, then one NULL if the worker row was beaten.
             renew_and_beat: Sql::render(
                 t,
-                "WITH renewed AS (
-                    UPDATE {partitions} p
-                    SET lease_until = now() + make_interval(secs => $2::float8 / 1000), updated_at = now()
-                    FROM unnest($3::text[], $4::bigint[]) AS h(partition_key, epoch)
-                    WHERE p.partition_key = h.partition_key AND p.lease_owner = $1 AND p.lease_epoch = h.epoch
-                    RETURNING p.partition_key
-                 ), beat AS (
-                    UPDATE {workers} SET heartbeat_at = now(),
-                        heartbeat_until = now() + make_interval(secs => $5::float8 / 1000)
-                    WHERE worker_id = $1
-                    RETURNING worker_id
-                 )
-                 SELECT partition_key FROM renewed
-                 UNION ALL SELECT NULL FROM beat",
+                &format!(
+                    "WITH renewed AS ({RENEW}), beat AS (
+                        UPDATE {{workers}} SET heartbeat_at = now(),
+                            heartbeat_until = now() + make_interval(secs => $5::float8 / 1000)
+                        WHERE worker_id = $1
+                        RETURNING worker_id
+                     )
+                     SELECT partition_key FROM renewed
+                     UNION ALL SELECT NULL FROM beat"
+                ),
             ),
             release: Sql::render(
                 t,
