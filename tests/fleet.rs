@@ -459,6 +459,57 @@ async fn a_worker_left_without_buckets_stays_idle(db: Db) {
     }
 }
 
+/// An idle fleet reads its membership about once per `lease_renew`, not
+/// once a cycle (a second): where `LISTEN` works the peers announce their
+/// changes, and where it does not (MariaDB, SQLite) each worker's poll for
+/// new rows reads a fingerprint of the workers table that stands in for
+/// them. Counted by the workers' own `outboxd_membership_reads_total`. A
+/// join still moves buckets at once.
+async fn an_idle_fleet_reads_its_membership_once_per_lease_renew_and_still_sees_a_join(db: Db) {
+    let env = TestEnv::on(db).await; // default timings: lease_renew 6 s
+    let mut workers: Vec<WorkerProcess> = (0..2)
+        .map(|_| env.spawn_worker(&["--silent", "--ui", "127.0.0.1:0"]))
+        .collect();
+    wait_converged(&env, 2, Duration::from_secs(20)).await;
+    let urls: Vec<String> = workers.iter().map(wait_for_dashboard_url).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reads = || async {
+        let mut n = Vec::new();
+        for url in &urls {
+            n.push(metric(url, "outboxd_membership_reads_total").await);
+        }
+        n
+    };
+    let before = reads().await;
+    let over = Duration::from_secs(9);
+    tokio::time::sleep(over).await;
+    let after = reads().await;
+    let per_worker: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    println!("membership reads per idle worker over {over:?}: {per_worker:?} (lease_renew 6 s)");
+    // One or two expected; once a cycle would be nine.
+    assert!(per_worker.iter().all(|&n| n <= 4.0), "{per_worker:?}");
+
+    workers.push(env.spawn_worker(&["--silent"]));
+    worker_id_of(&env, &workers[2]).await;
+    let took = wait_converged(&env, 3, Duration::from_secs(15)).await;
+    println!("a third worker holds its share {took:?} after its row appeared");
+    terminate_all(&mut workers);
+}
+
+/// A counter's value in a `/metrics` page.
+async fn metric(base: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
+}
+
 /// The fleet-wide chores (here: removing a dead worker's row) are done by
 /// the first live worker alone, and move on when it dies.
 async fn the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on_when_it_dies(
@@ -537,6 +588,7 @@ async fn the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on
 }
 
 on_every_db!(
+    an_idle_fleet_reads_its_membership_once_per_lease_renew_and_still_sees_a_join,
     the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on_when_it_dies,
     three_workers_split_16_buckets_by_the_modulo_rule_and_stay_quiet,
     a_worker_left_without_buckets_stays_idle,

@@ -209,6 +209,8 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
     );
     let buckets = vec!["p03".to_string(), "p05".to_string()];
     assert_eq!(store.ready_buckets(&buckets).await.unwrap(), ["p05"]);
+    let (ready, _) = store.ready_buckets_and_fleet(&buckets).await.unwrap();
+    assert_eq!(ready, ["p05"], "the same poll with the fingerprint");
     let heads = store.bucket_heads(&buckets).await.unwrap();
     let head = heads.iter().find(|h| h.partition_key == "p03").unwrap();
     assert_eq!((head.id, head.attempts), (Some(ids[0]), Some(1)));
@@ -545,8 +547,23 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         heartbeat_ttl: Duration::from_secs(30),
         can_publish: true,
     };
+    // The workers table's fingerprint, read with a poll: it changes with
+    // the rows (a join, a leave, a step aside or back), not with
+    // heartbeats, and the same rows give the same text.
+    let polled = || async {
+        let (ready, fleet) = store
+            .ready_buckets_and_fleet(&["p01".to_string()])
+            .await
+            .unwrap();
+        assert!(ready.is_empty(), "no row in p01");
+        assert!(!fleet.is_empty(), "a fingerprint is always read");
+        fleet
+    };
+    let empty = polled().await;
     let joined = store.register(registration(a), &|_| true).await.unwrap();
     assert!(matches!(joined, Joined::Registered));
+    let just_a = polled().await;
+    assert_ne!(just_a, empty, "a join changes the fingerprint");
     let refused = store
         .register(registration(b), &|live| live.is_empty())
         .await
@@ -569,18 +586,23 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         failed_total: 1,
         published_rate: 2.5,
     };
+    let a_and_b = polled().await;
+    assert!(![&empty, &just_a].contains(&&a_and_b), "a second join too");
     assert!(
         store
             .heartbeat(a, Duration::from_secs(30), counts)
             .await
             .unwrap()
     );
+    assert_eq!(polled().await, a_and_b, "a heartbeat changes nothing");
     assert!(
         store
             .set_broker_state(a, false, Some("broker away"))
             .await
             .unwrap()
     );
+    let a_aside = polled().await;
+    assert_ne!(a_aside, a_and_b, "stepping aside changes the fingerprint");
     store
         .set_broker_blocked(a, Some("disk alarm"))
         .await
@@ -591,6 +613,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         [b]
     );
     assert!(store.set_broker_state(a, true, None).await.unwrap());
+    assert_eq!(polled().await, a_and_b, "back in: the same rows again");
     let mut live = store.live_leasing(Uuid::nil(), SUSPECT_NONE).await.unwrap();
     live.sort();
     let mut both = vec![a, b];
@@ -696,6 +719,11 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     assert_eq!(va.broker_blocked.as_deref(), Some("disk alarm"));
 
     store.remove_worker(a).await.unwrap();
+    let just_b = polled().await;
+    assert!(
+        ![&a_and_b, &just_a, &empty].contains(&&just_b),
+        "a leave changes the fingerprint"
+    );
     assert!(
         !store
             .heartbeat(a, Duration::from_secs(30), counts)

@@ -7,9 +7,10 @@
 //!    valid lease: dead ones, retargeted once their leases can be taken — see
 //!    [`WorkerStore::live_leasing`](crate::store::workers::WorkerStore::live_leasing))
 //!    and compute this worker's target buckets ([`assignment`](super::assignment)).
-//!    Where the peers' announcements arrive, the last read's targets serve
-//!    until an announcement, a handover, or the first moment that read says
-//!    a peer could be left out ([`Fleet::targets`]);
+//!    Where the peers' announcements arrive (`LISTEN`, or the workers
+//!    table's fingerprint read with the poller's polls), the last read's
+//!    targets serve until an announcement, a handover, or the first moment
+//!    that read says a peer could be left out ([`Fleet::targets`]);
 //! 2. every `lease_renew`, renew every held lease (owner *and* epoch must
 //!    match); a lease that did not renew is lost: its drainer is stopped and
 //!    its trust revoked;
@@ -40,6 +41,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -66,10 +68,12 @@ const POLL: Duration = Duration::from_millis(250);
 /// How often a cycle runs at steady state: a membership check when one is
 /// due, which bounds how late a dead peer's buckets are retargeted after its
 /// leases lapsed (a second after is soon enough) and, where peers'
-/// announcements do not arrive (no `LISTEN`: MariaDB, SQLite, a transaction
-/// pooler without `listen_url`), how late a join or a leave is noticed.
-/// (Every 500 ms there, until the checks of 64 idle MariaDB workers were
-/// 128 of the database's statements a second.)
+/// announcements do not arrive (no `LISTEN` — MariaDB, SQLite, a
+/// transaction pooler without `listen_url` — and no fingerprint read by a
+/// poll within `FLEET_LOOK_STANDS`: a worker that drains no bucket), how
+/// late a join or a leave is noticed. (Every 500 ms there, until the checks
+/// of 64 idle MariaDB workers were 128 of the database's statements a
+/// second.)
 const IDLE_POLL: Duration = Duration::from_secs(1);
 
 /// How long a cycle in progress may still take on shutdown.
@@ -309,12 +313,17 @@ impl Fleet {
 
     /// This worker's target buckets (`None`: the membership could not be
     /// read). From a membership read — or, while the peers' announcements
-    /// arrive (`LISTEN` works), none came since the last read and no
+    /// arrive (`LISTEN` works, or the poller reads the workers table's
+    /// fingerprint: [`FleetSignal::announcements_arrive`]), none came since
+    /// the last read and no
     /// handover is under way, from that read for as long as it stands
     /// ([`Membership::stable_for`](crate::store::workers::Membership::stable_for)),
     /// `lease_renew` at most. A read meanwhile would find nothing new: a
-    /// join, a leave, a release or a change of broker state is announced,
-    /// and a dead peer is left out no sooner than `stable_for` says. Only a
+    /// join, a leave, a release or a change of broker state is announced
+    /// (the fingerprint shows each but a release, and a released bucket's
+    /// new owner, whose targets include it, tries to take it every cycle
+    /// until it does), and a dead peer is left out no sooner than
+    /// `stable_for` says. Only a
     /// stalled peer that comes back is not announced: it gets its share
     /// within `lease_renew` rather than within a cycle. An idle fleet thus
     /// reads its membership every `lease_renew` per worker instead of every
@@ -332,6 +341,8 @@ impl Fleet {
             return Some(known.targets.clone());
         }
         let suspect_after = suspect_after(self.settings.lease_ttl, self.settings.heartbeat_ttl);
+        let stats = &self.relay.context().stats;
+        stats.membership_reads.fetch_add(1, Ordering::Relaxed);
         match self.store.membership(self.me, suspect_after).await {
             Ok(members) => {
                 self.housekeeping.follow(self.me, &members.live);

@@ -243,6 +243,12 @@ pub fn process(out: &mut String, stats: &RelayStats) {
         "writes refused by the lease fence",
         s.fenced,
     );
+    counter(
+        out,
+        "outboxd_membership_reads_total",
+        "reads of the fleet's membership by this worker's coordinator",
+        stats.membership_reads.load(Ordering::Relaxed),
+    );
     let traces = &stats.traces;
     counter(
         out,

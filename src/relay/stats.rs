@@ -65,6 +65,9 @@ pub struct RelayStats {
     pub record_latency: Histogram,
     /// The span exporter's counters (zero while export is off).
     pub traces: Arc<TraceCounts>,
+    /// Reads of the fleet's membership by this worker's coordinator (the
+    /// part of an idle fleet's cost that announcements save).
+    pub membership_reads: AtomicU64,
     published: AtomicU64,
     failed: AtomicU64,
     parked: AtomicU64,

@@ -26,6 +26,12 @@
 //!   whose id was taken earlier but committed after the probe read past it
 //!   (ids commit out of order) is left to the polls.
 //!
+//! Without `LISTEN`, a poll also reads a fingerprint of the workers table
+//! (in the same statement, at most every [`FLEET_LOOK_EVERY`]) and wakes
+//! the fleet coordinator when it changed ([`FleetLook`]): the poll stands
+//! in for the peers' announcements, so an idle coordinator need not read
+//! the membership every second.
+//!
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
 //! `LISTEN` is attempted: start-up says the worker polls. A database
 //! without notifications at all (MySQL/MariaDB, SQLite) is polled
@@ -88,16 +94,21 @@ pub struct Wakeups {
     /// Rows were announced (or everything woken): a backed-off safety net
     /// returns to its shortest pace.
     announced: Arc<Notify>,
+    /// The workers table as the polls last saw it.
+    fleet_look: Arc<FleetLook>,
 }
 
 /// The fleet coordinator's signal: woken by the peers' announcements
-/// (joining, leaving, releasing) where they arrive (`LISTEN` up); else only
-/// the coordinator's own membership checks notice a change.
+/// (joining, leaving, releasing) where they arrive (`LISTEN` up), or by
+/// the poller when the workers table's fingerprint it reads with its polls
+/// changed ([`FleetLook`]); else only the coordinator's own membership
+/// checks notice a change.
 #[derive(Clone, Default)]
 pub struct FleetSignal {
     wake: Arc<Notify>,
     /// `LISTEN` works (checked).
     listening: Arc<AtomicBool>,
+    look: Arc<FleetLook>,
 }
 
 impl FleetSignal {
@@ -106,11 +117,72 @@ impl FleetSignal {
         self.wake.notified().await
     }
 
-    /// Whether the peers' announcements arrive: `LISTEN` works. (While it
-    /// reconnects they do not; once it is back, everything is woken, the
-    /// coordinator too.)
+    /// Whether a change of the fleet's rows (a join, a leave, a step aside
+    /// or back) wakes the coordinator without a membership read of its own:
+    /// `LISTEN` works, or the poller read the workers table's fingerprint
+    /// within [`FLEET_LOOK_STANDS`]. (While `LISTEN` reconnects announcements
+    /// do not arrive; once it is back, everything is woken, the coordinator
+    /// too.)
     pub fn announcements_arrive(&self) -> bool {
-        self.listening.load(Ordering::Relaxed)
+        self.listening.load(Ordering::Relaxed) || self.look.fresh()
+    }
+}
+
+/// A poll carries the workers table's fingerprint when the last look is
+/// older than this (every idle poll, every few polls under load).
+pub const FLEET_LOOK_EVERY: Duration = Duration::from_millis(500);
+/// How long a look stands in for the announcements: a poller at its
+/// default idle pace (`outbox.idle_backoff_ms` = 1 s) looks again well
+/// within it; one that backs off further, or stops polling (no bucket
+/// drained here), leaves its coordinator to read the membership every
+/// cycle, as without a look.
+pub const FLEET_LOOK_STANDS: Duration = Duration::from_millis(1500);
+
+/// Where no announcements arrive (MySQL/MariaDB, SQLite, a transaction
+/// pooler without `listen_url`), the poller reads a fingerprint of the
+/// workers table with its poll, in the same statement
+/// ([`OutboxLookups::ready_buckets_and_fleet`](crate::store::OutboxLookups::ready_buckets_and_fleet)),
+/// and wakes the coordinator when it changed — a join, a leave, a step
+/// aside or back, each a change of the table's rows. The coordinator
+/// then reads the membership only when so woken, when its last read says
+/// a peer could be left out, or every `lease_renew` — as where `LISTEN`
+/// works — rather than every second: 64 idle MariaDB workers read it 64
+/// times a second before.
+#[derive(Default)]
+struct FleetLook {
+    /// The last fingerprint read, and when.
+    last: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+}
+
+impl FleetLook {
+    /// Whether the next poll should carry the fingerprint.
+    fn due(&self) -> bool {
+        self.last_at()
+            .is_none_or(|at| at.elapsed() >= FLEET_LOOK_EVERY)
+    }
+
+    fn fresh(&self) -> bool {
+        self.last_at()
+            .is_some_and(|at| at.elapsed() < FLEET_LOOK_STANDS)
+    }
+
+    fn last_at(&self) -> Option<std::time::Instant> {
+        self.last.lock().expect("fleet look").as_ref().map(|l| l.1)
+    }
+
+    /// Records a fingerprint; true when the coordinator should read the
+    /// membership: it differs from the one before, or there was none
+    /// standing before. Only an unbroken chain of looks vouches for targets
+    /// read meanwhile: a poller that just got its first bucket (a worker
+    /// that just joined) or looks again after a pause may find a change
+    /// that came after its coordinator's last read and before this look.
+    fn saw(&self, fingerprint: String) -> bool {
+        let mut last = self.last.lock().expect("fleet look");
+        let changed = last
+            .as_ref()
+            .is_none_or(|(f, at)| *f != fingerprint || at.elapsed() >= FLEET_LOOK_STANDS);
+        *last = Some((fingerprint, std::time::Instant::now()));
+        changed
     }
 }
 
@@ -158,6 +230,7 @@ impl Wakeups {
             fleet: Arc::new(Notify::new()),
             listening: Arc::new(AtomicBool::new(false)),
             announced: Arc::new(Notify::new()),
+            fleet_look: Arc::default(),
         }
     }
 
@@ -166,6 +239,7 @@ impl Wakeups {
         FleetSignal {
             wake: self.fleet.clone(),
             listening: self.listening.clone(),
+            look: self.fleet_look.clone(),
         }
     }
 
@@ -393,12 +467,27 @@ impl Wakeups {
     }
 
     /// Wakes the buckets of `labels` whose head is ready (one query); true
-    /// when there was one.
+    /// when there was one. Without `LISTEN`, the query also reads the
+    /// workers table's fingerprint when a look is due ([`FleetLook`]).
     async fn wake_ready(&self, store: &Store, labels: &[String]) -> bool {
         if labels.is_empty() {
             return false;
         }
-        match store.ready_buckets(labels).await {
+        let polled = if !self.listening.load(Ordering::Relaxed) && self.fleet_look.due() {
+            store
+                .ready_buckets_and_fleet(labels)
+                .await
+                .map(|(ready, fingerprint)| {
+                    if self.fleet_look.saw(fingerprint) {
+                        tracing::debug!("the workers table changed (or was not looked at): reading the membership");
+                        self.fleet.notify_one();
+                    }
+                    ready
+                })
+        } else {
+            store.ready_buckets(labels).await
+        };
+        match polled {
             Ok(ready) => {
                 tracing::trace!(polled = labels.len(), ?ready, "polled for new rows");
                 ready.iter().for_each(|l| self.wake(l));

@@ -67,6 +67,17 @@ pub trait OutboxLookups {
     /// polling that replaces notifications where they cannot work).
     async fn ready_buckets(&self, partition_keys: &[String]) -> Result<Vec<String>, StoreError>;
 
+    /// [`OutboxLookups::ready_buckets`], and in the same statement a
+    /// fingerprint of the workers table: a text that changes whenever a
+    /// worker joins or leaves (its row is added or removed) or steps aside
+    /// or back (`can_publish`), and not with heartbeats. A poller where no
+    /// announcements arrive reads it so that its coordinator need not read
+    /// the membership every second to notice such a change.
+    async fn ready_buckets_and_fleet(
+        &self,
+        partition_keys: &[String],
+    ) -> Result<(Vec<String>, String), StoreError>;
+
     /// How many rows a purge with this cut-off would delete (a full count:
     /// for `--dry-run`, not for the relay).
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
@@ -150,6 +161,28 @@ impl<D: Driver> OutboxLookups for D {
             .fetch_all(sql, &args, "polling for new rows")
             .await?;
         Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    async fn ready_buckets_and_fleet(
+        &self,
+        partition_keys: &[String],
+    ) -> Result<(Vec<String>, String), StoreError> {
+        let sql = &self.sql().lookups.buckets.ready_and_fleet;
+        let args = [Arg::Labels(partition_keys)];
+        let rows: Vec<(Option<String>, Option<String>)> = self
+            .reads()
+            .fetch_all(sql, &args, "polling for new rows")
+            .await?;
+        let mut fleet = String::new();
+        let mut ready = Vec::with_capacity(rows.len());
+        for row in rows {
+            match row {
+                (Some(label), _) => ready.push(label),
+                (None, Some(fingerprint)) => fleet = fingerprint,
+                (None, None) => {}
+            }
+        }
+        Ok((ready, fleet))
     }
 
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {

@@ -85,6 +85,9 @@ pub struct OutboxLookupsSql {
 pub struct BucketReadsSql {
     /// Which of the listed buckets have a head ready to publish: labels.
     pub ready_buckets: Sql,
+    /// [`BucketReadsSql::ready_buckets`] and, in the same statement, the
+    /// workers table's fingerprint ([`fleet_fingerprinted`]): labels.
+    pub ready_and_fleet: Sql,
     /// The head of each listed bucket, as `BucketHead` by label: labels.
     pub bucket_heads: Sql,
     /// How many rows were published longer ago than a duration: duration.
@@ -228,4 +231,19 @@ pub struct Rendered {
 pub struct StepsSql {
     pub leases: LeaseStepsSql,
     pub operator: OperatorStepsSql,
+}
+
+/// `ready` (one text column: ready labels) with the workers table's
+/// fingerprint in the same statement: rows of (label, NULL), then one of
+/// (NULL, fingerprint). `fingerprint` is a backend's query of one text
+/// value that changes whenever a worker row is added or removed or its
+/// `can_publish` changes — what a membership read depends on besides
+/// time. A poller without notifications reads it with its poll, so a
+/// membership change is noticed without a membership read of its own
+/// (`relay::wakeups`).
+pub(crate) fn fleet_fingerprinted(ready: &Sql, fingerprint: &str) -> Sql {
+    Sql::from_rendered(format!(
+        "SELECT r.partition_key, NULL AS fleet FROM ({}) r UNION ALL SELECT NULL, ({fingerprint})",
+        ready.as_str()
+    ))
 }

@@ -24,7 +24,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, Published,
 };
-use crate::store::statements::BucketReadsSql;
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
 use crate::store::views;
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, render};
 
@@ -391,6 +391,12 @@ async fn record_one_failure(
     Ok(Some(parked))
 }
 
+/// The workers table's fingerprint (`statements::fleet_fingerprinted`):
+/// its row count and a sum of checksums of each row's id and `can_publish`.
+const WORKERS_FINGERPRINT: &str = "SELECT CAST(CONCAT(COUNT(*), ':',
+                COALESCE(SUM(CRC32(CONCAT(HEX(worker_id), can_publish))), 0)) AS CHAR)
+            FROM {workers}";
+
 /// The reads across buckets (`store::lookups`), in MySQL's SQL: the listed
 /// buckets found by primary key (`JSON_TABLE` joined first), one probe of
 /// the pending index each for its head.
@@ -402,10 +408,12 @@ pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
             .replace("{head.available_at}", &VIEWS.head("available_at"));
         Sql::render(t, &s)
     };
-    BucketReadsSql {
-        ready_buckets: sql("SELECT p.partition_key
+    let ready_buckets = sql("SELECT p.partition_key
              FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
-             WHERE {head.available_at} <= UTC_TIMESTAMP(6)"),
+             WHERE {head.available_at} <= UTC_TIMESTAMP(6)");
+    BucketReadsSql {
+        ready_and_fleet: fleet_fingerprinted(&ready_buckets, sql(WORKERS_FINGERPRINT).as_str()),
+        ready_buckets,
         bucket_heads: sql(
             "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,
                     COALESCE(TIMESTAMPDIFF(MICROSECOND, h.created_at, UTC_TIMESTAMP(6)) / 1e6, 0e0)

@@ -19,7 +19,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, ParkedStore, Published,
 };
-use crate::store::statements::BucketReadsSql;
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, query_error};
 
 const SUMMARY_COLUMNS: &str =
@@ -187,6 +187,12 @@ const READY_BUCKETS: &str = "SELECT b.partition_key FROM unnest($1::text[]) AS b
                 ORDER BY o.partition_key, o.id LIMIT 1
             ) h
             WHERE h.available_at <= now()";
+
+/// The workers table's fingerprint (`statements::fleet_fingerprinted`):
+/// its row count and a sum of hashes of each row's id and `can_publish`.
+const WORKERS_FINGERPRINT: &str = "SELECT count(*) || ':'
+                || coalesce(sum(hashtext(worker_id::text || can_publish::text)), 0)
+            FROM {workers}";
 
 /// Dropping is never silent: what was dropped, by whom and why
 /// goes to the audit table in the same statement.
@@ -582,8 +588,13 @@ pub const PURGE_LOCK: i64 = 0x0070_7572_6765;
 
 /// The reads across buckets (`store::lookups`), in PostgreSQL's SQL.
 pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
+    let ready_buckets = Sql::render(t, READY_BUCKETS);
     BucketReadsSql {
-        ready_buckets: Sql::render(t, READY_BUCKETS),
+        ready_and_fleet: fleet_fingerprinted(
+            &ready_buckets,
+            Sql::render(t, WORKERS_FINGERPRINT).as_str(),
+        ),
+        ready_buckets,
         bucket_heads: Sql::render(t, BUCKET_HEADS),
         count_purgeable: Sql::render(t, COUNT_PURGEABLE),
     }

@@ -27,7 +27,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, Published,
 };
-use crate::store::statements::BucketReadsSql;
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
 use crate::store::views;
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op};
 
@@ -374,16 +374,26 @@ impl SqliteBackend {
     }
 }
 
+/// The workers table's fingerprint (`statements::fleet_fingerprinted`):
+/// its row count and every row's id and `can_publish`, in id order (no
+/// hash function in SQLite; the table is local, the text never crosses a
+/// network).
+const WORKERS_FINGERPRINT: &str =
+    "SELECT count(*) || ':' || coalesce(group_concat(hex(worker_id) || can_publish, ','), '')
+            FROM (SELECT worker_id, can_publish FROM {workers} ORDER BY worker_id)";
+
 /// The reads across buckets (`store::lookups`), in SQLite's SQL.
 pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
-    BucketReadsSql {
-        ready_buckets: sql(
-            t,
-            &"SELECT p.partition_key FROM {partitions} p
+    let ready_buckets = sql(
+        t,
+        &"SELECT p.partition_key FROM {partitions} p
              WHERE p.partition_key IN (SELECT value FROM json_each(?))
                AND {head.available_at} <= {now}"
-                .replace("{head.available_at}", &VIEWS.head("available_at")),
-        ),
+            .replace("{head.available_at}", &VIEWS.head("available_at")),
+    );
+    BucketReadsSql {
+        ready_and_fleet: fleet_fingerprinted(&ready_buckets, &render(t, WORKERS_FINGERPRINT)),
+        ready_buckets,
         bucket_heads: sql(
             t,
             &format!(
