@@ -11,8 +11,10 @@
 //! baseline: the producer itself publishing each message with a confirm
 //! right after its commit, to the same consumer (a dual write, no relay;
 //! its rows go to a database no worker drains), once with the pooled
-//! producer and once with a connection per message: each shape is compared
-//! with the bare path of its own producer. Targets: p50 ≤ 2 ms and p99 ≤
+//! producer and once with a connection per message, and once with the
+//! consumer without acks: each shape is compared with the bare path of its
+//! own producer and consumer. `OUTBOXD_BENCH_SHAPES=<part of a name>[,…]`
+//! runs only those shapes (and their bare paths). Targets: p50 ≤ 2 ms and p99 ≤
 //! 5 ms in every shape, and p99 ≤ 3 × the same run's bare path. Each shape
 //! also shows commit → delivery, the part the relay adds to the
 //! producer's own transaction.
@@ -102,11 +104,46 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
             },
             Worker::None,
         ),
+        arm(
+            "bare path, consumer without acks",
+            Shape {
+                bare: true,
+                acks: false,
+                ..base
+            },
+            Worker::None,
+        ),
     ];
     if baseline_build {
         arms.push(arm("base, baseline build", base, Worker::Baseline));
     }
+    // OUTBOXD_BENCH_SHAPES=<part of a name>[,…]: those shapes only, with
+    // the bare paths they are compared with.
+    if let Ok(only) = std::env::var("OUTBOXD_BENCH_SHAPES") {
+        let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
+        let named = |a: &Arm| wanted.iter().any(|w| a.name.contains(w));
+        let kept: Vec<bool> = arms
+            .iter()
+            .map(|a| named(a) || arms.iter().any(|b| named(b) && bare_of(&arms, b) == a.name))
+            .collect();
+        let mut kept = kept.into_iter();
+        arms.retain(|_| kept.next().unwrap_or(false));
+    }
     arms
+}
+
+/// The name of the bare path a shape is compared with: the one of the same
+/// producer (pooled, or a connection per message) and the same consumer
+/// (with acks or without).
+fn bare_of(arms: &[Arm], a: &Arm) -> &'static str {
+    arms.iter()
+        .find(|b| {
+            b.worker == Worker::None
+                && b.shape.fresh_connection == a.shape.fresh_connection
+                && b.shape.acks == a.shape.acks
+        })
+        .map(|b| b.name)
+        .expect("a bare path per producer and consumer")
 }
 
 const RATES: [u64; 2] = [50, 500];
@@ -155,6 +192,9 @@ impl Bench {
                 modes.reverse();
             }
             for mode in modes {
+                if !arms.iter().any(|a| a.worker == mode) {
+                    continue;
+                }
                 let port = free_port();
                 let mut worker = match mode {
                     Worker::None => None,
@@ -219,14 +259,12 @@ impl Bench {
     /// Every shape per rate, worst median p99 first, beside the bare path.
     fn shapes_report(&mut self, arms: &[Arm], figures: &[Vec<Vec<Figures>>]) -> Value {
         let mut out = serde_json::Map::new();
-        // Each shape beside the bare path of the same producer (pooled, or
-        // a connection per message).
+        // Each shape beside the bare path of the same producer and consumer.
         let bare_of = |a: &Arm| {
+            let name = bare_of(arms, a);
             arms.iter()
-                .position(|b| {
-                    b.worker == Worker::None && b.shape.fresh_connection == a.shape.fresh_connection
-                })
-                .expect("a bare path per producer")
+                .position(|b| b.name == name)
+                .expect("kept with its shapes")
         };
         for (r, rate) in RATES.iter().enumerate() {
             let medians: Vec<Figures> = figures.iter().map(|f| median_figures(&f[r])).collect();
