@@ -743,11 +743,13 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
     drop(journal);
 }
 
-/// Starts again every worker that exited at start-up because it could not
-/// connect (spawned while its database was down: a crash, a cut link), as
-/// its supervisor would (the packaged unit restarts it on failure); any
-/// other exit is left for the end to fail on. `down`: workers SIGKILLed and
-/// not yet spawned again. Returns how many it started.
+/// Starts again every worker that exited at start-up — it could not
+/// connect (spawned while its database was down: a crash, a cut link), or
+/// exited before it registered (its registration failed: a full disk
+/// outlasting the start-up's retries) — as its supervisor would (the
+/// packaged unit restarts it on failure); any exit after registering is
+/// left for the end to fail on. `down`: workers SIGKILLed and not yet
+/// spawned again. Returns how many it started.
 fn restart_failed_starts(
     fleets: &mut [Fleet],
     down: &HashSet<(usize, usize)>,
@@ -760,17 +762,17 @@ fn restart_failed_starts(
     for (fleet, f) in fleets.iter_mut().enumerate() {
         for worker in 0..f.workers.len() {
             let w = &mut f.workers[worker];
-            if down.contains(&(fleet, worker))
-                || w.running()
-                || !w.log_text().contains("outboxd: cannot connect to")
-            {
+            let log = w.log_text();
+            let at_start_up =
+                log.contains("outboxd: cannot connect to") || !log.contains("worker registered");
+            if down.contains(&(fleet, worker)) || w.running() || !at_start_up {
                 continue;
             }
             f.workers[worker] = spawn_on_host(servers, &f.env, worker);
             pids.lock().unwrap()[fleet][worker] = f.workers[worker].pid();
             let line = format!(
                 "{:>8.1}s worker {worker} of fleet {fleet} had exited at start-up (its database \
-                 was down): started again",
+                 was down or failing): started again",
                 started.elapsed().as_secs_f64()
             );
             println!("soak: {}", line.trim_start());

@@ -315,16 +315,16 @@ impl Fleet {
     /// read). From a membership read — or, while the peers' announcements
     /// arrive (`LISTEN` works, or the poller reads the workers table's
     /// fingerprint: [`FleetSignal::announcements_arrive`]), none came since
-    /// the last read and no
-    /// handover is under way, from that read for as long as it stands
+    /// the last read and no handover is under way, from that read for as
+    /// long as it stands
     /// ([`Membership::stable_for`](crate::store::workers::Membership::stable_for)),
     /// `lease_renew` at most. A read meanwhile would find nothing new: a
     /// join, a leave, a release or a change of broker state is announced
     /// (the fingerprint shows each but a release, and a released bucket's
     /// new owner, whose targets include it, tries to take it every cycle
     /// until it does), and a dead peer is left out no sooner than
-    /// `stable_for` says. Only a
-    /// stalled peer that comes back is not announced: it gets its share
+    /// `stable_for` says. Only a stalled peer that comes back is not
+    /// announced: it gets its share
     /// within `lease_renew` rather than within a cycle. An idle fleet thus
     /// reads its membership every `lease_renew` per worker instead of every
     /// cycle.
