@@ -496,15 +496,11 @@ async fn an_idle_fleet_reads_its_membership_once_per_lease_renew_and_still_sees_
     terminate_all(&mut workers);
 }
 
-/// A counter's value in a `/metrics` page.
+/// A counter's value in a worker's `/metrics` page.
 async fn metric(base: &str, name: &str) -> f64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = base.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut page = String::new();
-    stream.read_to_string(&mut page).await.unwrap();
+    let page = http("GET", &format!("{base}/metrics"), &[], None)
+        .await
+        .body;
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in:\n{page}"))

@@ -122,12 +122,12 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
     if let Ok(only) = std::env::var("OUTBOXD_BENCH_SHAPES") {
         let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
         let named = |a: &Arm| wanted.iter().any(|w| a.name.contains(w));
-        let kept: Vec<bool> = arms
+        let kept: Vec<&str> = arms
             .iter()
-            .map(|a| named(a) || arms.iter().any(|b| named(b) && bare_of(&arms, b) == a.name))
+            .filter(|a| named(a))
+            .flat_map(|a| [a.name, bare_of(&arms, a)])
             .collect();
-        let mut kept = kept.into_iter();
-        arms.retain(|_| kept.next().unwrap_or(false));
+        arms.retain(|a| kept.contains(&a.name));
     }
     arms
 }
@@ -260,7 +260,7 @@ impl Bench {
     fn shapes_report(&mut self, arms: &[Arm], figures: &[Vec<Vec<Figures>>]) -> Value {
         let mut out = serde_json::Map::new();
         // Each shape beside the bare path of the same producer and consumer.
-        let bare_of = |a: &Arm| {
+        let bare_index = |a: &Arm| {
             let name = bare_of(arms, a);
             arms.iter()
                 .position(|b| b.name == name)
@@ -273,7 +273,7 @@ impl Bench {
             let mut rows = Vec::new();
             for a in order {
                 let m = &medians[a];
-                let bare_p99 = medians[bare_of(&arms[a])].p99;
+                let bare_p99 = medians[bare_index(&arms[a])].p99;
                 let target = if arms[a].worker == Worker::None {
                     "baseline".to_string()
                 } else {
