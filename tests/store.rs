@@ -209,8 +209,18 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
     );
     let buckets = vec!["p03".to_string(), "p05".to_string()];
     assert_eq!(store.ready_buckets(&buckets).await.unwrap(), ["p05"]);
-    let (ready, _) = store.ready_buckets_and_fleet(&buckets).await.unwrap();
+    let (ready, fleet) = store.ready_buckets_and_fleet(&buckets).await.unwrap();
     assert_eq!(ready, ["p05"], "the same poll with the fingerprint");
+    // An idle poller's look: any pending row, ready or not.
+    let waiting = ["p03".to_string()];
+    assert!(store.ready_buckets(&waiting).await.unwrap().is_empty());
+    assert_eq!(
+        store.pending_and_fleet(&waiting).await.unwrap(),
+        (true, fleet),
+        "a head waiting for its retry is pending; the same fingerprint"
+    );
+    let empty = ["p01".to_string(), "p02".to_string()];
+    assert!(!store.pending_and_fleet(&empty).await.unwrap().0);
     let heads = store.bucket_heads(&buckets).await.unwrap();
     let head = heads.iter().find(|h| h.partition_key == "p03").unwrap();
     assert_eq!((head.id, head.attempts), (Some(ids[0]), Some(1)));
@@ -226,9 +236,19 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
             ids[0]
         ))
         .await;
-    let retried = store.claim(claim(holder("p03"), 10, &[])).await.unwrap();
+    let h = holder("p03");
+    let retried = store.claim(claim(h, 10, &[])).await.unwrap();
     assert_eq!(ids_of(&retried), ids);
     assert_eq!(retried[0].attempts, 1);
+    // Published and parked rows are not pending.
+    assert_eq!(store.record_published(h, &ids[..2]).await.unwrap(), 2);
+    let park = Failure {
+        id: ids[2],
+        error: "unroutable",
+        policy: policy(1, 10.0),
+    };
+    store.record_failure(h, &[], Some(park)).await.unwrap();
+    assert!(!store.pending_and_fleet(&waiting).await.unwrap().0);
 }
 
 /// Records the first two of `ids` as published, then the third with the
@@ -557,6 +577,12 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap();
         assert!(ready.is_empty(), "no row in p01");
         assert!(!fleet.is_empty(), "a fingerprint is always read");
+        let looked = store.pending_and_fleet(&["p01".to_string()]).await;
+        assert_eq!(
+            looked.unwrap(),
+            (false, fleet.clone()),
+            "the idle look reads the same"
+        );
         fleet
     };
     let empty = polled().await;

@@ -30,7 +30,11 @@
 //! (in the same statement, at most every [`FLEET_LOOK_EVERY`]) and wakes
 //! the fleet coordinator when it changed ([`FleetLook`]): the poll stands
 //! in for the peers' announcements, so an idle coordinator need not read
-//! the membership every second.
+//! the membership every second. Such a poll after one that found nothing
+//! asks only whether any bucket drained here has a pending row (one probe
+//! of the pending index, with the fingerprint) and reads the buckets'
+//! heads only when one has: an idle fleet's polls are most of what it
+//! asks of a database without notifications.
 //!
 //! Behind `database.pooler = "transaction"` without a `listen_url`, no
 //! `LISTEN` is attempted: start-up says the worker polls. A database
@@ -405,7 +409,7 @@ impl Wakeups {
                     p.rest();
                 }
                 if polling_now {
-                    net = if self.wake_ready(&store, &self.drained_here()).await {
+                    net = if self.wake_ready(&store, &self.drained_here(), false).await {
                         polling.while_listening
                     } else {
                         (net * 2).min(SAFETY_NET_BACKS_OFF_TO.max(polling.while_listening))
@@ -432,7 +436,11 @@ impl Wakeups {
                 added.iter().for_each(|l| self.wake(l));
                 found = !added.is_empty();
             }
-            if polling_now && self.wake_ready(&store, &labels).await {
+            if polling_now
+                && self
+                    .wake_ready(&store, &labels, quiet_since.is_some())
+                    .await
+            {
                 // Rows come again: the probe (stopped after a long
                 // silence, or backed off) runs at full pace.
                 if let Some(p) = probe.as_mut().filter(|_| !found) {
@@ -468,20 +476,37 @@ impl Wakeups {
 
     /// Wakes the buckets of `labels` whose head is ready (one query); true
     /// when there was one. Without `LISTEN`, the query also reads the
-    /// workers table's fingerprint when a look is due ([`FleetLook`]).
-    async fn wake_ready(&self, store: &Store, labels: &[String]) -> bool {
+    /// workers table's fingerprint when a look is due ([`FleetLook`]); a
+    /// poller that is `idle` (its last poll found nothing) then first looks
+    /// only for a pending row in `labels` ([`OutboxLookups::pending_and_fleet`]:
+    /// one index probe, not a head per bucket) and reads the heads only if
+    /// it found one — on MariaDB less than half the server time of an idle
+    /// worker's poll.
+    ///
+    /// [`OutboxLookups::pending_and_fleet`]: crate::store::OutboxLookups::pending_and_fleet
+    async fn wake_ready(&self, store: &Store, labels: &[String], idle: bool) -> bool {
         if labels.is_empty() {
             return false;
         }
-        let polled = if !self.listening.load(Ordering::Relaxed) && self.fleet_look.due() {
+        let look = !self.listening.load(Ordering::Relaxed) && self.fleet_look.due();
+        let polled = if look && idle {
+            match store.pending_and_fleet(labels).await {
+                Ok((pending, fingerprint)) => {
+                    self.saw_fleet(fingerprint);
+                    if pending {
+                        store.ready_buckets(labels).await
+                    } else {
+                        Ok(Vec::new())
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        } else if look {
             store
                 .ready_buckets_and_fleet(labels)
                 .await
                 .map(|(ready, fingerprint)| {
-                    if self.fleet_look.saw(fingerprint) {
-                        tracing::debug!("the workers table changed (or was not looked at): reading the membership");
-                        self.fleet.notify_one();
-                    }
+                    self.saw_fleet(fingerprint);
                     ready
                 })
         } else {
@@ -497,6 +522,17 @@ impl Wakeups {
                 tracing::debug!(error = %e, "polling for new rows failed");
                 false
             }
+        }
+    }
+
+    /// Takes a look at the workers table's fingerprint ([`FleetLook`]) and
+    /// wakes the coordinator when it should read the membership.
+    fn saw_fleet(&self, fingerprint: String) {
+        if self.fleet_look.saw(fingerprint) {
+            tracing::debug!(
+                "the workers table changed (or was not looked at): reading the membership"
+            );
+            self.fleet.notify_one();
         }
     }
 

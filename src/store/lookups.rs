@@ -78,6 +78,17 @@ pub trait OutboxLookups {
         partition_keys: &[String],
     ) -> Result<(Vec<String>, String), StoreError>;
 
+    /// Whether any of `partition_keys` has a pending row, ready or not
+    /// (one probe of the pending index: no bucket's head is read), and the
+    /// workers table's fingerprint as
+    /// [`OutboxLookups::ready_buckets_and_fleet`] reads it. An idle
+    /// poller's look: cheaper than reading every bucket's head, which it
+    /// does only when this found a pending row.
+    async fn pending_and_fleet(
+        &self,
+        partition_keys: &[String],
+    ) -> Result<(bool, String), StoreError>;
+
     /// How many rows a purge with this cut-off would delete (a full count:
     /// for `--dry-run`, not for the relay).
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
@@ -183,6 +194,20 @@ impl<D: Driver> OutboxLookups for D {
             }
         }
         Ok((ready, fleet))
+    }
+
+    async fn pending_and_fleet(
+        &self,
+        partition_keys: &[String],
+    ) -> Result<(bool, String), StoreError> {
+        let sql = &self.sql().lookups.buckets.pending_and_fleet;
+        let args = [Arg::Labels(partition_keys)];
+        let rows: Vec<(Option<String>, Option<String>)> = self
+            .reads()
+            .fetch_all(sql, &args, "polling for new rows")
+            .await?;
+        let (pending, fleet) = rows.into_iter().next().unwrap_or_default();
+        Ok((pending.is_some(), fleet.unwrap_or_default()))
     }
 
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError> {

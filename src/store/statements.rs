@@ -88,6 +88,10 @@ pub struct BucketReadsSql {
     /// [`BucketReadsSql::ready_buckets`] and, in the same statement, the
     /// workers table's fingerprint ([`fleet_fingerprinted`]): labels.
     pub ready_and_fleet: Sql,
+    /// One row: a label of the listed buckets that has a pending row
+    /// (ready or not; NULL when none has), and the workers table's
+    /// fingerprint ([`pending_fingerprinted`]): labels.
+    pub pending_and_fleet: Sql,
     /// The head of each listed bucket, as `BucketHead` by label: labels.
     pub bucket_heads: Sql,
     /// How many rows were published longer ago than a duration: duration.
@@ -245,5 +249,16 @@ pub(crate) fn fleet_fingerprinted(ready: &Sql, fingerprint: &str) -> Sql {
     Sql::from_rendered(format!(
         "SELECT r.partition_key, NULL AS fleet FROM ({}) r UNION ALL SELECT NULL, ({fingerprint})",
         ready.as_str()
+    ))
+}
+
+/// `pending` (a backend's query of one label: any listed bucket with a
+/// pending row, one probe of the pending index, no head read) and the
+/// workers table's fingerprint ([`fleet_fingerprinted`]) as one row of two
+/// text columns: the cheap look of an idle poller, which reads the ready
+/// heads only when it found a pending row.
+pub(crate) fn pending_fingerprinted(pending: &str, fingerprint: &str) -> Sql {
+    Sql::from_rendered(format!(
+        "SELECT ({pending}) AS pending, ({fingerprint}) AS fleet"
     ))
 }

@@ -24,7 +24,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, Published,
 };
-use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted, pending_fingerprinted};
 use crate::store::views;
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, render};
 
@@ -411,8 +411,14 @@ pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
     let ready_buckets = sql("SELECT p.partition_key
              FROM {labels} STRAIGHT_JOIN {partitions} p ON p.partition_key = j.v
              WHERE {head.available_at} <= UTC_TIMESTAMP(6)");
+    let fingerprint = sql(WORKERS_FINGERPRINT);
+    let pending = sql("SELECT j.v FROM {labels}
+             STRAIGHT_JOIN {outbox} o FORCE INDEX ({outbox}_pending_idx)
+                 ON o.partition_key = j.v AND o.published_at IS NULL AND o.failed_at IS NULL
+             LIMIT 1");
     BucketReadsSql {
-        ready_and_fleet: fleet_fingerprinted(&ready_buckets, sql(WORKERS_FINGERPRINT).as_str()),
+        ready_and_fleet: fleet_fingerprinted(&ready_buckets, fingerprint.as_str()),
+        pending_and_fleet: pending_fingerprinted(pending.as_str(), fingerprint.as_str()),
         ready_buckets,
         bucket_heads: sql(
             "SELECT p.partition_key, h.id, h.created_at, h.attempts, h.last_error,

@@ -19,7 +19,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, ParkedStore, Published,
 };
-use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted, pending_fingerprinted};
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, query_error};
 
 const SUMMARY_COLUMNS: &str =
@@ -187,6 +187,12 @@ const READY_BUCKETS: &str = "SELECT b.partition_key FROM unnest($1::text[]) AS b
                 ORDER BY o.partition_key, o.id LIMIT 1
             ) h
             WHERE h.available_at <= now()";
+
+/// A listed bucket (`$1`) with a pending row, ready or not: one probe of
+/// the pending index, no head read (`statements::pending_fingerprinted`).
+const ANY_PENDING: &str = "SELECT o.partition_key FROM {outbox} o
+            WHERE o.partition_key = ANY($1::text[]) AND o.published_at IS NULL AND o.failed_at IS NULL
+            LIMIT 1";
 
 /// The workers table's fingerprint (`statements::fleet_fingerprinted`):
 /// its row count and a sum of hashes of each row's id and `can_publish`.
@@ -589,10 +595,12 @@ pub const PURGE_LOCK: i64 = 0x0070_7572_6765;
 /// The reads across buckets (`store::lookups`), in PostgreSQL's SQL.
 pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
     let ready_buckets = Sql::render(t, READY_BUCKETS);
+    let fingerprint = Sql::render(t, WORKERS_FINGERPRINT);
     BucketReadsSql {
-        ready_and_fleet: fleet_fingerprinted(
-            &ready_buckets,
-            Sql::render(t, WORKERS_FINGERPRINT).as_str(),
+        ready_and_fleet: fleet_fingerprinted(&ready_buckets, fingerprint.as_str()),
+        pending_and_fleet: pending_fingerprinted(
+            Sql::render(t, ANY_PENDING).as_str(),
+            fingerprint.as_str(),
         ),
         ready_buckets,
         bucket_heads: Sql::render(t, BUCKET_HEADS),

@@ -27,7 +27,7 @@ use crate::store::outbox::{
     Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
     OutboxStore, Published,
 };
-use crate::store::statements::{BucketReadsSql, fleet_fingerprinted};
+use crate::store::statements::{BucketReadsSql, fleet_fingerprinted, pending_fingerprinted};
 use crate::store::views;
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op};
 
@@ -391,8 +391,17 @@ pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
                AND {head.available_at} <= {now}"
             .replace("{head.available_at}", &VIEWS.head("available_at")),
     );
+    let fingerprint = render(t, WORKERS_FINGERPRINT);
+    let pending = render(
+        t,
+        "SELECT o.partition_key FROM {outbox} o
+             WHERE o.partition_key IN (SELECT value FROM json_each(?))
+               AND o.published_at IS NULL AND o.failed_at IS NULL
+             LIMIT 1",
+    );
     BucketReadsSql {
-        ready_and_fleet: fleet_fingerprinted(&ready_buckets, &render(t, WORKERS_FINGERPRINT)),
+        ready_and_fleet: fleet_fingerprinted(&ready_buckets, &fingerprint),
+        pending_and_fleet: pending_fingerprinted(&pending, &fingerprint),
         ready_buckets,
         bucket_heads: sql(
             t,
