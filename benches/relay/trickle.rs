@@ -10,11 +10,13 @@
 //! outbox's channel, a connection like the worker's) notes when each
 //! commit's notification arrived: the producer sends one transaction at a
 //! time and each sends one notification, so the k-th notification belongs
-//! to the k-th commit.
+//! to the k-th commit. `OUTBOXD_BENCH_TRICKLE_DUMP=<dir>` writes every
+//! message's times to a file per trickle ([`dump`]).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use lapin::options::{
@@ -165,6 +167,9 @@ pub(crate) async fn trickle_shaped(
         Some(l) => paired(&l.stop().await, &commits),
         None => Vec::new(),
     };
+    if let Ok(dir) = std::env::var("OUTBOXD_BENCH_TRICKLE_DUMP") {
+        dump(Path::new(&dir), rate, shape, &delivered);
+    }
     let sorted = |mut v: Vec<Duration>| {
         v.sort();
         v
@@ -180,6 +185,41 @@ pub(crate) async fn trickle_shaped(
         commit: sorted(commits.iter().map(|(b, c)| *c - *b).collect()),
         notified: sorted(notified),
     }
+}
+
+/// With `OUTBOXD_BENCH_TRICKLE_DUMP=<dir>`, every message of a trickle in
+/// the order it was produced, one line each: milliseconds from the first
+/// `INSERT` to its own, its `INSERT` → delivery, its commit → delivery;
+/// headed by the wall-clock time (Unix seconds) of the first `INSERT`, to
+/// line the trickle up with a server's log. One file per trickle,
+/// `trickle-<rate>-<relay|bare>-<Unix ms>.txt`: where a tail comes from
+/// (a stall of every bucket at once, or one bucket's queue; the start of
+/// the trickle, or throughout) shows in the file, not in a percentile.
+fn dump(dir: &Path, rate: u64, shape: Shape, delivered: &[(Instant, Instant, Instant)]) {
+    let Some(first) = delivered.iter().map(|&(_, began, _)| began).min() else {
+        return;
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut rows: Vec<(f64, f64, f64)> = delivered
+        .iter()
+        .map(|&(got, began, committed)| {
+            (
+                ms(began - first),
+                ms(got - began),
+                ms(got.saturating_duration_since(committed)),
+            )
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let started = now.as_secs_f64() - first.elapsed().as_secs_f64();
+    let mut text = format!("# first INSERT at {started:.3} (Unix seconds)\n");
+    for (at, from_insert, from_commit) in rows {
+        text += &format!("{at:.3} {from_insert:.3} {from_commit:.3}\n");
+    }
+    let arm = if shape.bare { "bare" } else { "relay" };
+    let file = dir.join(format!("trickle-{rate}-{arm}-{}.txt", now.as_millis()));
+    std::fs::write(&file, text).unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
 }
 
 /// Per id: when its transaction began, when its commit returned.
