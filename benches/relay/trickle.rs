@@ -30,7 +30,7 @@ use outboxd::producer::{Message, Producer};
 use outboxd::store::outbox::ClaimedMessage;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 
-use super::{BUCKETS, PAYLOAD};
+use super::{BUCKETS, PAYLOAD, ms};
 
 /// How a trickle is produced and consumed.
 #[derive(Debug, Clone, Copy)]
@@ -199,7 +199,6 @@ fn dump(dir: &Path, rate: u64, shape: Shape, delivered: &[(Instant, Instant, Ins
     let Some(first) = delivered.iter().map(|&(_, began, _)| began).min() else {
         return;
     };
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut rows: Vec<(f64, f64, f64)> = delivered
         .iter()
         .map(|&(got, began, committed)| {
