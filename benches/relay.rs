@@ -9,9 +9,11 @@
 //!    lapin publisher sending the same messages with confirms and the same
 //!    in-flight window (16 channels × one batch), no database
 //!    (`OUTBOXD_BENCH_THROUGHPUT_ONLY=postgres|mariadb|sqlite` for one
-//!    backend's arms; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on
-//!    that build right after; `OUTBOXD_BENCH_THROUGHPUT_REPEAT=N` runs the
-//!    arms N rounds and adds each arm's median);
+//!    backend's arms, `OUTBOXD_BENCH_THROUGHPUT_WORKERS=2` for one fleet
+//!    size; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on that build
+//!    right after — or on each build of a comma-separated list, to bisect;
+//!    `OUTBOXD_BENCH_THROUGHPUT_REPEAT=N` runs the arms N rounds and adds
+//!    each arm's median);
 //! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
@@ -531,10 +533,17 @@ impl Bench {
         );
         let mut per_workers = serde_json::Map::new();
         // `OUTBOXD_BENCH_THROUGHPUT_ONLY=mariadb` (a backend's name) runs
-        // that backend's arms only; with `OUTBOXD_BENCH_BASELINE_BIN`, each
-        // arm runs again right after on that build.
+        // that backend's arms only, `OUTBOXD_BENCH_THROUGHPUT_WORKERS=2`
+        // those of one fleet size; with `OUTBOXD_BENCH_BASELINE_BIN`, each
+        // arm runs again right after on that build (on each, in order, of a
+        // comma-separated list).
         let only = std::env::var("OUTBOXD_BENCH_THROUGHPUT_ONLY").ok();
-        let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
+        let only_workers: Option<usize> = std::env::var("OUTBOXD_BENCH_THROUGHPUT_WORKERS")
+            .ok()
+            .and_then(|w| w.parse().ok());
+        let baselines: Vec<String> = std::env::var("OUTBOXD_BENCH_BASELINE_BIN")
+            .map(|b| b.split(',').map(str::to_owned).collect())
+            .unwrap_or_default();
         // `OUTBOXD_BENCH_THROUGHPUT_REPEAT=3` runs the whole list of arms
         // three times, round after round (so arms alternate), and adds each
         // arm's median ratio at the end.
@@ -555,12 +564,17 @@ impl Bench {
             if only
                 .as_deref()
                 .is_some_and(|o| !o.eq_ignore_ascii_case(on.name()))
+                || only_workers.is_some_and(|w| w != workers)
             {
                 continue;
             }
-            runs.push((on, workers, PathBuf::from(BIN), ""));
-            if let Some(b) = &baseline {
-                runs.push((on, workers, PathBuf::from(b), ", baseline build"));
+            runs.push((on, workers, PathBuf::from(BIN), String::new()));
+            for b in &baselines {
+                let build = match baselines.len() {
+                    1 => ", baseline build".to_owned(),
+                    _ => format!(", build {b}"),
+                };
+                runs.push((on, workers, PathBuf::from(b), build));
             }
         }
         let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().cloned()).collect();
@@ -640,7 +654,11 @@ impl Bench {
                 Backend::Postgres => workers.to_string(),
                 Backend::MariaDb => format!("mariadb_{workers}"),
                 Backend::Sqlite => format!("sqlite_{workers}"),
-            } + if build.is_empty() { "" } else { "_baseline" };
+            } + &match (build.is_empty(), baselines.len()) {
+                (true, _) => String::new(),
+                (false, 1) => "_baseline".to_owned(),
+                (false, _) => format!("_baseline_{}", bin.display()),
+            };
             per_workers.insert(
                 key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
