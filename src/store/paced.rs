@@ -28,6 +28,10 @@
 //!   starting at once took every connection a 300-connection server had;
 //!   under steady load the pool still reaches ten within five seconds).
 //!
+//! A background opening adds a connection only while every connection is
+//! in use ([`open_one`]): sqlx's acquisition, which it opens with, takes an
+//! idle connection when there is one.
+//!
 //! Each opening starts with one attempt by hand ([`probe`]): a refusal is
 //! known after one attempt (then the pool makes one attempt at a time, each
 //! after a pause of 1 s doubling to [`MAX_PAUSE`], with one warning each),
@@ -67,6 +71,9 @@ const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// meanwhile had twenty-five waiting, each a backend the server had yet to
 /// start, before the first gave up.
 const MAX_OPENINGS: usize = 4;
+/// How long a background opening whose probe was accepted waits for every
+/// connection to be in use before it opens one ([`open_one`]).
+const DEMAND_WAIT: Duration = Duration::from_millis(100);
 /// How often a waiting acquisition looks for a released connection.
 const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// How long a connection may sit idle before it is pinged when acquired
@@ -274,20 +281,22 @@ impl<DB: Database> PacedPool<DB> {
         tokio::spawn(async move {
             let opened = match probe(&pool).await {
                 // The server accepted a connection. Openings overlap, so the
-                // pool may have reached its size meanwhile: then sqlx's
-                // acquire would only queue behind the statements for a
-                // connection already there, and time out — no refusal.
-                Ok(()) if full(&pool) => Ok(()),
-                Ok(()) => match pool.acquire().await {
-                    Err(sqlx::Error::PoolTimedOut) if full(&pool) => Ok(()),
-                    opened => opened.map(drop),
-                },
+                // pool may have reached its size meanwhile.
+                Ok(()) if full(&pool) => Ok(false),
+                Ok(()) => open_one(&pool).await,
                 Err(e) => Err(e),
             };
             let mut growth = growth.lock().unwrap_or_else(|e| e.into_inner());
             growth.opening -= 1;
             match opened {
-                Ok(()) => growth.failures = 0,
+                Ok(opened) => {
+                    growth.failures = 0;
+                    tracing::debug!(
+                        opened,
+                        size = pool.size(),
+                        "the pool's background opening ended"
+                    );
+                }
                 Err(_) if pool.is_closed() => {}
                 Err(error) => {
                     growth.failures = growth.failures.saturating_add(1);
@@ -368,6 +377,32 @@ where
     fn describe<'e>(self, sql: SqlStr) -> BoxFuture<'e, Result<sqlx::Describe<DB>, sqlx::Error>> {
         let pool = self.inner.clone();
         Box::pin(async move { (&pool).describe(sql).await })
+    }
+}
+
+/// After a probe the server accepted, one more connection for the pool —
+/// opened by sqlx's acquisition, which takes an idle connection instead
+/// when there is one: the probe takes a handshake (8–25 ms on a loaded
+/// machine), and a connection that came back meanwhile was taken and
+/// released again (a round trip, sqlx's release ping) and the pool did not
+/// grow — two growths in three under a trickle of 500 messages a second,
+/// whose pool stayed at three connections, probing a fourth every 350 ms.
+/// So it waits, up to [`DEMAND_WAIT`], for a moment when every connection
+/// is in use; none: the statements no longer need another (false).
+async fn open_one<DB: Database>(pool: &Pool<DB>) -> Result<bool, sqlx::Error> {
+    let until = Instant::now() + DEMAND_WAIT;
+    while pool.num_idle() > 0 {
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+    match pool.acquire().await {
+        // The pool may have reached its size meanwhile (openings overlap):
+        // then sqlx's acquire only queued behind the statements for a
+        // connection already there, and timed out — no refusal.
+        Err(sqlx::Error::PoolTimedOut) if full(pool) => Ok(false),
+        opened => opened.map(|_| true),
     }
 }
 
