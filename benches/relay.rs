@@ -542,7 +542,12 @@ impl Bench {
             .ok()
             .and_then(|w| w.parse().ok());
         let baselines: Vec<String> = std::env::var("OUTBOXD_BENCH_BASELINE_BIN")
-            .map(|b| b.split(',').map(str::to_owned).collect())
+            .map(|b| {
+                b.split(',')
+                    .filter(|b| !b.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default();
         // `OUTBOXD_BENCH_THROUGHPUT_REPEAT=3` runs the whole list of arms
         // three times, round after round (so arms alternate), and adds each

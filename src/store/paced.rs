@@ -388,7 +388,8 @@ where
 /// grow — two growths in three under a trickle of 500 messages a second,
 /// whose pool stayed at three connections, probing a fourth every 350 ms.
 /// So it waits, up to [`DEMAND_WAIT`], for a moment when every connection
-/// is in use; none: the statements no longer need another (false).
+/// is in use, and then asks sqlx (true); none: the statements no longer
+/// need another (false).
 async fn open_one<DB: Database>(pool: &Pool<DB>) -> Result<bool, sqlx::Error> {
     let until = Instant::now() + DEMAND_WAIT;
     while pool.num_idle() > 0 {
