@@ -573,18 +573,25 @@ impl Bench {
             {
                 continue;
             }
-            runs.push((on, workers, PathBuf::from(BIN), String::new()));
+            // (bin, label's suffix, JSON key's suffix)
+            runs.push((
+                on,
+                workers,
+                PathBuf::from(BIN),
+                String::new(),
+                String::new(),
+            ));
             for b in &baselines {
-                let build = match baselines.len() {
-                    1 => ", baseline build".to_owned(),
-                    _ => format!(", build {b}"),
+                let (build, key) = match baselines.len() {
+                    1 => (", baseline build".to_owned(), "_baseline".to_owned()),
+                    _ => (format!(", build {b}"), format!("_baseline_{b}")),
                 };
-                runs.push((on, workers, PathBuf::from(b), build));
+                runs.push((on, workers, PathBuf::from(b), build, key));
             }
         }
         let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().cloned()).collect();
         let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
-        for (on, workers, bin, build) in runs {
+        for (on, workers, bin, build, build_key) in runs {
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
@@ -659,11 +666,7 @@ impl Bench {
                 Backend::Postgres => workers.to_string(),
                 Backend::MariaDb => format!("mariadb_{workers}"),
                 Backend::Sqlite => format!("sqlite_{workers}"),
-            } + &match (build.is_empty(), baselines.len()) {
-                (true, _) => String::new(),
-                (false, 1) => "_baseline".to_owned(),
-                (false, _) => format!("_baseline_{}", bin.display()),
-            };
+            } + &build_key;
             per_workers.insert(
                 key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),

@@ -280,9 +280,6 @@ impl<DB: Database> PacedPool<DB> {
         let (pool, growth) = (self.inner.clone(), self.growth.clone());
         tokio::spawn(async move {
             let opened = match probe(&pool).await {
-                // The server accepted a connection. Openings overlap, so the
-                // pool may have reached its size meanwhile.
-                Ok(()) if full(&pool) => Ok(false),
                 Ok(()) => open_one(&pool).await,
                 Err(e) => Err(e),
             };
@@ -391,6 +388,10 @@ where
 /// is in use, and then asks sqlx (true); none: the statements no longer
 /// need another (false).
 async fn open_one<DB: Database>(pool: &Pool<DB>) -> Result<bool, sqlx::Error> {
+    // Openings overlap: the pool may have reached its size meanwhile.
+    if full(pool) {
+        return Ok(false);
+    }
     let until = Instant::now() + DEMAND_WAIT;
     while pool.num_idle() > 0 {
         if Instant::now() >= until {
