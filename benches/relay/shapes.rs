@@ -25,7 +25,8 @@
 //! means over the trickle from its `/metrics` (`--ui` on a free port): one
 //! claim statement, first send → last confirm of a batch, one record; with
 //! claims per message. With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`
-//! the base shape also runs on that build (fleet mode), in the same rounds.
+//! the base shape also runs on that build (fleet mode), in the same rounds
+//! — every fleet-mode shape chosen with `OUTBOXD_BENCH_SHAPES`, when given.
 //! Rounds (`--repeat N`, at least 3) run every shape;
 //! each figure is the median over rounds; shapes are printed worst p99
 //! first.
@@ -114,12 +115,10 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
             Worker::None,
         ),
     ];
-    if baseline_build {
-        arms.push(arm("base, baseline build", base, Worker::Baseline));
-    }
     // OUTBOXD_BENCH_SHAPES=<part of a name>[,…]: those shapes only, with
     // the bare paths they are compared with.
-    if let Ok(only) = std::env::var("OUTBOXD_BENCH_SHAPES") {
+    let only = std::env::var("OUTBOXD_BENCH_SHAPES").ok();
+    if let Some(only) = &only {
         let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
         let named = |a: &Arm| wanted.iter().any(|w| a.name.contains(w));
         let kept: Vec<&str> = arms
@@ -128,6 +127,25 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
             .flat_map(|a| [a.name, bare_of(&arms, a)])
             .collect();
         arms.retain(|a| kept.contains(&a.name));
+    }
+    // The other build runs the base shape, or every fleet-mode shape
+    // chosen by name.
+    if baseline_build {
+        let copies: Vec<Arm> = arms
+            .iter()
+            .filter(|a| a.worker == Worker::Fleet && (only.is_some() || a.shape == base))
+            .map(|a| Arm {
+                // A handful of names for the run's length.
+                name: if a.shape == base {
+                    "base, baseline build"
+                } else {
+                    format!("{}, baseline build", a.name).leak()
+                },
+                shape: a.shape,
+                worker: Worker::Baseline,
+            })
+            .collect();
+        arms.extend(copies);
     }
     arms
 }

@@ -33,7 +33,7 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use super::{BUCKETS, PAYLOAD, ms};
 
 /// How a trickle is produced and consumed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Shape {
     /// Distinct message keys, used in turn.
     pub keys: usize,
