@@ -496,16 +496,6 @@ async fn an_idle_fleet_reads_its_membership_once_per_lease_renew_and_still_sees_
     terminate_all(&mut workers);
 }
 
-/// A counter's value in a worker's `/metrics` page.
-async fn metric(base: &str, name: &str) -> f64 {
-    let page = http("GET", &format!("{base}/metrics"), &[], None)
-        .await
-        .body;
-    page.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
-}
-
 /// The fleet-wide chores (here: removing a dead worker's row) are done by
 /// the first live worker alone, and move on when it dies.
 async fn the_first_live_worker_alone_does_the_fleet_wide_chores_and_they_move_on_when_it_dies(

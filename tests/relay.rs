@@ -682,6 +682,72 @@ async fn an_idle_postgres_workers_safety_net_backs_off_and_an_announced_row_brin
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+/// A fast trickle into one key, every row committed alone, most while the
+/// batch ahead of them is in flight (a short batch is recorded alone unless
+/// a row was announced meanwhile: `relay::bucket`). Every row arrives, in
+/// order, none waits for a poll (the last one included), and the trickle
+/// costs about one claim per message, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_trickle_into_one_key_arrives_in_order_at_about_one_claim_per_message() {
+    let env = TestEnv::on(Db::Postgres).await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--ui", "127.0.0.1:0"]);
+    let url = wait_for_dashboard_url(&worker);
+    let warm = env
+        .db
+        .enqueue(Message::new("k", "", queue.clone(), "x"))
+        .await;
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(warm))
+            .await
+            .unwrap()
+    );
+    let claims_before = metric(&url, "outboxd_claim_seconds_count").await;
+
+    const ROWS: usize = 400;
+    let mut committed_at = Vec::with_capacity(ROWS);
+    let mut last = 0;
+    for _ in 0..ROWS {
+        last = env
+            .db
+            .enqueue(Message::new("k", "", queue.clone(), "x"))
+            .await;
+        committed_at.push(Instant::now());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let all = reader
+        .read_until(Duration::from_secs(30), |c| c.unique() > ROWS)
+        .await
+        .unwrap();
+    let last_took = committed_at[ROWS - 1].elapsed();
+    let claims = metric(&url, "outboxd_claim_seconds_count").await - claims_before;
+    let v = reader.checker.verdict(env.all_ids().await);
+    println!(
+        "one key, {ROWS} rows 2 ms apart: {}; {claims} claims; the last row ({last}) read by {last_took:?} after its commit",
+        v.summary()
+    );
+    assert!(all && v.is_clean(), "{v:?}\n{}", worker.log_text());
+    assert!(reader.checker.has(last));
+    // A row whose announcement was lost would wait for the safety-net poll
+    // (1 s here, backing off while idle).
+    assert!(
+        last_took < Duration::from_millis(500),
+        "the last row took {last_took:?}"
+    );
+    // A claim per row, and now and then one more: a row that committed
+    // before the claim of the row ahead of it is taken by that claim, and
+    // its own announcement wakes a claim that finds nothing. Two claims a
+    // row (a claim beside every record) would be 800.
+    assert!(
+        claims <= ROWS as f64 * 1.1,
+        "{claims} claims for {ROWS} rows\n{}",
+        worker.log_text()
+    );
+    assert!(worker.terminate(EXIT_WITHIN).success());
+}
+
 /// An idle fleet worker on PostgreSQL settles at two connections — its
 /// `LISTEN` connection and one pooled — once its start-up's are trimmed
 /// (`store::trim::QUIET`, 30 s), and keeps them: its back-to-back

@@ -1466,6 +1466,16 @@ pub fn wait_for_dashboard_url(p: &WorkerProcess) -> String {
     }
 }
 
+/// A counter's value in a worker's `/metrics` page (an unlabelled line).
+pub async fn metric(base: &str, name: &str) -> f64 {
+    let page = http("GET", &format!("{base}/metrics"), &[], None)
+        .await
+        .body;
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
+}
+
 /// Reads until `expected` distinct messages arrived (false if `timeout`
 /// passed first), then half a second more so late extras would show, and
 /// judges everything against the committed rows.
