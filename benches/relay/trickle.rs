@@ -212,13 +212,15 @@ fn dump(dir: &Path, rate: u64, shape: Shape, delivered: &[(Instant, Instant, Ins
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     let started = now.as_secs_f64() - first.elapsed().as_secs_f64();
-    let mut text = format!("# first INSERT at {started:.3} (Unix seconds)\n");
+    let mut text = format!("# first INSERT at {started:.3} (Unix seconds), {shape:?}\n");
     for (at, from_insert, from_commit) in rows {
         text += &format!("{at:.3} {from_insert:.3} {from_commit:.3}\n");
     }
     let arm = if shape.bare { "bare" } else { "relay" };
     let file = dir.join(format!("trickle-{rate}-{arm}-{}.txt", now.as_millis()));
-    std::fs::write(&file, text).unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&file, text))
+        .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
 }
 
 /// Per id: when its transaction began, when its commit returned.
