@@ -135,7 +135,7 @@ fn arms(baseline_build: bool) -> Vec<Arm> {
             .iter()
             .filter(|a| a.worker == Worker::Fleet && (only.is_some() || a.shape == base))
             .map(|a| Arm {
-                // A handful of names for the run's length.
+                // Leaked: a handful of names, needed for the whole run.
                 name: if a.shape == base {
                     "base, baseline build"
                 } else {
