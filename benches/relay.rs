@@ -557,6 +557,25 @@ impl Bench {
             .and_then(|r| r.parse().ok())
             .unwrap_or(1)
             .max(1);
+        // This build, then each baseline build: (binary, label's suffix,
+        // JSON key's suffix).
+        let builds: Vec<Build> = std::iter::once(Build {
+            bin: PathBuf::from(BIN),
+            label: String::new(),
+            key: String::new(),
+        })
+        .chain(baselines.iter().map(|b| {
+            let (label, key) = match baselines.len() {
+                1 => (", baseline build".to_owned(), "_baseline".to_owned()),
+                _ => (format!(", build {b}"), format!("_baseline_{b}")),
+            };
+            Build {
+                bin: PathBuf::from(b),
+                label,
+                key,
+            }
+        }))
+        .collect();
         let mut runs = Vec::new();
         for (on, workers) in [
             (Backend::Postgres, 1usize),
@@ -573,32 +592,27 @@ impl Bench {
             {
                 continue;
             }
-            // (bin, label's suffix, JSON key's suffix)
-            runs.push((
-                on,
-                workers,
-                PathBuf::from(BIN),
-                String::new(),
-                String::new(),
-            ));
-            for b in &baselines {
-                let (build, key) = match baselines.len() {
-                    1 => (", baseline build".to_owned(), "_baseline".to_owned()),
-                    _ => (format!(", build {b}"), format!("_baseline_{b}")),
-                };
-                runs.push((on, workers, PathBuf::from(b), build, key));
-            }
+            runs.extend(builds.iter().map(|b| (on, workers, b)));
         }
-        let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().cloned()).collect();
+        let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().copied()).collect();
         let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
-        for (on, workers, bin, build, build_key) in runs {
+        for (
+            on,
+            workers,
+            Build {
+                bin,
+                label: build,
+                key: build_key,
+            },
+        ) in runs
+        {
             let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
             quieting += quiet_machine().await;
             let start = Instant::now();
             let mut children: Vec<Child> = (0..workers)
-                .map(|_| spawn_bin(&bin, &config, &["--silent"], &[]))
+                .map(|_| spawn_bin(bin, &config, &["--silent"], &[]))
                 .collect();
             let mut peak_rss_kb = 0u64;
             loop {
@@ -666,7 +680,7 @@ impl Bench {
                 Backend::Postgres => workers.to_string(),
                 Backend::MariaDb => format!("mariadb_{workers}"),
                 Backend::Sqlite => format!("sqlite_{workers}"),
-            } + &build_key;
+            } + build_key;
             per_workers.insert(
                 key,
                 json!({ "msgs_per_sec": rate, "ratio_to_ceiling": ratio, "ceiling_msgs_per_sec": baseline, "seconds": took.as_secs_f64(), "worker_cpu_us_per_msg": cpu_us }),
@@ -1847,6 +1861,15 @@ fn terminate(c: &mut Child) {
     }
     let _ = c.kill();
     let _ = c.wait();
+}
+
+/// One build of outboxd a section-1 arm runs on.
+struct Build {
+    bin: PathBuf,
+    /// Added to the arm's printed name ("" for this build).
+    label: String,
+    /// Added to the arm's JSON key ("" for this build).
+    key: String,
 }
 
 /// `bin work` (another build of outboxd, or this one) on `config`.

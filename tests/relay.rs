@@ -581,6 +581,19 @@ async fn a_lower_id_committed_late_is_published_while_its_bucket_is_busy(db: Db)
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+/// Enqueues one message under `key` and waits until it was read: the
+/// worker is connected and has relayed (a warm-up).
+async fn one_relayed(env: &TestEnv, reader: &mut QueueReader, queue: &str, key: &str) {
+    let id = env.db.enqueue(Message::new(key, "", queue, "x")).await;
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(id))
+            .await
+            .unwrap(),
+        "the first message was not relayed within 20 s"
+    );
+}
+
 async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     let env = TestEnv::on(db).await;
     assert_eq!(env.config.outbox.idle_backoff_ms, 1000);
@@ -588,16 +601,7 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
     // Warm up: the worker is connected and idle once one message went through.
-    let first = env
-        .db
-        .enqueue(Message::new("warm", "", queue.clone(), "x"))
-        .await;
-    assert!(
-        reader
-            .read_until(Duration::from_secs(20), |c| c.has(first))
-            .await
-            .unwrap()
-    );
+    one_relayed(&env, &mut reader, &queue, "warm").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let mut latencies = Vec::new();
@@ -694,16 +698,7 @@ async fn a_fast_trickle_into_one_key_arrives_in_order_at_about_one_claim_per_mes
     let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
     let mut worker = env.spawn_worker(&["--no-leasing", "--silent", "--ui", "127.0.0.1:0"]);
     let url = wait_for_dashboard_url(&worker);
-    let warm = env
-        .db
-        .enqueue(Message::new("k", "", queue.clone(), "x"))
-        .await;
-    assert!(
-        reader
-            .read_until(Duration::from_secs(20), |c| c.has(warm))
-            .await
-            .unwrap()
-    );
+    one_relayed(&env, &mut reader, &queue, "k").await;
     let claims_before = metric(&url, "outboxd_claim_seconds_count").await;
 
     const ROWS: usize = 400;
