@@ -664,6 +664,15 @@ impl ConfirmChannel {
         rows: &[ClaimedMessage],
         limits: PublishLimits,
     ) -> BatchOutcome {
+        // A trust that lapsed before the batch (a slow claim) sends nothing,
+        // and holding it would close the gate — drop the connection — for
+        // every other bucket on it.
+        if limits.trust.as_ref().is_some_and(|t| !t.is_valid()) {
+            return BatchOutcome {
+                confirmed: 0,
+                failure: Some(PublishError::LeaseLapsed),
+            };
+        }
         // Until every frame of this batch is known to be written, no byte
         // goes to the socket once the lease's trust has lapsed. The hold is
         // kept after a failure: only a clean close proves the frames left.
