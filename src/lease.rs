@@ -44,7 +44,11 @@
 //!    flight holds a lapsed trust: the connection drops and the buffered
 //!    frames with it. Only bytes already in the kernel's socket buffer get
 //!    out, and the kernel sends those while the process is stopped — before
-//!    the trust deadline, so before the lease can end.
+//!    the trust deadline, so before the lease can end. The one exception is
+//!    a pause that lands between the gate's check and the write it allowed:
+//!    those frames go out after the pause, are reported as an error, and
+//!    cost a late duplicate, never a gap or a reordering of first deliveries
+//!    ([`crate::amqp::gate`]).
 //!
 //! 5. *Bounded waits.* Every database call of a worker fails after
 //!    `database.query_timeout`, and a connection whose peer went silent is
@@ -83,17 +87,25 @@ use crate::store::outbox::Fence;
 pub struct Trust {
     base: Instant,
     until_nanos: AtomicU64,
+    /// The lease it is for, as "bucket epoch N" — for reports.
+    lease: String,
 }
 
 impl Trust {
-    pub fn new(until: Instant) -> Self {
+    pub fn new(until: Instant, bucket: &str, epoch: i64) -> Self {
         let base = Instant::now();
         let t = Self {
             base,
             until_nanos: AtomicU64::new(0),
+            lease: format!("{bucket} epoch {epoch}"),
         };
         t.set(until);
         t
+    }
+
+    /// The lease this trust is for: "bucket epoch N".
+    pub fn lease(&self) -> &str {
+        &self.lease
     }
 
     /// Moves the deadline (renewals only ever push it later).
@@ -141,7 +153,7 @@ mod tests {
     #[tokio::test]
     async fn trust_only_moves_forward_until_revoked() {
         let now = Instant::now();
-        let t = Trust::new(now + Duration::from_secs(10));
+        let t = Trust::new(now + Duration::from_secs(10), "p00", 1);
         assert!(t.is_valid());
         t.set(now + Duration::from_secs(5));
         assert_eq!(t.until(), now + Duration::from_secs(10));

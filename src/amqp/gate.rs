@@ -22,6 +22,21 @@
 //! broker within moments of being written — before the trust deadline, and
 //! so before the lease can end (the deadline keeps a safety margin).
 //!
+//! Nor a pause that lands between the gate's check and the `write` it
+//! allowed: the check read a clock from before the pause, and the write
+//! goes out after it. No check can close that gap (there is always one
+//! after the last check), only keep it short: the clock read, a lock, the
+//! write. A pause lands in it rarely where reading the clock never enters
+//! the kernel (the vDSO); under libfaketime every clock read is a system
+//! call, where a pending SIGSTOP takes effect, so the tests' stops land in
+//! it often enough to be seen (`tests/faults.rs`, skewed clocks). Each
+//! write is therefore checked again after it returns, and frames written
+//! after a held trust lapsed are reported as an error naming the leases.
+//! What such frames cost: they are rows the worker claimed as its bucket's
+//! head and never recorded, which the new owner publishes from the same
+//! head; a consumer may see one again after later messages — a duplicate —
+//! while first deliveries keep their order and nothing is lost.
+//!
 //! The gate is per connection, not per bucket: a lapsed trust drops the
 //! connection for every bucket on it. That only happens when a lease was
 //! lost mid-batch, where dropping everything in flight is the safe answer
@@ -53,6 +68,8 @@ use crate::lease::Trust;
 pub struct SendGate {
     held: Mutex<Vec<Held>>,
     next: AtomicU64,
+    /// Writes that went out after a held trust lapsed (each reported).
+    late_writes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -82,7 +99,37 @@ impl SendGate {
 
     /// Whether bytes may go to the socket: every held trust is valid.
     pub fn is_open(&self) -> bool {
-        self.lock().iter().all(|h| h.trust.is_valid())
+        let now = tokio::time::Instant::now();
+        self.lock().iter().all(|h| now < h.trust.until())
+    }
+
+    /// Called after bytes went to the socket: reports the leases whose
+    /// trust lapsed between [`SendGate::is_open`] and the write's return.
+    /// The process was paused in between (the one gap no check can close);
+    /// those bytes are already on their way.
+    fn after_write(&self) {
+        let now = tokio::time::Instant::now();
+        let lapsed: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|h| now >= h.trust.until())
+            .map(|h| h.trust.lease().to_owned())
+            .collect();
+        if !lapsed.is_empty() {
+            self.late_writes.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                leases = ?lapsed,
+                "frames were written after their lease's trust deadline: the process was paused \
+                 between the send gate's check and the socket write, where nothing can stop a \
+                 pause. They may reach the queue after the bucket's new owner's messages: a \
+                 late duplicate for consumers; nothing is lost and first deliveries keep their order"
+            );
+        }
+    }
+
+    /// How many writes went out after a held trust lapsed.
+    pub fn late_writes(&self) -> u64 {
+        self.late_writes.load(Ordering::Relaxed)
     }
 
     /// A new connection replaces the old one: frames buffered for the old
@@ -161,7 +208,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
         if !self.gate.is_open() {
             return Poll::Ready(Err(gate_closed()));
         }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.gate.after_write();
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -172,7 +223,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
         if !self.gate.is_open() {
             return Poll::Ready(Err(gate_closed()));
         }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.gate.after_write();
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -423,8 +478,12 @@ mod tests {
     fn the_gate_closes_while_a_held_trust_has_lapsed_and_opens_when_released() {
         let gate = Arc::new(SendGate::default());
         assert!(gate.is_open());
-        let valid = Arc::new(Trust::new(Instant::now() + Duration::from_secs(60)));
-        let lapsed = Arc::new(Trust::new(Instant::now()));
+        let valid = Arc::new(Trust::new(
+            Instant::now() + Duration::from_secs(60),
+            "p00",
+            1,
+        ));
+        let lapsed = Arc::new(Trust::new(Instant::now(), "p01", 1));
         let a = gate.hold(valid.clone());
         assert!(gate.is_open());
         let b = gate.hold(lapsed);
@@ -437,12 +496,71 @@ mod tests {
         assert!(gate.is_open());
 
         // A lingering hold keeps counting until the connection is replaced.
-        let stalled = Arc::new(Trust::new(Instant::now() + Duration::from_secs(60)));
+        let stalled = Arc::new(Trust::new(
+            Instant::now() + Duration::from_secs(60),
+            "p00",
+            1,
+        ));
         gate.hold(stalled.clone()).linger();
         assert!(gate.is_open());
         stalled.revoke();
         assert!(!gate.is_open());
         gate.connection_replaced();
         assert!(gate.is_open());
+    }
+
+    /// A socket whose every write takes `stall` (the process paused
+    /// between the gate's check and the write).
+    struct StallingSocket {
+        stall: Duration,
+        written: usize,
+    }
+
+    impl AsyncWrite for StallingSocket {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            std::thread::sleep(self.stall);
+            self.written += buf.len();
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_write_that_returns_after_a_held_trust_lapsed_is_counted_and_the_next_is_refused() {
+        let gate = Arc::new(SendGate::default());
+        let trust = Arc::new(Trust::new(
+            Instant::now() + Duration::from_millis(30),
+            "p00",
+            1,
+        ));
+        let _hold = gate.hold(trust);
+        let mut socket = GatedStream {
+            inner: StallingSocket {
+                stall: Duration::from_millis(60),
+                written: 0,
+            },
+            gate: gate.clone(),
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // Checked while the trust held: the bytes go out, late, counted.
+        let first = Pin::new(&mut socket).poll_write(&mut cx, b"frame");
+        assert!(matches!(first, Poll::Ready(Ok(5))));
+        assert_eq!(gate.late_writes(), 1);
+        // The next write is refused at the check.
+        let second = Pin::new(&mut socket).poll_write(&mut cx, b"frame");
+        assert!(matches!(second, Poll::Ready(Err(_))));
+        assert_eq!(socket.inner.written, 5);
+        assert_eq!(gate.late_writes(), 1);
     }
 }

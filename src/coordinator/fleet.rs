@@ -532,7 +532,7 @@ impl Fleet {
         let deadline = trust_deadline(started, self.settings.lease_ttl);
         for a in acquired {
             tracing::info!(bucket = %a.partition_key, epoch = a.lease_epoch, "lease acquired");
-            let trust = Arc::new(Trust::new(deadline));
+            let trust = Arc::new(Trust::new(deadline, &a.partition_key, a.lease_epoch));
             let cancel = CancellationToken::new();
             let grant = LeaseGrant {
                 fence: Fence {
