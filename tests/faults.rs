@@ -1098,7 +1098,7 @@ async fn workers_with_skewed_clocks_keep_fencing_and_lose_nothing(db: Db) {
         env.spawn_worker_with(
             None,
             &env.config_path,
-            &[],
+            &["--ui", "127.0.0.1:0"],
             &[("LD_PRELOAD", FAKETIME_LIB), ("FAKETIME", skew)],
         )
     };
@@ -1185,8 +1185,18 @@ async fn workers_with_skewed_clocks_keep_fencing_and_lose_nothing(db: Db) {
         "sent after the bucket was taken over, and not reported: {unreported:?}"
     );
     assert!(v.is_clean(), "{}", v.summary());
+    // Each live worker's own count of late writes is what it reported.
+    for w in &fleet {
+        let counted = metric(&wait_for_dashboard_url(w), "outboxd_late_writes_total").await;
+        let logged = w.log_text().matches(LATE_WRITE).count();
+        assert_eq!(counted as usize, logged, "outboxd_late_writes_total");
+    }
     terminate_all(&mut fleet);
 }
+
+/// What a worker's log says of frames written after their lease's trust
+/// lapsed (`src/amqp/gate.rs`).
+const LATE_WRITE: &str = "written after their lease's trust deadline";
 
 /// Every line of the test's worker logs (killed workers' too) reporting
 /// frames written after their lease's trust lapsed (`src/amqp/gate.rs`).
@@ -1196,10 +1206,7 @@ fn late_writes_reported(env: &TestEnv) -> String {
     for path in logs.filter_map(|e| Some(e.ok()?.path())) {
         if path.extension().is_some_and(|x| x == "log") {
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            for line in text
-                .lines()
-                .filter(|l| l.contains("written after their lease's trust deadline"))
-            {
+            for line in text.lines().filter(|l| l.contains(LATE_WRITE)) {
                 reported.push_str(line);
                 reported.push('\n');
             }

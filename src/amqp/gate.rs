@@ -68,8 +68,9 @@ use crate::lease::Trust;
 pub struct SendGate {
     held: Mutex<Vec<Held>>,
     next: AtomicU64,
-    /// Writes that went out after a held trust lapsed (each reported).
-    late_writes: AtomicU64,
+    /// Writes that went out after a held trust lapsed (each reported);
+    /// shared with the worker's counters ([`SendGate::late_writes`]).
+    late_writes: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -127,9 +128,9 @@ impl SendGate {
         }
     }
 
-    /// How many writes went out after a held trust lapsed.
-    pub fn late_writes(&self) -> u64 {
-        self.late_writes.load(Ordering::Relaxed)
+    /// The count of writes that went out after a held trust lapsed.
+    pub fn late_writes(&self) -> Arc<AtomicU64> {
+        self.late_writes.clone()
     }
 
     /// A new connection replaces the old one: frames buffered for the old
@@ -556,11 +557,11 @@ mod tests {
         // Checked while the trust held: the bytes go out, late, counted.
         let first = Pin::new(&mut socket).poll_write(&mut cx, b"frame");
         assert!(matches!(first, Poll::Ready(Ok(5))));
-        assert_eq!(gate.late_writes(), 1);
+        assert_eq!(gate.late_writes().load(Ordering::Relaxed), 1);
         // The next write is refused at the check.
         let second = Pin::new(&mut socket).poll_write(&mut cx, b"frame");
         assert!(matches!(second, Poll::Ready(Err(_))));
         assert_eq!(socket.inner.written, 5);
-        assert_eq!(gate.late_writes(), 1);
+        assert_eq!(gate.late_writes().load(Ordering::Relaxed), 1);
     }
 }

@@ -267,6 +267,12 @@ impl Broker {
         }
     }
 
+    /// The count of socket writes that went out after a held lease's
+    /// trust lapsed ([`gate::SendGate::late_writes`]).
+    pub fn late_writes(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.gate.late_writes()
+    }
+
     /// Whether the broker can be reached, as last seen.
     pub fn reach(&self) -> Reach {
         self.reach_tx.borrow().clone()

@@ -249,6 +249,12 @@ pub fn process(out: &mut String, stats: &RelayStats) {
         "reads of the fleet's membership by this worker's coordinator",
         stats.membership_reads.load(Ordering::Relaxed),
     );
+    counter(
+        out,
+        "outboxd_late_writes_total",
+        "broker socket writes that went out after a held lease's trust deadline (the process paused between the send gate's check and the write)",
+        stats.late_writes.load(Ordering::Relaxed),
+    );
     let traces = &stats.traces;
     counter(
         out,

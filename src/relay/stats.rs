@@ -68,6 +68,10 @@ pub struct RelayStats {
     /// Reads of the fleet's membership by this worker's coordinator (the
     /// part of an idle fleet's cost that announcements save).
     pub membership_reads: AtomicU64,
+    /// Socket writes that went out after a held lease's trust lapsed: a
+    /// pause between the send gate's check and the write
+    /// ([`crate::amqp::gate`]). Shared with the broker's gate.
+    pub late_writes: Arc<AtomicU64>,
     published: AtomicU64,
     failed: AtomicU64,
     parked: AtomicU64,
@@ -95,6 +99,15 @@ pub struct StatsSnapshot {
 }
 
 impl RelayStats {
+    /// Totals whose [`RelayStats::late_writes`] is the broker gate's own
+    /// count.
+    pub fn counting_late_writes_in(late_writes: Arc<AtomicU64>) -> Self {
+        Self {
+            late_writes,
+            ..Self::default()
+        }
+    }
+
     pub fn add_published(&self, n: usize) {
         self.published.fetch_add(n as u64, Ordering::Relaxed);
     }

@@ -100,7 +100,9 @@ pub async fn run(
 ) -> Result<StatsSnapshot, WorkError> {
     let mut started = startup::start(config, opts).await?;
     let labels = started.partitioner.labels();
-    let stats = Arc::new(RelayStats::default());
+    let stats = Arc::new(RelayStats::counting_late_writes_in(
+        started.broker.late_writes(),
+    ));
     let wakeups = Wakeups::new(&labels);
     let mut tasks = Supervisor::new();
     let tracer = match &opts.traces {
