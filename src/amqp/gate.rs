@@ -200,20 +200,31 @@ impl<S: AsyncRead + Unpin> AsyncRead for GatedStream<S> {
     }
 }
 
+impl<S: AsyncWrite + Unpin> GatedStream<S> {
+    /// One write through the gate: refused while a held trust has lapsed,
+    /// checked again when it returns ([`SendGate::after_write`]).
+    fn gated_write(
+        &mut self,
+        write: impl FnOnce(Pin<&mut S>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if !self.gate.is_open() {
+            return Poll::Ready(Err(gate_closed()));
+        }
+        let written = write(Pin::new(&mut self.inner));
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.gate.after_write();
+        }
+        written
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if !self.gate.is_open() {
-            return Poll::Ready(Err(gate_closed()));
-        }
-        let written = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.gate.after_write();
-        }
-        written
+        self.gated_write(|inner| inner.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -221,14 +232,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for GatedStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if !self.gate.is_open() {
-            return Poll::Ready(Err(gate_closed()));
-        }
-        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.gate.after_write();
-        }
-        written
+        self.gated_write(|inner| inner.poll_write_vectored(cx, bufs))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
