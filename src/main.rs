@@ -1,4 +1,12 @@
 //! The `outboxd` binary: all logic lives in the library (see `outboxd::cli`).
+//!
+//! Its allocator is mimalloc: under load glibc's malloc spent about a fifth
+//! of the worker's CPU, much of it on arena locks between the runtime's
+//! thread and lapin's I/O thread, which frees the frames the runtime built
+//! (BENCHMARKS.md, 2026-11-28, session 40).
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     outboxd::cli::main()
