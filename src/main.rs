@@ -1,9 +1,9 @@
 //! The `outboxd` binary: all logic lives in the library (see `outboxd::cli`).
 //!
-//! Its allocator is mimalloc: under load glibc's malloc spent about a fifth
-//! of the worker's CPU, much of it on arena locks between the runtime's
-//! thread and lapin's I/O thread, which frees the frames the runtime built
-//! (BENCHMARKS.md, 2026-11-28, session 40).
+//! Its allocator is mimalloc: under load glibc's malloc and free took about
+//! a fifth of the worker's CPU, with futex waits on its arena locks between
+//! the runtime's thread and lapin's I/O thread, which frees the frames the
+//! runtime built (BENCHMARKS.md, 2026-11-28, session 40).
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
