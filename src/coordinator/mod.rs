@@ -7,7 +7,7 @@
 //! A worker registers a row in the workers table and keeps
 //! `heartbeat_until = now() + heartbeat_ttl` fresh from its own task, so a
 //! slow publish never delays a heartbeat. Where a lease renewal pushes the
-//! heartbeat too (PostgreSQL, [`RenewalBeats`]), that task skips a beat
+//! heartbeat too (PostgreSQL, MariaDB: [`RenewalBeats`]), that task skips a beat
 //! that would write nothing new. The row is deleted on a clean exit.
 //! Registration runs under a transaction-scoped lock: a
 //! `--no-leasing` worker joins only when no other worker is live, a fleet

@@ -110,7 +110,7 @@ pub trait PartitionStore {
     ) -> Result<Vec<String>, StoreError>;
 
     /// [`PartitionStore::renew`], and where the backend does both in one
-    /// round trip (PostgreSQL) also `me`'s heartbeat as
+    /// statement (PostgreSQL, MariaDB) also `me`'s heartbeat as
     /// [`WorkerStore::heartbeat`](super::workers::WorkerStore::heartbeat)
     /// pushes it (`heartbeat_at`, `heartbeat_until = now() +
     /// heartbeat_ttl`), without the counts. Returns the buckets renewed and

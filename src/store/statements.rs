@@ -133,6 +133,12 @@ pub struct LeaseStepsSql {
     /// Extends the owner's listed leases still at their epoch: held, TTL,
     /// owner.
     pub renew: Sql,
+    /// [`LeaseStepsSql::renew`] that also pushes the owner's heartbeat
+    /// (`heartbeat_at`, `heartbeat_until`; not the counts) in the same
+    /// statement, counting the worker row among the rows it changed:
+    /// held, owner (the worker row's), TTL, heartbeat TTL, owner. `None`
+    /// where one statement cannot change two tables (SQLite).
+    pub renew_and_beat: Option<Sql>,
     /// The owner's listed leases still at their epoch, locked, as
     /// (partition_key, lease_epoch) by label: held, owner.
     pub held: Sql,

@@ -58,6 +58,21 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
                  p.updated_at = UTC_TIMESTAMP(6)
              WHERE p.lease_owner = ?",
         ),
+        // The worker row is left-joined: without it the leases are renewed
+        // alone. No transaction holds a worker row while it waits for a
+        // bucket's (the workers' statements touch that table only), so
+        // whichever this locks first, it cannot deadlock with them.
+        renew_and_beat: Some(sql(
+            t,
+            "UPDATE {held} STRAIGHT_JOIN {partitions} p
+                 ON p.partition_key = j.k AND p.lease_epoch = j.e
+                 LEFT JOIN {workers} w ON w.worker_id = ?
+             SET p.lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+                 p.updated_at = UTC_TIMESTAMP(6),
+                 w.heartbeat_at = UTC_TIMESTAMP(6),
+                 w.heartbeat_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE p.lease_owner = ?",
+        )),
         held: sql(
             t,
             "SELECT p.partition_key, p.lease_epoch

@@ -45,6 +45,7 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
                  WHERE (partition_key, lease_epoch) IN (SELECT k, e FROM h) AND lease_owner = ?"
             ),
         ),
+        renew_and_beat: None,
         held: sql(
             t,
             &format!(

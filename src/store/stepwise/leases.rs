@@ -127,8 +127,7 @@ pub async fn acquire<D: Stepwise>(
 
 /// Extends the leases of `held` still ours at their epoch; returns the
 /// buckets renewed (any other was lost). One `UPDATE`; only when it matched
-/// fewer rows than asked is it read back which (nobody else can hold our
-/// owner id at our epoch).
+/// fewer rows than asked is it read back which ([`still_held`]).
 pub async fn renew<D: Stepwise>(
     d: &D,
     me: Uuid,
@@ -150,12 +149,68 @@ pub async fn renew<D: Stepwise>(
         if matched as usize == held.len() {
             return Ok(held.iter().map(|(k, _)| k.clone()).collect());
         }
-        let args = [Arg::Pairs(held), Arg::Uuid(me)];
-        let still: Vec<(String, i64)> = d
+        still_held(d, me, held).await
+    })
+    .await
+}
+
+/// Which of `held` (in label order) are still ours at their epoch: after a
+/// renewal that changed fewer rows than it listed, the ones it renewed
+/// (nobody else can hold our owner id at our epoch).
+async fn still_held<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    held: &[(String, i64)],
+) -> Result<Vec<String>, StoreError> {
+    let args = [Arg::Pairs(held), Arg::Uuid(me)];
+    let still: Vec<(String, i64)> = d
+        .pool()
+        .fetch_all(&d.steps().leases.held, &args, "renewing leases")
+        .await?;
+    Ok(still.into_iter().map(|(k, _)| k).collect())
+}
+
+/// [`renew`], and where the backend has the statement
+/// ([`LeaseStepsSql::renew_and_beat`](crate::store::statements::LeaseStepsSql::renew_and_beat))
+/// `me`'s heartbeat in the same `UPDATE`; returns the buckets renewed and
+/// whether the worker row was beaten. The statement counts the worker row
+/// among the rows it changed, so only when it changed fewer than every
+/// lease and the row is it read back which leases it renewed (those still
+/// ours: it just extended them), the rest of the count being the beat.
+pub async fn renew_and_beat<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    held: &[(String, i64)],
+    ttl: Duration,
+    heartbeat_ttl: Duration,
+) -> Result<(Vec<String>, bool), StoreError> {
+    let sql = &d.steps().leases;
+    let Some(renew_and_beat) = sql.renew_and_beat.as_ref() else {
+        return Ok((renew(d, me, held, ttl).await?, false));
+    };
+    if held.is_empty() {
+        return Ok((Vec::new(), false));
+    }
+    let held = in_order(held);
+    let held = &held[..];
+    bounded_op(d.bounds(), "renewing leases", async {
+        let args = [
+            Arg::Pairs(held),
+            Arg::Uuid(me),
+            Arg::Duration(ttl),
+            Arg::Duration(heartbeat_ttl),
+            Arg::Uuid(me),
+        ];
+        let changed = d
             .pool()
-            .fetch_all(&sql.held, &args, "renewing leases")
-            .await?;
-        Ok(still.into_iter().map(|(k, _)| k).collect())
+            .execute(renew_and_beat, &args, "renewing leases")
+            .await? as usize;
+        if changed == held.len() + 1 {
+            return Ok((held.iter().map(|(k, _)| k.clone()).collect(), true));
+        }
+        let still = still_held(d, me, held).await?;
+        let beat = changed > still.len();
+        Ok((still, beat))
     })
     .await
 }
@@ -244,6 +299,16 @@ impl<D: Stepwise> PartitionStore for D {
         ttl: Duration,
     ) -> Result<Vec<String>, StoreError> {
         renew(self, me, held, ttl).await
+    }
+
+    async fn renew_and_beat(
+        &self,
+        me: Uuid,
+        held: &[(String, i64)],
+        ttl: Duration,
+        heartbeat_ttl: Duration,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        renew_and_beat(self, me, held, ttl, heartbeat_ttl).await
     }
 
     async fn release_leases(
