@@ -126,57 +126,24 @@ pub async fn acquire<D: Stepwise>(
 }
 
 /// Extends the leases of `held` still ours at their epoch; returns the
-/// buckets renewed (any other was lost). One `UPDATE`; only when it matched
-/// fewer rows than asked is it read back which ([`still_held`]).
+/// buckets renewed (any other was lost). One `UPDATE` ([`renewal`]).
 pub async fn renew<D: Stepwise>(
     d: &D,
     me: Uuid,
     held: &[(String, i64)],
     ttl: Duration,
 ) -> Result<Vec<String>, StoreError> {
-    if held.is_empty() {
-        return Ok(Vec::new());
-    }
     let held = in_order(held);
-    let held = &held[..];
-    let sql = &d.steps().leases;
-    bounded_op(d.bounds(), "renewing leases", async {
-        let args = [Arg::Pairs(held), Arg::Duration(ttl), Arg::Uuid(me)];
-        let matched = d
-            .pool()
-            .execute(&sql.renew, &args, "renewing leases")
-            .await?;
-        if matched as usize == held.len() {
-            return Ok(held.iter().map(|(k, _)| k.clone()).collect());
-        }
-        still_held(d, me, held).await
-    })
-    .await
-}
-
-/// Which of `held` (in label order) are still ours at their epoch: after a
-/// renewal that changed fewer rows than it listed, the ones it renewed
-/// (nobody else can hold our owner id at our epoch).
-async fn still_held<D: Stepwise>(
-    d: &D,
-    me: Uuid,
-    held: &[(String, i64)],
-) -> Result<Vec<String>, StoreError> {
-    let args = [Arg::Pairs(held), Arg::Uuid(me)];
-    let still: Vec<(String, i64)> = d
-        .pool()
-        .fetch_all(&d.steps().leases.held, &args, "renewing leases")
-        .await?;
-    Ok(still.into_iter().map(|(k, _)| k).collect())
+    let args = [Arg::Pairs(&held), Arg::Duration(ttl), Arg::Uuid(me)];
+    let (renewed, _) = renewal(d, me, &held, &d.steps().leases.renew, &args, 0).await?;
+    Ok(renewed)
 }
 
 /// [`renew`], and where the backend has the statement
 /// ([`LeaseStepsSql::renew_and_beat`](crate::store::statements::LeaseStepsSql::renew_and_beat))
 /// `me`'s heartbeat in the same `UPDATE`; returns the buckets renewed and
-/// whether the worker row was beaten. The statement counts the worker row
-/// among the rows it changed, so only when it changed fewer than every
-/// lease and the row is it read back which leases it renewed (those still
-/// ours: it just extended them), the rest of the count being the beat.
+/// whether the worker row was beaten (the statement counts that row among
+/// the rows it changed).
 pub async fn renew_and_beat<D: Stepwise>(
     d: &D,
     me: Uuid,
@@ -184,33 +151,51 @@ pub async fn renew_and_beat<D: Stepwise>(
     ttl: Duration,
     heartbeat_ttl: Duration,
 ) -> Result<(Vec<String>, bool), StoreError> {
-    let sql = &d.steps().leases;
-    let Some(renew_and_beat) = sql.renew_and_beat.as_ref() else {
+    let Some(statement) = d.steps().leases.renew_and_beat.as_ref() else {
         return Ok((renew(d, me, held, ttl).await?, false));
     };
-    if held.is_empty() {
-        return Ok((Vec::new(), false));
-    }
     let held = in_order(held);
-    let held = &held[..];
+    let args = [
+        Arg::Pairs(&held),
+        Arg::Uuid(me),
+        Arg::Duration(ttl),
+        Arg::Duration(heartbeat_ttl),
+        Arg::Uuid(me),
+    ];
+    let (renewed, beaten) = renewal(d, me, &held, statement, &args, 1).await?;
+    Ok((renewed, beaten > 0))
+}
+
+/// Runs a renewal `statement` (with `args`) over `held`, in label order,
+/// which changes each lease still ours and up to `others` rows besides;
+/// returns the buckets renewed and how many other rows it changed. Only
+/// when it changed fewer than every lease and every other row is it read
+/// back which leases are still ours — the ones it renewed (nobody else can
+/// hold our owner id at our epoch) — the rest of the count being the
+/// others.
+async fn renewal<D: Stepwise>(
+    d: &D,
+    me: Uuid,
+    held: &[(String, i64)],
+    statement: &crate::store::Sql,
+    args: &[Arg<'_>],
+    others: usize,
+) -> Result<(Vec<String>, usize), StoreError> {
+    if held.is_empty() {
+        return Ok((Vec::new(), 0));
+    }
     bounded_op(d.bounds(), "renewing leases", async {
-        let args = [
-            Arg::Pairs(held),
-            Arg::Uuid(me),
-            Arg::Duration(ttl),
-            Arg::Duration(heartbeat_ttl),
-            Arg::Uuid(me),
-        ];
-        let changed = d
-            .pool()
-            .execute(renew_and_beat, &args, "renewing leases")
-            .await? as usize;
-        if changed == held.len() + 1 {
-            return Ok((held.iter().map(|(k, _)| k.clone()).collect(), true));
+        let changed = d.pool().execute(statement, args, "renewing leases").await? as usize;
+        if changed == held.len() + others {
+            return Ok((held.iter().map(|(k, _)| k.clone()).collect(), others));
         }
-        let still = still_held(d, me, held).await?;
-        let beat = changed > still.len();
-        Ok((still, beat))
+        let args = [Arg::Pairs(held), Arg::Uuid(me)];
+        let still: Vec<(String, i64)> = d
+            .pool()
+            .fetch_all(&d.steps().leases.held, &args, "renewing leases")
+            .await?;
+        let others = changed.saturating_sub(still.len());
+        Ok((still.into_iter().map(|(k, _)| k).collect(), others))
     })
     .await
 }
