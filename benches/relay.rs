@@ -1280,10 +1280,7 @@ impl Bench {
                     "all of MariaDB (purge, page cleaner, log writer)",
                 ),
             };
-            let cpu_target = match on {
-                Backend::Postgres => 0.35,
-                _ => 0.5,
-            };
+            let cpu_target = on.cpu_target();
             if let Some(backends_us) = run.backends_us {
                 let relay_us = run.worker_us + backends_us;
                 self.row(
@@ -1436,17 +1433,17 @@ impl Bench {
         pinned: bool,
     ) -> Measured {
         // Let the seed's writes settle (a checkpoint) before measuring.
-        match store.mysql() {
-            Some(my) => flush_mariadb(my.pool()).await,
+        let threads_before = match store.mysql() {
+            Some(my) => {
+                flush_mariadb(my.pool()).await;
+                Some(MariaDbThreads::before(my.pool()).await)
+            }
             None => {
                 sqlx::query("CHECKPOINT").execute(pg(store)).await.unwrap();
+                None
             }
-        }
-        let db_before = database_cpu_ticks(store);
-        let threads_before = match store.mysql() {
-            Some(my) => Some(MariaDbThreads::before(my.pool()).await),
-            None => None,
         };
+        let db_before = database_cpu_ticks(store);
         let broker_before = broker_cpu_ticks();
         let start = Instant::now();
         let mut child = if pinned {
@@ -1486,10 +1483,9 @@ impl Bench {
             // The worker's connection threads (its statements), read while
             // it still runs.
             (Some(my), Some(before)) => Some(before.worker_ticks(my.pool()).await),
-            (Some(_), None) => None,
             // The worker's own backends, opened after it started: their
             // whole CPU time is the run's.
-            (None, _) => {
+            _ => {
                 let backends: Vec<i32> = sqlx::query_scalar(
                     "SELECT pid FROM pg_stat_activity
                      WHERE datname = current_database() AND application_name = 'outboxd work'",
@@ -1567,6 +1563,15 @@ impl Backend {
             Backend::Postgres => "PostgreSQL",
             Backend::MariaDb => "MariaDB",
             Backend::Sqlite => "SQLite",
+        }
+    }
+
+    /// Issue 30's bound on the relay-side CPU per message (the worker and
+    /// its database connections) as a share of RabbitMQ's.
+    fn cpu_target(self) -> f64 {
+        match self {
+            Backend::Postgres => 0.35,
+            _ => 0.5,
         }
     }
 }
@@ -1822,7 +1827,7 @@ struct MariaDbThreads {
 impl MariaDbThreads {
     async fn before(pool: &sqlx::MySqlPool) -> Self {
         let ticks = pid_file("mariadb.pid")
-            .map(mariadb_thread_ticks)
+            .map(thread_ticks)
             .unwrap_or_default();
         let connections =
             sqlx::query_scalar::<_, i64>("SELECT ID FROM information_schema.PROCESSLIST")
@@ -1845,7 +1850,7 @@ impl MariaDbThreads {
         .await
         .unwrap();
         let now = pid_file("mariadb.pid")
-            .map(mariadb_thread_ticks)
+            .map(thread_ticks)
             .unwrap_or_default();
         rows.into_iter()
             .filter(|(id, _)| !self.connections.contains(id))
@@ -1859,7 +1864,7 @@ impl MariaDbThreads {
 }
 
 /// User + system CPU of each thread of a process, in clock ticks.
-fn mariadb_thread_ticks(pid: u32) -> HashMap<u32, u64> {
+fn thread_ticks(pid: u32) -> HashMap<u32, u64> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return HashMap::new();
     };

@@ -100,10 +100,7 @@ impl Bench {
     /// The medians of every figure per arm, printed and as JSON.
     fn keep_report(&mut self, on: Backend, runs: &[Round]) -> Value {
         let db = on.name();
-        let target = match on {
-            Backend::Postgres => 0.35,
-            _ => 0.5,
-        };
+        let target = on.cpu_target();
         let mut json = serde_json::Map::new();
         for (i, (name, _, _)) in arms().iter().enumerate() {
             let med =

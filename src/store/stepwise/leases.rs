@@ -17,7 +17,7 @@ use super::Stepwise;
 use crate::store::driver::{Arg, Statements};
 use crate::store::partitions::{Acquired, BucketView, PartitionStore, acquire_reason};
 use crate::store::views;
-use crate::store::{StoreError, bounded_op};
+use crate::store::{Sql, StoreError, bounded_op};
 
 /// A lease change to record in `<outbox>_lease_events`.
 struct Event<'a> {
@@ -177,7 +177,7 @@ async fn renewal<D: Stepwise>(
     d: &D,
     me: Uuid,
     held: &[(String, i64)],
-    statement: &crate::store::Sql,
+    statement: &Sql,
     args: &[Arg<'_>],
     others: usize,
 ) -> Result<(Vec<String>, usize), StoreError> {
