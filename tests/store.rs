@@ -19,10 +19,16 @@ use outboxd::store::outbox::{
     Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState, Published,
 };
 use outboxd::store::repartition::RepartitionError;
-use outboxd::store::workers::{Joined, Registration, WorkerCounts, WorkerMode};
+use outboxd::store::workers::{Joined, LateWatch, Registration, WorkerCounts, WorkerMode};
 use uuid::Uuid;
 
 const LEASE_TTL: Duration = Duration::from_secs(3);
+/// What the workers table's fingerprint marks as near: later than any
+/// heartbeat a test writes on time, ending sooner than one.
+const WATCH: LateWatch = LateWatch {
+    older_than: Duration::from_secs(60),
+    expiring_within: Duration::from_secs(10),
+};
 /// A bound on heartbeat age no test's worker reaches: membership by
 /// heartbeat alone.
 const SUSPECT_NONE: Duration = Duration::from_secs(3600);
@@ -209,18 +215,21 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
     );
     let buckets = vec!["p03".to_string(), "p05".to_string()];
     assert_eq!(store.ready_buckets(&buckets).await.unwrap(), ["p05"]);
-    let (ready, fleet) = store.ready_buckets_and_fleet(&buckets).await.unwrap();
+    let (ready, fleet) = store
+        .ready_buckets_and_fleet(&buckets, WATCH)
+        .await
+        .unwrap();
     assert_eq!(ready, ["p05"], "the same poll with the fingerprint");
     // An idle poller's look: any pending row, ready or not.
     let waiting = ["p03".to_string()];
     assert!(store.ready_buckets(&waiting).await.unwrap().is_empty());
     assert_eq!(
-        store.pending_and_fleet(&waiting).await.unwrap(),
+        store.pending_and_fleet(&waiting, WATCH).await.unwrap(),
         (true, fleet),
         "a head waiting for its retry is pending; the same fingerprint"
     );
     let empty = ["p01".to_string(), "p02".to_string()];
-    assert!(!store.pending_and_fleet(&empty).await.unwrap().0);
+    assert!(!store.pending_and_fleet(&empty, WATCH).await.unwrap().0);
     let heads = store.bucket_heads(&buckets).await.unwrap();
     let head = heads.iter().find(|h| h.partition_key == "p03").unwrap();
     assert_eq!((head.id, head.attempts), (Some(ids[0]), Some(1)));
@@ -248,7 +257,7 @@ async fn a_failing_head_holds_back_only_its_own_bucket(db: Db) {
         policy: policy(1, 10.0),
     };
     store.record_failure(h, &[], Some(park)).await.unwrap();
-    assert!(!store.pending_and_fleet(&waiting).await.unwrap().0);
+    assert!(!store.pending_and_fleet(&waiting, WATCH).await.unwrap().0);
 }
 
 /// Records the first two of `ids` as published, then the third with the
@@ -610,16 +619,17 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         can_publish: true,
     };
     // The workers table's fingerprint, read with a poll: it changes with
-    // the rows (a join, a leave, a step aside or back), not with
-    // heartbeats, and the same rows give the same text.
+    // the rows (a join, a leave, a step aside or back, a heartbeat late or
+    // near its end — WATCH), not with heartbeats on time, and the same rows
+    // give the same text.
     let polled = || async {
         let (ready, fleet) = store
-            .ready_buckets_and_fleet(&["p01".to_string()])
+            .ready_buckets_and_fleet(&["p01".to_string()], WATCH)
             .await
             .unwrap();
         assert!(ready.is_empty(), "no row in p01");
         assert!(!fleet.is_empty(), "a fingerprint is always read");
-        let looked = store.pending_and_fleet(&["p01".to_string()]).await;
+        let looked = store.pending_and_fleet(&["p01".to_string()], WATCH).await;
         assert_eq!(
             looked.unwrap(),
             (false, fleet.clone()),
@@ -707,6 +717,8 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         env.db.now_plus(-3600)
     );
     assert_eq!(env.db.exec(&late).await, 1);
+    let a_late = polled().await;
+    assert_ne!(a_late, a_and_b, "a late heartbeat marks its row");
     let lapse = |bucket: &'static str| {
         let env = &env;
         async move {
@@ -766,6 +778,24 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
             .unwrap()
     );
     assert_eq!(live_sorted().await, both, "its heartbeat on time again");
+    assert_eq!(polled().await, a_and_b, "and its mark is gone");
+    let ending = format!(
+        "UPDATE outbox_workers SET heartbeat_until = {} WHERE name = 'host-1:7'",
+        env.db.now_plus(5)
+    );
+    assert_eq!(env.db.exec(&ending).await, 1);
+    let b_ending = polled().await;
+    assert!(
+        ![&a_and_b, &a_late].contains(&&b_ending),
+        "a heartbeat near its end marks its row"
+    );
+    assert!(
+        store
+            .heartbeat(b, Duration::from_secs(30), counts)
+            .await
+            .unwrap()
+    );
+    assert_eq!(polled().await, a_and_b, "beating again: unmarked");
     let held: Vec<(String, i64)> = taken
         .iter()
         .map(|l| (l.partition_key.clone(), l.lease_epoch))

@@ -10,7 +10,9 @@
 //!    Where the peers' announcements arrive (`LISTEN`, or the workers
 //!    table's fingerprint read with the poller's polls), the last read's
 //!    targets serve until an announcement, a handover, or the first moment
-//!    that read says a peer could be left out ([`Fleet::targets`]);
+//!    that read says a peer could be left out, `lease_renew` at most —
+//!    where the fingerprint also marks late peers, until it changes
+//!    ([`Fleet::targets`]);
 //! 2. every `lease_renew`, renew every held lease (owner *and* epoch must
 //!    match); a lease that did not renew is lost: its drainer is stopped and
 //!    its trust revoked;
@@ -148,7 +150,16 @@ pub struct Fleet {
 struct Known {
     targets: BTreeSet<String>,
     until: Instant,
+    /// Later than `until` while no peer was near being left out: how long
+    /// the targets stand while the fingerprint watches for that
+    /// ([`FleetSignal::lateness_watched`]).
+    watched_until: Instant,
 }
+
+/// While the poller's fingerprint watches the peers' lateness, a membership
+/// read stands for this many `lease_renew`s at most: nothing it depends on
+/// can change unseen, so this is only a safety net.
+const WATCHED_STANDS_RENEWS: u32 = 10;
 
 impl Fleet {
     pub fn new(
@@ -327,7 +338,13 @@ impl Fleet {
     /// announced: it gets its share
     /// within `lease_renew` rather than within a cycle. An idle fleet thus
     /// reads its membership every `lease_renew` per worker instead of every
-    /// cycle.
+    /// cycle — and, where the fingerprint also marks the peers near being
+    /// left out ([`FleetSignal::lateness_watched`]: a database without
+    /// notifications), only when it changes, while no peer is within
+    /// `lease_renew` of that: a peer that stops beating becomes near
+    /// `lease_renew` before it could be left out, and the read its mark
+    /// brings sets the next at that moment; a stalled peer's return clears
+    /// its mark.
     async fn targets(&mut self) -> Option<BTreeSet<String>> {
         let now = Instant::now();
         let announced = std::mem::take(&mut self.announced);
@@ -335,8 +352,8 @@ impl Fleet {
         if let Some(known) = &self.known
             && !announced
             && !handing_over
-            && self.wake.announcements_arrive()
-            && now < known.until
+            && (self.wake.announcements_arrive() && now < known.until
+                || self.wake.lateness_watched() && now < known.watched_until)
         {
             return Some(known.targets.clone());
         }
@@ -355,12 +372,16 @@ impl Fleet {
                 .into_iter()
                 .map(|b| self.settings.partitioner.label(b))
                 .collect();
-                let stands = members.stable_for.map_or(self.settings.lease_renew, |s| {
-                    s.min(self.settings.lease_renew)
-                });
+                let renew = self.settings.lease_renew;
+                let stands = members.stable_for.map_or(renew, |s| s.min(renew));
+                let watched = match stands < renew {
+                    true => stands,
+                    false => renew * WATCHED_STANDS_RENEWS,
+                };
                 self.known = Some(Known {
                     targets: targets.clone(),
                     until: now + stands,
+                    watched_until: now + watched,
                 });
                 Some(targets)
             }

@@ -30,7 +30,9 @@
 //! (in the same statement, at most every [`FLEET_LOOK_EVERY`]) and wakes
 //! the fleet coordinator when it changed ([`FleetLook`]): the poll stands
 //! in for the peers' announcements, so an idle coordinator need not read
-//! the membership every second. Such a poll after one that found nothing
+//! the membership every second — and, since the fingerprint also marks a
+//! peer whose heartbeat is late ([`LateWatch`]), nor every `lease_renew`
+//! to notice one that died. Such a poll after one that found nothing
 //! asks only whether any bucket drained here has a pending row (one probe
 //! of the pending index, with the fingerprint) and reads the buckets'
 //! heads only when one has: an idle fleet's polls are most of what it
@@ -69,6 +71,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseConfig, Pooler, fmt_duration};
+use crate::store::workers::LateWatch;
 use crate::store::{Channel, Store};
 
 /// How long the listener waits for its own test notification.
@@ -100,6 +103,8 @@ pub struct Wakeups {
     announced: Arc<Notify>,
     /// The workers table as the polls last saw it.
     fleet_look: Arc<FleetLook>,
+    /// Which peers the fingerprint marks as near being left out.
+    watch: LateWatch,
 }
 
 /// The fleet coordinator's signal: woken by the peers' announcements
@@ -130,6 +135,14 @@ impl FleetSignal {
     pub fn announcements_arrive(&self) -> bool {
         self.listening.load(Ordering::Relaxed) || self.look.fresh()
     }
+
+    /// Whether a peer nearing being left out, or coming back from it, wakes
+    /// the coordinator too: the poller reads the fingerprint, which marks
+    /// such peers ([`LateWatch`]), and its look is fresh. `LISTEN` carries
+    /// no such news (a dead peer announces nothing).
+    pub fn lateness_watched(&self) -> bool {
+        !self.listening.load(Ordering::Relaxed) && self.look.fresh()
+    }
 }
 
 /// A poll carries the workers table's fingerprint when the last look is
@@ -147,11 +160,13 @@ pub const FLEET_LOOK_STANDS: Duration = Duration::from_millis(1500);
 /// workers table with its poll, in the same statement
 /// ([`OutboxLookups::ready_buckets_and_fleet`](crate::store::OutboxLookups::ready_buckets_and_fleet)),
 /// and wakes the coordinator when it changed — a join, a leave, a step
-/// aside or back, each a change of the table's rows. The coordinator
-/// then reads the membership only when so woken, when its last read says
-/// a peer could be left out, or every `lease_renew` — as where `LISTEN`
-/// works — rather than every second: 64 idle MariaDB workers read it 64
-/// times a second before.
+/// aside or back, a peer's heartbeat becoming late or near its end
+/// ([`LateWatch`]) or on time again, each a change of the table's rows as
+/// the fingerprint reads them. The coordinator then reads the membership
+/// only when so woken or when its last read says a peer could be left out
+/// within `lease_renew` (a safety-net read every ten `lease_renew`s
+/// besides): 64 idle MariaDB workers read it 64 times a second before the
+/// fingerprint, and each once per `lease_renew` before the late marks.
 #[derive(Default)]
 struct FleetLook {
     /// The last fingerprint read, and when.
@@ -223,7 +238,9 @@ impl Drop for BucketWakeup {
 }
 
 impl Wakeups {
-    pub fn new(labels: &[String]) -> Self {
+    /// The signals of `labels`; the fingerprint the polls read marks the
+    /// workers `watch` says (a fleet's: [`LateWatch::for_fleet`]).
+    pub fn new(labels: &[String], watch: LateWatch) -> Self {
         Self {
             buckets: Arc::new(
                 labels
@@ -235,6 +252,7 @@ impl Wakeups {
             listening: Arc::new(AtomicBool::new(false)),
             announced: Arc::new(Notify::new()),
             fleet_look: Arc::default(),
+            watch,
         }
     }
 
@@ -490,7 +508,7 @@ impl Wakeups {
         }
         let look = !self.listening.load(Ordering::Relaxed) && self.fleet_look.due();
         let polled = if look && idle {
-            match store.pending_and_fleet(labels).await {
+            match store.pending_and_fleet(labels, self.watch).await {
                 Ok((pending, fingerprint)) => {
                     self.saw_fleet(fingerprint);
                     if pending {
@@ -503,7 +521,7 @@ impl Wakeups {
             }
         } else if look {
             store
-                .ready_buckets_and_fleet(labels)
+                .ready_buckets_and_fleet(labels, self.watch)
                 .await
                 .map(|(ready, fingerprint)| {
                     self.saw_fleet(fingerprint);

@@ -21,6 +21,7 @@ use super::driver::{Arg, Driver, Statements};
 use super::outbox::{BucketHead, ClaimToken, Fence, MessageDetail, MessageSummary};
 use super::partitions::{LeaseEvent, LeaseRow};
 use super::statements::{BucketReadsSql, OutboxLookupsSql};
+use super::workers::LateWatch;
 
 /// The `outbox` table's one-statement operations, as every backend has
 /// them (through [`Driver`]).
@@ -69,13 +70,16 @@ pub trait OutboxLookups {
 
     /// [`OutboxLookups::ready_buckets`], and in the same statement a
     /// fingerprint of the workers table: a text that changes whenever a
-    /// worker joins or leaves (its row is added or removed) or steps aside
-    /// or back (`can_publish`), and not with heartbeats. A poller where no
-    /// announcements arrive reads it so that its coordinator need not read
-    /// the membership every second to notice such a change.
+    /// worker joins or leaves (its row is added or removed), steps aside
+    /// or back (`can_publish`), or becomes near or stops being so
+    /// (`watch`: its heartbeat is late), and not with heartbeats otherwise.
+    /// A poller where no announcements arrive reads it so that its
+    /// coordinator need not read the membership every second to notice
+    /// such a change, nor every `lease_renew` to notice a peer that died.
     async fn ready_buckets_and_fleet(
         &self,
         partition_keys: &[String],
+        watch: LateWatch,
     ) -> Result<(Vec<String>, String), StoreError>;
 
     /// Whether any of `partition_keys` has a pending row, ready or not
@@ -87,11 +91,22 @@ pub trait OutboxLookups {
     async fn pending_and_fleet(
         &self,
         partition_keys: &[String],
+        watch: LateWatch,
     ) -> Result<(bool, String), StoreError>;
 
     /// How many rows a purge with this cut-off would delete (a full count:
     /// for `--dry-run`, not for the relay).
     async fn count_purgeable(&self, older_than: Duration) -> Result<i64, StoreError>;
+}
+
+/// The arguments of a statement with the workers table's fingerprint
+/// (`statements::fleet_fingerprinted`): the labels, then the watch.
+fn fingerprint_args(partition_keys: &[String], watch: LateWatch) -> [Arg<'_>; 3] {
+    [
+        Arg::Labels(partition_keys),
+        Arg::Duration(watch.older_than),
+        Arg::Duration(watch.expiring_within),
+    ]
 }
 
 #[async_trait]
@@ -177,9 +192,10 @@ impl<D: Driver> OutboxLookups for D {
     async fn ready_buckets_and_fleet(
         &self,
         partition_keys: &[String],
+        watch: LateWatch,
     ) -> Result<(Vec<String>, String), StoreError> {
         let sql = &self.sql().lookups.buckets.ready_and_fleet;
-        let args = [Arg::Labels(partition_keys)];
+        let args = fingerprint_args(partition_keys, watch);
         let rows: Vec<(Option<String>, Option<String>)> = self
             .reads()
             .fetch_all(sql, &args, "polling for new rows")
@@ -199,9 +215,10 @@ impl<D: Driver> OutboxLookups for D {
     async fn pending_and_fleet(
         &self,
         partition_keys: &[String],
+        watch: LateWatch,
     ) -> Result<(bool, String), StoreError> {
         let sql = &self.sql().lookups.buckets.pending_and_fleet;
-        let args = [Arg::Labels(partition_keys)];
+        let args = fingerprint_args(partition_keys, watch);
         let rows: Vec<(Option<String>, Option<String>)> = self
             .reads()
             .fetch_all(sql, &args, "polling for new rows")

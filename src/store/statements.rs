@@ -246,11 +246,13 @@ pub struct StepsSql {
 /// `ready` (one text column: ready labels) with the workers table's
 /// fingerprint in the same statement: rows of (label, NULL), then one of
 /// (NULL, fingerprint). `fingerprint` is a backend's query of one text
-/// value that changes whenever a worker row is added or removed or its
-/// `can_publish` changes — what a membership read depends on besides
-/// time. A poller without notifications reads it with its poll, so a
-/// membership change is noticed without a membership read of its own
-/// (`relay::wakeups`).
+/// value that changes whenever a worker row is added or removed, its
+/// `can_publish` changes, or it becomes near or stops being so (the
+/// watch's two durations, its arguments after the labels:
+/// [`LateWatch`](crate::store::workers::LateWatch)) — what a membership
+/// read depends on. A poller without notifications reads it with its
+/// poll, so a membership change, or a peer nearing being left out, is
+/// noticed without a membership read of its own (`relay::wakeups`).
 pub(crate) fn fleet_fingerprinted(ready: &Sql, fingerprint: &str) -> Sql {
     Sql::from_rendered(format!(
         "SELECT r.partition_key, NULL AS fleet FROM ({}) r UNION ALL SELECT NULL, ({fingerprint})",

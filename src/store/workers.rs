@@ -226,6 +226,32 @@ pub fn suspect_after(lease_ttl: Duration, heartbeat_ttl: Duration) -> Duration {
     lease_ttl.max(heartbeat_ttl * 2 / 3)
 }
 
+/// Which rows the workers table's fingerprint marks as *near*: a worker
+/// whose heartbeat is older than `older_than`, or expires within
+/// `expiring_within`. The fingerprint
+/// ([`OutboxLookups::pending_and_fleet`](crate::store::OutboxLookups::pending_and_fleet))
+/// changes when a row becomes near or stops being so, so a coordinator
+/// that sees it unchanged knows that no peer came within `expiring_within`
+/// of being left out ([`LateWatch::for_fleet`]) — nor came back from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LateWatch {
+    pub older_than: Duration,
+    pub expiring_within: Duration,
+}
+
+impl LateWatch {
+    /// Near: within `lease_renew` of being left out — for lateness
+    /// ([`suspect_after`]) or because its heartbeat expires. A live worker
+    /// writes its heartbeat every `lease_renew` (with its renewal) or a
+    /// third of `heartbeat_ttl`, so it is near only when it missed one.
+    pub fn for_fleet(lease_ttl: Duration, lease_renew: Duration, heartbeat_ttl: Duration) -> Self {
+        Self {
+            older_than: suspect_after(lease_ttl, heartbeat_ttl).saturating_sub(lease_renew),
+            expiring_within: lease_renew,
+        }
+    }
+}
+
 /// The live workers other than `me`, inside the caller's transaction when
 /// `on` is one (registration, repartitioning).
 pub(crate) async fn live_others(

@@ -43,7 +43,7 @@ use crate::coordinator::housekeeping::Housekeeping;
 use crate::otel::{ExportConfig, Tracer};
 use crate::relay::stats::StatsSnapshot;
 use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
-use crate::store::workers::WorkerMode;
+use crate::store::workers::{LateWatch, WorkerMode};
 use crate::store::{Channel, Store, StoreError};
 use probes::{Beat, Probes};
 use report::Report;
@@ -103,7 +103,11 @@ pub async fn run(
     let stats = Arc::new(RelayStats::counting_late_writes_in(
         started.broker.late_writes(),
     ));
-    let wakeups = Wakeups::new(&labels);
+    let w = &config.worker;
+    let wakeups = Wakeups::new(
+        &labels,
+        LateWatch::for_fleet(w.lease_ttl, w.lease_renew, w.heartbeat_ttl),
+    );
     let mut tasks = Supervisor::new();
     let tracer = match &opts.traces {
         Some(export) => {

@@ -392,9 +392,12 @@ async fn record_one_failure(
 }
 
 /// The workers table's fingerprint (`statements::fleet_fingerprinted`):
-/// its row count and a sum of checksums of each row's id and `can_publish`.
+/// its row count and a sum of checksums of each row's id, `can_publish`
+/// and whether it is near (`LateWatch`: two durations in microseconds).
 const WORKERS_FINGERPRINT: &str = "SELECT CAST(CONCAT(COUNT(*), ':',
-                COALESCE(SUM(CRC32(CONCAT(HEX(worker_id), can_publish))), 0)) AS CHAR)
+                COALESCE(SUM(CRC32(CONCAT(HEX(worker_id), can_publish,
+                    heartbeat_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+                    OR heartbeat_until < UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND))), 0)) AS CHAR)
             FROM {workers}";
 
 /// The reads across buckets (`store::lookups`), in MySQL's SQL: the listed

@@ -195,9 +195,12 @@ const ANY_PENDING: &str = "SELECT o.partition_key FROM {outbox} o
             LIMIT 1";
 
 /// The workers table's fingerprint (`statements::fleet_fingerprinted`):
-/// its row count and a sum of hashes of each row's id and `can_publish`.
+/// its row count and a sum of hashes of each row's id, `can_publish` and
+/// whether it is near (`LateWatch`: `$2` and `$3` in milliseconds).
 const WORKERS_FINGERPRINT: &str = "SELECT count(*) || ':'
-                || coalesce(sum(hashtext(worker_id::text || can_publish::text)), 0)
+                || coalesce(sum(hashtext(worker_id::text || can_publish::text
+                    || (heartbeat_at < now() - make_interval(secs => $2::float8 / 1000)
+                        OR heartbeat_until < now() + make_interval(secs => $3::float8 / 1000))::text)), 0)
             FROM {workers}";
 
 /// Dropping is never silent: what was dropped, by whom and why

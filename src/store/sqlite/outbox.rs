@@ -375,12 +375,16 @@ impl SqliteBackend {
 }
 
 /// The workers table's fingerprint (`statements::fleet_fingerprinted`):
-/// its row count and every row's id and `can_publish`, in id order (no
+/// its row count and every row's id, `can_publish` and whether it is near
+/// (`LateWatch`: two durations in milliseconds), in id order (no
 /// hash function in SQLite; the table is local, the text never crosses a
 /// network).
 const WORKERS_FINGERPRINT: &str =
-    "SELECT count(*) || ':' || coalesce(group_concat(hex(worker_id) || can_publish, ','), '')
-            FROM (SELECT worker_id, can_publish FROM {workers} ORDER BY worker_id)";
+    "SELECT count(*) || ':' || coalesce(group_concat(hex(worker_id) || can_publish || near, ','), '')
+            FROM (SELECT worker_id, can_publish,
+                         heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', -? / 1000.0))
+                         OR heartbeat_until < {now+?} AS near
+                  FROM {workers} ORDER BY worker_id)";
 
 /// The reads across buckets (`store::lookups`), in SQLite's SQL.
 pub(crate) fn bucket_reads(t: &TablesConfig) -> BucketReadsSql {
