@@ -666,14 +666,16 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         failed_total: 1,
         published_rate: 2.5,
     };
-    let a_and_b = polled().await;
-    assert!(![&empty, &just_a].contains(&&a_and_b), "a second join too");
-    assert!(
+    // A heartbeat on time (30 s), as the worker's task writes it.
+    let beat = |worker| async move {
         store
-            .heartbeat(a, Duration::from_secs(30), counts)
+            .heartbeat(worker, Duration::from_secs(30), counts)
             .await
             .unwrap()
-    );
+    };
+    let a_and_b = polled().await;
+    assert!(![&empty, &just_a].contains(&&a_and_b), "a second join too");
+    assert!(beat(a).await);
     assert_eq!(polled().await, a_and_b, "a heartbeat changes nothing");
     assert!(
         store
@@ -773,12 +775,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         [b],
         "out while others hold its buckets"
     );
-    assert!(
-        store
-            .heartbeat(a, Duration::from_secs(30), counts)
-            .await
-            .unwrap()
-    );
+    assert!(beat(a).await);
     assert_eq!(live_sorted().await, both, "its heartbeat on time again");
     assert_eq!(polled().await, a_and_b, "and its mark is gone");
     let ending = format!(
@@ -791,12 +788,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         ![&a_and_b, &a_late].contains(&&b_ending),
         "a heartbeat near its end marks its row"
     );
-    assert!(
-        store
-            .heartbeat(b, Duration::from_secs(30), counts)
-            .await
-            .unwrap()
-    );
+    assert!(beat(b).await);
     assert_eq!(polled().await, a_and_b, "beating again: unmarked");
     let held: Vec<(String, i64)> = taken
         .iter()
@@ -824,12 +816,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         ![&a_and_b, &just_a, &empty].contains(&&just_b),
         "a leave changes the fingerprint"
     );
-    assert!(
-        !store
-            .heartbeat(a, Duration::from_secs(30), counts)
-            .await
-            .unwrap()
-    );
+    assert!(!beat(a).await);
     // b's heartbeat runs out: it is no longer live, and the sweep removes it.
     assert!(
         store

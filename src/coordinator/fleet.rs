@@ -374,9 +374,10 @@ impl Fleet {
                 .collect();
                 let renew = self.settings.lease_renew;
                 let stands = members.stable_for.map_or(renew, |s| s.min(renew));
-                let watched = match stands < renew {
-                    true => stands,
-                    false => renew * WATCHED_STANDS_RENEWS,
+                let watched = if stands < renew {
+                    stands
+                } else {
+                    renew * WATCHED_STANDS_RENEWS
                 };
                 self.known = Some(Known {
                     targets: targets.clone(),

@@ -92,7 +92,7 @@ struct Signal {
 
 /// Wake-up signals: one per bucket (new rows), one for the fleet
 /// coordinator (workers joining, leaving, releasing buckets).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Wakeups {
     buckets: Arc<HashMap<String, Arc<Signal>>>,
     fleet: Arc<Notify>,

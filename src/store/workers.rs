@@ -233,7 +233,7 @@ pub fn suspect_after(lease_ttl: Duration, heartbeat_ttl: Duration) -> Duration {
 /// changes when a row becomes near or stops being so, so a coordinator
 /// that sees it unchanged knows that no peer came within `expiring_within`
 /// of being left out ([`LateWatch::for_fleet`]) — nor came back from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LateWatch {
     pub older_than: Duration,
     pub expiring_within: Duration,
