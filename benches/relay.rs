@@ -1554,53 +1554,25 @@ fn median_of(v: &[f64]) -> f64 {
 
 /// Whether any row is still unpublished and unparked: the harness asks
 /// every 50 ms while a drain runs, so the probe must cost nothing beside it.
-/// Each backend is asked for the first row of its pending index's slice:
-/// - PostgreSQL and SQLite: the partial pending index in its order
-///   (`ORDER BY … LIMIT 1`). A bare `EXISTS` left PostgreSQL's planner to
-///   its statistics, which are the seed's (every row pending), and it chose
-///   a sequential scan through every published row: 2–9 ms a probe at
-///   24,000 of them. (An `ORDER BY` inside `EXISTS` is dropped by the
-///   planner, hence the `LIMIT`.)
-/// - MariaDB: its pending index leads with the bucket, so without one the
-///   optimiser walked the parked index's `NULL`s in id order, looking up
-///   every published row (17 ms at 24,000 of them); it is asked bucket by
-///   bucket, each a probe of the index's pending slice.
+/// It asks the store for each bucket's head, one probe of the pending index
+/// per bucket, as `outboxd status` does. A bare `EXISTS` over the table
+/// walked every published row before the first pending one: MariaDB's
+/// pending index leads with the bucket (17 ms a probe at 24,000 published
+/// rows), and PostgreSQL's planner, left to the seed's statistics (every
+/// row pending), chose a sequential scan (2–3 ms).
 async fn any_pending(store: &Store) -> bool {
-    let first = "SELECT 1 FROM outbox WHERE published_at IS NULL AND failed_at IS NULL
-                 ORDER BY partition_key, id LIMIT 1";
-    match (store.mysql(), store.sqlite()) {
-        (Some(my), _) => {
-            let labels: Vec<String> =
-                sqlx::query_scalar("SELECT partition_key FROM outbox_partitions")
-                    .fetch_all(my.pool())
-                    .await
-                    .unwrap();
-            let list = labels
-                .iter()
-                .map(|l| format!("'{l}'"))
-                .collect::<Vec<_>>()
-                .join(",");
-            let probe = format!(
-                "SELECT EXISTS (SELECT 1 FROM outbox FORCE INDEX (outbox_pending_idx)
-                 WHERE partition_key IN ({list}) AND published_at IS NULL AND failed_at IS NULL)"
-            );
-            // The labels are the table's own (`p` and digits).
-            sqlx::query_scalar(AssertSqlSafe(probe))
-                .fetch_one(my.pool())
-                .await
-                .unwrap()
-        }
-        (_, Some(lite)) => sqlx::query(first)
-            .fetch_optional(lite.pool())
-            .await
-            .unwrap()
-            .is_some(),
-        _ => sqlx::query(first)
-            .fetch_optional(pg(store))
-            .await
-            .unwrap()
-            .is_some(),
-    }
+    let buckets = store
+        .partition_count()
+        .await
+        .unwrap()
+        .expect("a migrated database");
+    let labels = Partitioner::new(buckets).labels();
+    store
+        .bucket_heads(&labels)
+        .await
+        .unwrap()
+        .iter()
+        .any(|head| head.id.is_some())
 }
 
 /// The database a section runs on.
