@@ -571,24 +571,46 @@ async fn a_read_only_old_primary_makes_workers_reconnect_to_the_new_one() {
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+/// PgBouncer's `default_pool_size` in `scripts/services.sh`: how many
+/// server sessions one database's pool holds at most.
+const BOUNCER_POOL_SIZE: usize = 8;
+
 #[tokio::test]
 async fn named_statements_meeting_a_transaction_pooler_fail_with_one_line_naming_the_setting() {
     // Configured as if the database were direct: sqlx's named prepared
-    // statements stay on PgBouncer's server sessions and collide.
+    // statements stay on PgBouncer's server sessions and collide with what
+    // other clients left there. Which session a client lands on is up to
+    // PgBouncer, so first every session of this database's pool is given a
+    // `sqlx_s_1` (the name sqlx gives a connection's first statement), as
+    // another sqlx client through the same pooler would leave it: each of
+    // the pool's sessions held at once by an open transaction.
     let env = TestEnv::with(Tuning::default().pgbouncer(false)).await;
+    let mut holders = Vec::new();
+    for _ in 0..BOUNCER_POOL_SIZE {
+        let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&env.worker_db_url)
+            .await
+            .unwrap();
+        sqlx::raw_sql("BEGIN; PREPARE sqlx_s_1 AS SELECT 1")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        holders.push(c);
+    }
+    for mut c in holders {
+        sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+        <sqlx::PgConnection as sqlx::Connection>::close(c)
+            .await
+            .unwrap();
+    }
+
     let unaware = env.config_variant("unaware", |t| t.replace("pooler = \"transaction\"\n", ""));
-    let mut failures = Vec::new();
     for _ in 0..3 {
         let out = env.command_with(&unaware, &["status"]).output().unwrap();
-        if !out.status.success() {
-            failures.push(stderr(&out));
-        }
-    }
-    assert!(
-        !failures.is_empty(),
-        "named statements went through unnoticed"
-    );
-    for err in failures {
+        assert!(
+            !out.status.success(),
+            "named statements went through unnoticed"
+        );
+        let err = stderr(&out);
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("prepared statement"), "{err}");
         assert!(
