@@ -30,7 +30,8 @@
 //!
 //! A background opening adds a connection only while every connection is
 //! in use ([`open_one`]): sqlx's acquisition, which it opens with, takes an
-//! idle connection when there is one.
+//! idle connection when there is one. A small pool waits a moment for
+//! that; a larger one does not (a fleet's bursts grew every pool to ten).
 //!
 //! Each opening starts with one attempt by hand ([`probe`]): a refusal is
 //! known after one attempt (then the pool makes one attempt at a time, each
@@ -52,7 +53,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{Connection, Database, Either, Execute, Executor, Pool, SqlStr};
 
-use crate::store::Switchover;
+use crate::stamp::Stamp;
+use crate::store::{Switchover, trim};
 
 /// How long an acquisition waits for a connection on its way back to the
 /// pool (the round trip of sqlx's release ping) before the pool opens
@@ -72,8 +74,13 @@ const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// start, before the first gave up.
 const MAX_OPENINGS: usize = 4;
 /// How long a background opening whose probe was accepted waits for every
-/// connection to be in use before it opens one ([`open_one`]).
+/// connection to be in use before it opens one ([`open_one`]), while the
+/// pool has fewer than [`PATIENT_BELOW`] connections.
 const DEMAND_WAIT: Duration = Duration::from_millis(100);
+/// The pool size from which a background opening no longer waits for
+/// demand ([`open_one`]): a worker's `LISTEN` connection and three for
+/// statements.
+const PATIENT_BELOW: u32 = 4;
 /// How often a waiting acquisition looks for a released connection.
 const LOOK_EVERY: Duration = Duration::from_micros(500);
 /// How long a connection may sit idle before it is pinged when acquired
@@ -121,6 +128,10 @@ pub struct PacedPool<DB: Database> {
     first: Arc<tokio::sync::Mutex<()>>,
     /// Held by an acquisition that takes an idle connection.
     taking: Arc<tokio::sync::Mutex<()>>,
+    /// When the server last refused the pool a connection
+    /// ([`PacedPool::grow`]; [`crate::store::trim`] gives idle ones back
+    /// sooner after it).
+    refused: Stamp,
 }
 
 impl<DB: Database> Clone for PacedPool<DB> {
@@ -131,6 +142,7 @@ impl<DB: Database> Clone for PacedPool<DB> {
             growth: self.growth.clone(),
             first: self.first.clone(),
             taking: self.taking.clone(),
+            refused: self.refused.clone(),
         }
     }
 }
@@ -166,8 +178,11 @@ impl Drop for Lent {
 
 impl<DB: Database> PacedPool<DB> {
     /// Paces `inner` (a lazily connecting pool: its acquire timeout bounds
-    /// each acquisition).
-    pub fn new(inner: Pool<DB>) -> Self {
+    /// each acquisition), and trims it ([`crate::store::trim`]); `opened`
+    /// is marked by `inner`'s `after_connect` hook.
+    pub fn new(inner: Pool<DB>, opened: Stamp) -> Self {
+        let refused = Stamp::never();
+        trim::spawn(inner.clone(), opened, refused.clone());
         Self {
             inner,
             lent: Arc::default(),
@@ -178,6 +193,7 @@ impl<DB: Database> PacedPool<DB> {
             })),
             first: Arc::default(),
             taking: Arc::default(),
+            refused,
         }
     }
 
@@ -278,6 +294,7 @@ impl<DB: Database> PacedPool<DB> {
         growth.next = now + GROWTH_SPACING * size.max(1);
         drop(growth);
         let (pool, growth) = (self.inner.clone(), self.growth.clone());
+        let refused = self.refused.clone();
         tokio::spawn(async move {
             let opened = match probe(&pool).await {
                 Ok(()) => open_one(&pool).await,
@@ -296,6 +313,11 @@ impl<DB: Database> PacedPool<DB> {
                 }
                 Err(_) if pool.is_closed() => {}
                 Err(error) => {
+                    // The server answered, and said no (out of connections,
+                    // as a rule): not a slow or broken link.
+                    if matches!(error, sqlx::Error::Database(_)) {
+                        refused.mark();
+                    }
                     growth.failures = growth.failures.saturating_add(1);
                     let pause = Duration::from_secs(1)
                         .saturating_mul(1 << (growth.failures - 1).min(5))
@@ -384,15 +406,26 @@ where
 /// released again (a round trip, sqlx's release ping) and the pool did not
 /// grow — two growths in three under a trickle of 500 messages a second,
 /// whose pool stayed at three connections, probing a fourth every 350 ms.
-/// So it waits, up to [`DEMAND_WAIT`], for a moment when every connection
-/// is in use, and then asks sqlx (true); none: the statements no longer
-/// need another (false).
+/// So a pool of fewer than [`PATIENT_BELOW`] connections waits, up to
+/// [`DEMAND_WAIT`], for a moment when every connection is in use, and then
+/// asks sqlx (true); none: the statements no longer need another (false).
+/// A larger pool opens one only if every connection is in use when the
+/// probe is accepted: bursts — a fleet's cold start, its rebalances — find
+/// such a moment in every pool, and sixty-four workers that each waited
+/// for it grew to ten connections apiece and filled a 300-connection
+/// server, the last workers to start (or to join) refused for the 30 s the
+/// others took to shrink.
 async fn open_one<DB: Database>(pool: &Pool<DB>) -> Result<bool, sqlx::Error> {
     // Openings overlap: the pool may have reached its size meanwhile.
     if full(pool) {
         return Ok(false);
     }
-    let until = Instant::now() + DEMAND_WAIT;
+    let wait = if pool.size() < PATIENT_BELOW {
+        DEMAND_WAIT
+    } else {
+        Duration::ZERO
+    };
+    let until = Instant::now() + wait;
     while pool.num_idle() > 0 {
         if Instant::now() >= until {
             return Ok(false);

@@ -13,6 +13,13 @@
 //! on PostgreSQL, the `LISTEN` connection, which sqlx counts in the pool as
 //! one always in use).
 //!
+//! Within [`SCARCE_FOR`] of the server refusing this pool a connection, the
+//! server is out of them and other workers (the last to start, or to join)
+//! may have none at all: then demand is what was in use in the last
+//! [`QUIET_SCARCE`], and every sample may close a connection (once none
+//! was opened for as long) — a fleet's burst no longer holds a full server
+//! for [`QUIET`].
+//!
 //! One spare is enough because the pools' statements wait for a connection
 //! on its way back ([`crate::store::paced`]): sqlx pings a released
 //! connection before it is idle again (a round trip), so a task that runs
@@ -29,6 +36,11 @@ use crate::stamp::Stamp;
 
 /// How long demand must stay below the pool's size before it shrinks.
 pub const QUIET: Duration = Duration::from_secs(30);
+/// [`QUIET`] while the server is short of connections.
+const QUIET_SCARCE: Duration = Duration::from_secs(2);
+/// How long after the server refused the pool a connection it counts as
+/// short of them.
+const SCARCE_FOR: Duration = Duration::from_secs(60);
 /// How long after the pool last had to open a connection it may shrink:
 /// a spell of load grows it, the end of the spell shrinks it, but no more
 /// often than this (a stray overlap of two statements on an idle worker
@@ -41,8 +53,8 @@ const CLOSE_EVERY: Duration = Duration::from_secs(1);
 
 /// Trims `pool` down to its demand (see the module docs) until it closes.
 /// `opened` is when the pool last opened a connection (its `after_connect`
-/// hook marks it).
-pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
+/// hook marks it), `refused` when the server last refused it one.
+pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp, refused: Stamp) {
     tokio::spawn(async move {
         // (connections, since when): the most and the fewest in use.
         let mut peak = (0u32, Instant::now());
@@ -50,20 +62,22 @@ pub(crate) fn spawn<DB: sqlx::Database>(pool: sqlx::Pool<DB>, opened: Stamp) {
         let mut next_close = Instant::now() + CLOSE_EVERY;
         while !pool.is_closed() {
             tokio::time::sleep(SAMPLE_EVERY).await;
+            let scarce = refused.ago() < SCARCE_FOR;
+            let quiet = if scarce { QUIET_SCARCE } else { QUIET };
             let in_use = pool.size().saturating_sub(pool.num_idle() as u32);
-            if in_use >= peak.0 || peak.1.elapsed() > QUIET {
+            if in_use >= peak.0 || peak.1.elapsed() > quiet {
                 peak = (in_use, Instant::now());
             }
-            if in_use <= floor.0 || floor.1.elapsed() > QUIET {
+            if in_use <= floor.0 || floor.1.elapsed() > quiet {
                 floor = (in_use, Instant::now());
             }
-            if Instant::now() < next_close {
+            if Instant::now() < next_close && !scarce {
                 continue;
             }
             next_close = Instant::now() + CLOSE_EVERY;
             let wanted = peak.0.max(floor.0 + 1);
             if pool.size() > wanted
-                && opened.ago() > AFTER_OPENING
+                && opened.ago() > AFTER_OPENING.min(quiet)
                 && let Some(idle) = pool.try_acquire()
             {
                 let _ = idle.close().await;

@@ -23,7 +23,6 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use crate::config::DatabaseConfig;
 use crate::stamp::Stamp;
 use crate::store::paced::{self, PacedPool};
-use crate::store::trim;
 use crate::store::{BackendKind, Bounds, StoreError, shown};
 
 /// The store's pool on MySQL/MariaDB: a sqlx executor like `&MySqlPool`
@@ -81,8 +80,7 @@ pub async fn connect(
             })
         });
     let pool = paced::checked(pool, switchover).connect_lazy_with(options);
-    trim::spawn(pool.clone(), opened);
-    Ok(PacedPool::new(pool))
+    Ok(PacedPool::new(pool, opened))
 }
 
 /// What every connection sets for its session.

@@ -48,7 +48,6 @@ use sqlx::{Either, Execute, Executor, Postgres, SqlStr};
 use crate::config::{DatabaseConfig, Pooler};
 use crate::stamp::Stamp;
 use crate::store::paced::{self, Lent, PacedPool};
-use crate::store::trim;
 use crate::store::{BackendKind, Bounds, StoreError, Switchover, shown};
 
 /// A pool of database connections that knows what sits in front of the
@@ -192,9 +191,8 @@ pub async fn connect_to(
             })
         });
     let inner = paced::checked(inner, switchover).connect_lazy_with(options);
-    trim::spawn(inner.clone(), opened);
     Ok(DbPool {
-        inner: PacedPool::new(inner),
+        inner: PacedPool::new(inner, opened),
         pooler,
         bounds,
     })
