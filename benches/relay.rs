@@ -134,6 +134,9 @@ struct Bench {
     published_key_index: bool,
     results: serde_json::Map<String, Value>,
     table: Vec<(String, String, String)>,
+    /// The queues declared since the last section ended
+    /// ([`Bench::declare_purged`]), emptied when it ends.
+    declared: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 #[tokio::main]
@@ -182,6 +185,7 @@ async fn main() {
         published_key_index,
         results: serde_json::Map::new(),
         table: Vec::new(),
+        declared: Default::default(),
     };
     b.results.insert("machine".into(), machine());
     let key_index = if published_key_index {
@@ -194,42 +198,55 @@ async fn main() {
         .insert("postgres_key_index".into(), json!(key_index));
     if run("throughput") {
         b.throughput().await;
+        b.purge_declared().await;
     }
     if run("latency") {
         b.latency().await;
+        b.purge_declared().await;
     }
     if run("backlog") {
         b.backlog().await;
+        b.purge_declared().await;
     }
     if run("rebalance") {
         b.rebalance().await;
+        b.purge_declared().await;
     }
     if run("churn") {
         b.churn().await;
+        b.purge_declared().await;
     }
     if run("production") {
         b.production().await;
+        b.purge_declared().await;
     }
     if run("tls") {
         b.tls().await;
+        b.purge_declared().await;
     }
     if run("traces") {
         b.traces().await;
+        b.purge_declared().await;
     }
     if run("sources") {
         b.sources().await;
+        b.purge_declared().await;
     }
     if run("reload") {
         b.reloads().await;
+        b.purge_declared().await;
     }
     if run("scale") {
         b.scale().await;
+        b.purge_declared().await;
     }
     if run("keep") {
         b.keep().await;
+        b.purge_declared().await;
     }
     if run("shapes") {
         b.shapes().await;
+        b.purge_declared().await;
     }
 
     println!(
@@ -493,6 +510,7 @@ impl Bench {
     }
 
     async fn declare_purged(&self, queue: &str) {
+        self.declared.lock().unwrap().insert(queue.to_string());
         let conn = Connection::connect(&self.amqp_url, ConnectionProperties::default())
             .await
             .unwrap();
@@ -507,6 +525,29 @@ impl Bench {
         ch.queue_purge(queue.into(), QueuePurgeOptions::default())
             .await
             .unwrap();
+        conn.close(200, "bye".into()).await.ok();
+    }
+
+    /// Empties the queues declared since the last call: a section's
+    /// messages left in RabbitMQ (half a million after a full run) weighed
+    /// on the sections after it.
+    async fn purge_declared(&self) {
+        let queues = std::mem::take(&mut *self.declared.lock().unwrap());
+        if queues.is_empty() {
+            return;
+        }
+        let conn = Connection::connect(&self.amqp_url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        for queue in queues {
+            let ch = conn.create_channel().await.unwrap();
+            if let Err(e) = ch
+                .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                .await
+            {
+                println!("  (could not empty {queue} after its section: {e})");
+            }
+        }
         conn.close(200, "bye".into()).await.ok();
     }
 
