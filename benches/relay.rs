@@ -196,57 +196,30 @@ async fn main() {
     println!("PostgreSQL's message-key index: {key_index}");
     b.results
         .insert("postgres_key_index".into(), json!(key_index));
-    if run("throughput") {
-        b.throughput().await;
-        b.purge_declared().await;
+    // Each section, then its queues emptied: what a section left in
+    // RabbitMQ weighed on the sections after it.
+    macro_rules! sections {
+        ($($name:literal => $method:ident),* $(,)?) => {$(
+            if run($name) {
+                b.$method().await;
+                b.purge_declared().await;
+            }
+        )*};
     }
-    if run("latency") {
-        b.latency().await;
-        b.purge_declared().await;
-    }
-    if run("backlog") {
-        b.backlog().await;
-        b.purge_declared().await;
-    }
-    if run("rebalance") {
-        b.rebalance().await;
-        b.purge_declared().await;
-    }
-    if run("churn") {
-        b.churn().await;
-        b.purge_declared().await;
-    }
-    if run("production") {
-        b.production().await;
-        b.purge_declared().await;
-    }
-    if run("tls") {
-        b.tls().await;
-        b.purge_declared().await;
-    }
-    if run("traces") {
-        b.traces().await;
-        b.purge_declared().await;
-    }
-    if run("sources") {
-        b.sources().await;
-        b.purge_declared().await;
-    }
-    if run("reload") {
-        b.reloads().await;
-        b.purge_declared().await;
-    }
-    if run("scale") {
-        b.scale().await;
-        b.purge_declared().await;
-    }
-    if run("keep") {
-        b.keep().await;
-        b.purge_declared().await;
-    }
-    if run("shapes") {
-        b.shapes().await;
-        b.purge_declared().await;
+    sections! {
+        "throughput" => throughput,
+        "latency" => latency,
+        "backlog" => backlog,
+        "rebalance" => rebalance,
+        "churn" => churn,
+        "production" => production,
+        "tls" => tls,
+        "traces" => traces,
+        "sources" => sources,
+        "reload" => reloads,
+        "scale" => scale,
+        "keep" => keep,
+        "shapes" => shapes,
     }
 
     println!(
