@@ -628,5 +628,8 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
         "one family, every source's sample under it:\n{metrics}"
     );
     ui.terminate(Duration::from_secs(10));
-    worker.terminate(Duration::from_secs(10));
+    // One of the worker's databases is down: its exit may take the whole
+    // documented bound (in-flight batches, then the lease release and the
+    // farewell each given up on in turn).
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
