@@ -8,7 +8,7 @@
 //!    PostgreSQL and by 1 and 2 on MariaDB, against the ceiling: a bare
 //!    lapin publisher sending the same messages with confirms and the same
 //!    in-flight window (16 channels × one batch), no database
-//!    (`OUTBOXD_BENCH_THROUGHPUT_ONLY=postgres|mariadb|sqlite` for one
+//!    (`OUTBOXD_BENCH_THROUGHPUT_ONLY=postgresql|mariadb|sqlite` for one
 //!    backend's arms, `OUTBOXD_BENCH_THROUGHPUT_WORKERS=2` for one fleet
 //!    size; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on that build
 //!    right after — or on each build of a comma-separated list, to bisect;
@@ -557,6 +557,13 @@ impl Bench {
         // arm runs again right after on that build (on each, in order, of a
         // comma-separated list).
         let only = std::env::var("OUTBOXD_BENCH_THROUGHPUT_ONLY").ok();
+        if let Some(o) = &only {
+            let names = [Backend::Postgres, Backend::MariaDb, Backend::Sqlite].map(Backend::name);
+            assert!(
+                names.iter().any(|n| n.eq_ignore_ascii_case(o)),
+                "OUTBOXD_BENCH_THROUGHPUT_ONLY={o} names no backend (one of {names:?}, any case)"
+            );
+        }
         let only_workers: Option<usize> = std::env::var("OUTBOXD_BENCH_THROUGHPUT_WORKERS")
             .ok()
             .and_then(|w| w.parse().ok());
