@@ -462,9 +462,7 @@ impl Wakeups {
                 // Rows come again: the probe (stopped after a long
                 // silence, or backed off) runs at full pace.
                 if let Some(p) = probe.as_mut().filter(|_| !found) {
-                    // From the newest id: the poll woke what is there.
-                    p.forget();
-                    p.pace(true);
+                    p.resume();
                 }
                 found = true;
             } else if !polling_now && !found {
@@ -785,6 +783,20 @@ impl Probe {
         self.seen = None;
     }
 
+    /// A poll found a ready head: rows come again, so the probe runs at
+    /// full pace, from where it was. Only a probe that had stopped starts
+    /// again from the newest id (its place may be far behind; the poll
+    /// woke what is there). A running probe must keep its place: moved to
+    /// the newest id, it skips the rows committed between the poll's read
+    /// and its own, and those wait for the next poll — under a steady
+    /// trickle, where most polls find a head, a few rows in a hundred.
+    fn resume(&mut self) {
+        if self.delay == STOPPED {
+            self.forget();
+        }
+        self.pace(true);
+    }
+
     /// The buckets of the rows added since the last run (none on the first
     /// run, which only finds where to start: older rows are the polls' and
     /// the drainers' own to find), and when to run next.
@@ -894,5 +906,27 @@ mod tests {
             busy.iter().all(|d| *d <= 100 * MS),
             "20 s of silence after a find: {busy:?}"
         );
+    }
+
+    #[test]
+    fn a_poll_that_finds_rows_keeps_a_running_probes_place_and_restarts_a_stopped_one() {
+        let mut probe = Probe::new(5 * MS, 100 * MS);
+        probe.seen = Some(41);
+        probe.pace(true);
+        // Running: a poll's find must not skip the rows since id 41.
+        probe.resume();
+        assert_eq!(probe.seen, Some(41));
+        assert_eq!(probe.delay, 5 * MS);
+        // Backed off, not stopped: the same.
+        let later = probe.found_at + QUIET_BEFORE_BACKOFF + 500 * MS;
+        probe.pace_at(false, later);
+        assert!(probe.delay > 5 * MS && probe.delay < STOPPED);
+        probe.resume();
+        assert_eq!((probe.seen, probe.delay), (Some(41), 5 * MS));
+        // Stopped after a long silence: from the newest id again.
+        probe.pace_at(false, probe.found_at + LONG_QUIET);
+        assert_eq!(probe.delay, STOPPED);
+        probe.resume();
+        assert_eq!((probe.seen, probe.delay), (None, 5 * MS));
     }
 }
