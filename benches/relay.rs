@@ -17,7 +17,8 @@
 //! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
-//!    `listen_url` and with polling;
+//!    `listen_url` and with polling (with `OUTBOXD_BENCH_BASELINE_BIN`,
+//!    each worker's figures again right after on that build);
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows: three
 //!    tables, their rounds interleaved;
@@ -567,14 +568,6 @@ impl Bench {
         let only_workers: Option<usize> = std::env::var("OUTBOXD_BENCH_THROUGHPUT_WORKERS")
             .ok()
             .and_then(|w| w.parse().ok());
-        let baselines: Vec<String> = std::env::var("OUTBOXD_BENCH_BASELINE_BIN")
-            .map(|b| {
-                b.split(',')
-                    .filter(|b| !b.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
         // `OUTBOXD_BENCH_THROUGHPUT_REPEAT=3` runs the whole list of arms
         // three times, round after round (so arms alternate), and adds each
         // arm's median ratio at the end.
@@ -583,25 +576,7 @@ impl Bench {
             .and_then(|r| r.parse().ok())
             .unwrap_or(1)
             .max(1);
-        // This build, then each baseline build: (binary, label's suffix,
-        // JSON key's suffix).
-        let builds: Vec<Build> = std::iter::once(Build {
-            bin: PathBuf::from(BIN),
-            label: String::new(),
-            key: String::new(),
-        })
-        .chain(baselines.iter().map(|b| {
-            let (label, key) = match baselines.len() {
-                1 => (", baseline build".to_owned(), "_baseline".to_owned()),
-                _ => (format!(", build {b}"), format!("_baseline_{b}")),
-            };
-            Build {
-                bin: PathBuf::from(b),
-                label,
-                key,
-            }
-        }))
-        .collect();
+        let builds = builds();
         let mut runs = Vec::new();
         for (on, workers) in [
             (Backend::Postgres, 1usize),
@@ -847,22 +822,32 @@ impl Bench {
         json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) })
     }
 
+    /// Section 2. With `OUTBOXD_BENCH_BASELINE_BIN`, each worker's figures
+    /// are measured again right after on that build (its rows and JSON keys
+    /// say so): the trickle's tail is where a regression hid for twenty
+    /// sessions (BENCHMARKS.md, session 48).
     async fn latency(&mut self) {
+        let builds = builds();
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
         let queue = "bench-latency";
         self.declare_purged(queue).await;
-        let mut worker = self.spawn(&config, &["--silent"]);
-        tokio::time::sleep(Duration::from_secs(2)).await;
         let mut out = serde_json::Map::new();
         let over = Duration::from_secs(if self.quick { 3 } else { 10 });
-        for rate in [50u64, 500] {
-            let measure = format!("commit-to-queue latency at {rate} msg/s (p50 / p99 / max)");
-            let figures = self
-                .trickle_row(&db_url, queue, (rate, over), &measure, "target p99 <= 5 ms")
-                .await;
-            out.insert(rate.to_string(), figures);
+        for build in &builds {
+            let mut worker = spawn_bin(&build.bin, &config, &["--silent"], &[]);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            for rate in [50u64, 500] {
+                let measure = format!(
+                    "commit-to-queue latency at {rate} msg/s{} (p50 / p99 / max)",
+                    build.label
+                );
+                let figures = self
+                    .trickle_row(&db_url, queue, (rate, over), &measure, "target p99 <= 5 ms")
+                    .await;
+                out.insert(format!("{rate}{}", build.key), figures);
+            }
+            terminate(&mut worker);
         }
-        terminate(&mut worker);
 
         // MariaDB: no notifications; adaptive polling (poll_interval 100 ms
         // while polls find rows, backing off to idle_backoff_ms 1 s), with
@@ -872,7 +857,10 @@ impl Bench {
         let (my_store, my_config, my_url) = self
             .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
             .await;
-        for probe in ["5ms", "0ms"] {
+        for (probe, build) in ["5ms", "0ms"]
+            .into_iter()
+            .flat_map(|p| builds.iter().map(move |b| (p, b)))
+        {
             let toml = std::fs::read_to_string(&my_config).unwrap().replacen(
                 &format!("url = \"{my_url}\"\n"),
                 &format!("url = \"{my_url}\"\nprobe_interval = \"{probe}\"\n"),
@@ -880,7 +868,7 @@ impl Bench {
             );
             let probed = self.dir.join(format!("latency-mariadb-probe-{probe}.toml"));
             std::fs::write(&probed, toml).unwrap();
-            let mut my_worker = self.spawn(&probed, &["--silent"]);
+            let mut my_worker = spawn_bin(&build.bin, &probed, &["--silent"], &[]);
             tokio::time::sleep(Duration::from_secs(2)).await;
             let idle = Duration::from_secs(if self.quick { 2 } else { 5 });
             let ticks = || cpu_ticks(my_worker.id()).unwrap_or(0) + database_cpu_ticks(&my_store);
@@ -889,7 +877,10 @@ impl Bench {
             let idle_cpu = (ticks() - before) as f64 / clock_ticks() as f64 / idle.as_secs_f64();
             let baseline = probe == "0ms";
             self.row(
-                &format!("MariaDB, probe_interval {probe}: idle worker + MariaDB CPU"),
+                &format!(
+                    "MariaDB, probe_interval {probe}{}: idle worker + MariaDB CPU",
+                    build.label
+                ),
                 format!("{:.1} % of a core", idle_cpu * 100.0),
                 if baseline {
                     "baseline"
@@ -899,12 +890,13 @@ impl Bench {
                 .into(),
             );
             out.insert(
-                format!("mariadb_idle_cpu_probe_{probe}"),
+                format!("mariadb_idle_cpu_probe_{probe}{}", build.key),
                 json!({ "share_of_a_core": idle_cpu }),
             );
             for rate in [50u64, 500] {
                 let measure = format!(
-                    "commit-to-queue latency on MariaDB (polling, probe_interval {probe}) at {rate} msg/s (p50 / p99 / max)"
+                    "commit-to-queue latency on MariaDB (polling, probe_interval {probe}){} at {rate} msg/s (p50 / p99 / max)",
+                    build.label
                 );
                 let note = if baseline {
                     "baseline: polls only"
@@ -915,9 +907,9 @@ impl Bench {
                     .trickle_row(&my_url, queue, (rate, over), &measure, note)
                     .await;
                 let key = if baseline {
-                    format!("mariadb_{rate}_probe_off")
+                    format!("mariadb_{rate}_probe_off{}", build.key)
                 } else {
-                    format!("mariadb_{rate}")
+                    format!("mariadb_{rate}{}", build.key)
                 };
                 out.insert(key, figures);
             }
@@ -931,24 +923,27 @@ impl Bench {
         let (lite_store, lite_config, lite_url) = self
             .fresh_on(Backend::Sqlite, "outboxd_bench_lat", "")
             .await;
-        let mut lite_worker = self.spawn(&lite_config, &["--silent"]);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        for rate in [50u64, 500] {
-            let measure = format!(
-                "commit-to-queue latency on SQLite (polling and probe) at {rate} msg/s (p50 / p99 / max)"
-            );
-            let figures = self
-                .trickle_row(
-                    &lite_url,
-                    queue,
-                    (rate, over),
-                    &measure,
-                    "target p99 <= 10 ms",
-                )
-                .await;
-            out.insert(format!("sqlite_{rate}"), figures);
+        for build in &builds {
+            let mut lite_worker = spawn_bin(&build.bin, &lite_config, &["--silent"], &[]);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            for rate in [50u64, 500] {
+                let measure = format!(
+                    "commit-to-queue latency on SQLite (polling and probe){} at {rate} msg/s (p50 / p99 / max)",
+                    build.label
+                );
+                let figures = self
+                    .trickle_row(
+                        &lite_url,
+                        queue,
+                        (rate, over),
+                        &measure,
+                        "target p99 <= 10 ms",
+                    )
+                    .await;
+                out.insert(format!("sqlite_{rate}{}", build.key), figures);
+            }
+            terminate(&mut lite_worker);
         }
-        terminate(&mut lite_worker);
         lite_store.close().await;
         self.drop_database_on(Backend::Sqlite, "outboxd_bench_lat")
             .await;
@@ -960,14 +955,17 @@ impl Bench {
         let bouncer_port = std::env::var("OUTBOXD_PGBOUNCER_PORT").unwrap_or("56432".into());
         let mut via = url::Url::parse(&db_url).unwrap();
         via.set_port(Some(bouncer_port.parse().unwrap())).unwrap();
-        for (name, listen_line) in [
+        for ((name, listen_line), build) in [
             ("listen_url", format!("listen_url = \"{db_url}\"\n")),
             ("polling", String::new()),
             (
                 "polling, probe off",
                 "probe_interval = \"0ms\"\n".to_string(),
             ),
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|arm| builds.iter().map(move |b| (arm.clone(), b)))
+        {
             let toml = std::fs::read_to_string(&config).unwrap().replacen(
                 &format!("url = \"{db_url}\"\n"),
                 &format!("url = \"{via}\"\npooler = \"transaction\"\n{listen_line}"),
@@ -976,16 +974,17 @@ impl Bench {
             let slug = name.replace(", ", "_").replace(' ', "_");
             let pooled = self.dir.join(format!("latency-pgbouncer-{slug}.toml"));
             std::fs::write(&pooled, toml).unwrap();
-            let mut worker = self.spawn(&pooled, &["--silent"]);
+            let mut worker = spawn_bin(&build.bin, &pooled, &["--silent"], &[]);
             tokio::time::sleep(Duration::from_secs(7)).await;
             // 200 messages at 100 msg/s.
             let measure = format!(
-                "commit-to-queue latency through PgBouncer, {name} (p50 / p99 / max, 200 at 100 msg/s)"
+                "commit-to-queue latency through PgBouncer, {name}{} (p50 / p99 / max, 200 at 100 msg/s)",
+                build.label
             );
             let figures = self
                 .trickle_row(&db_url, queue, (100, Duration::from_secs(2)), &measure, "")
                 .await;
-            out.insert(format!("pgbouncer_{slug}"), figures);
+            out.insert(format!("pgbouncer_{slug}{}", build.key), figures);
             terminate(&mut worker);
         }
         store.close().await;
@@ -2057,13 +2056,43 @@ fn terminate(c: &mut Child) {
     let _ = c.wait();
 }
 
-/// One build of outboxd a section-1 arm runs on.
+/// One build of outboxd an arm of sections 1 and 2 runs on.
 struct Build {
     bin: PathBuf,
     /// Added to the arm's printed name ("" for this build).
     label: String,
     /// Added to the arm's JSON key ("" for this build).
     key: String,
+}
+
+/// This build, then each of `OUTBOXD_BENCH_BASELINE_BIN` (a comma-separated
+/// list of other builds' binaries, to bisect; usually one).
+fn builds() -> Vec<Build> {
+    let baselines: Vec<String> = std::env::var("OUTBOXD_BENCH_BASELINE_BIN")
+        .map(|b| {
+            b.split(',')
+                .filter(|b| !b.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    std::iter::once(Build {
+        bin: PathBuf::from(BIN),
+        label: String::new(),
+        key: String::new(),
+    })
+    .chain(baselines.iter().map(|b| {
+        let (label, key) = match baselines.len() {
+            1 => (", baseline build".to_owned(), "_baseline".to_owned()),
+            _ => (format!(", build {b}"), format!("_baseline_{b}")),
+        };
+        Build {
+            bin: PathBuf::from(b),
+            label,
+            key,
+        }
+    }))
+    .collect()
 }
 
 /// `bin work` (another build of outboxd, or this one) on `config`.
