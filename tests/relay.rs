@@ -654,15 +654,11 @@ async fn an_idle_postgres_workers_safety_net_backs_off_and_an_announced_row_brin
     // Counted from the first look, not from the spawn: a start-up slowed by
     // a loaded machine (a clean-clone CI run: the first look 5 s after
     // start, 3 looks in the window) would eat the backoff's 8 s.
-    let started = Instant::now();
-    while looks(&worker) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no look for unannounced rows within 30 s:\n{}",
-            worker.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(30), || looks(&worker) > 0).await,
+        "no look for unannounced rows within 30 s:\n{}",
+        worker.log_text()
+    );
     tokio::time::sleep(Duration::from_secs(8)).await;
     let (idle_from, idle_start) = (looks(&worker), Instant::now());
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -1205,11 +1201,14 @@ async fn the_rate_line_comes_once_per_window_with_the_lag() {
             .map(str::to_owned)
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while rate_lines(&std::fs::read_to_string(&out_file).unwrap_or_default()).is_empty() {
-        assert!(Instant::now() < deadline, "no rate line: {}", w.log_text());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let written = || std::fs::read_to_string(&out_file).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(30), || !rate_lines(&written())
+            .is_empty())
+        .await,
+        "no rate line: {}",
+        w.log_text()
+    );
     // A line a second: three more (two if a loaded machine delays one);
     // a line per 100 ms tick would be ~35.
     let over = Duration::from_millis(3_500);
@@ -1394,10 +1393,8 @@ async fn a_worker_whose_stdout_is_not_read_relays_and_stops_on_sigterm() {
     // within seconds.
     let mut worker =
         env.spawn_worker_with_unread_stdout(&["--no-leasing", "--json", "--interval-ms", "10"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !worker.log_text().contains("stdout is not being read") && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let unread = || worker.log_text().contains("stdout is not being read");
+    eventually(Duration::from_secs(10), unread).await;
     for i in 0..500 {
         env.db
             .enqueue(Message::new(format!("k{}", i % 37), "", queue.clone(), "x"))

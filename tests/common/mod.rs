@@ -1262,6 +1262,22 @@ pub async fn converged(env: &TestEnv, n: usize) -> bool {
     })
 }
 
+/// Checks `holds` every 50 ms until it does (true) or `timeout` has passed
+/// (false) — for what a worker's log or output will show, such as a line
+/// it writes once the commit it reports has already been seen by others.
+pub async fn eventually(timeout: Duration, mut holds: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if holds() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until `converged(n)`; returns how long it took.
 pub async fn wait_converged(env: &TestEnv, n: usize, timeout: Duration) -> Duration {
     let start = Instant::now();
