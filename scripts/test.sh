@@ -6,8 +6,17 @@
 # OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 / OUTBOXD_LONG_SOAK=1 run the
 # long scenarios; `scripts/test.sh --run-ignored only -E 'binary(upgrade)'`
 # the rolling upgrade from the previous release (it builds that release).
+# `scripts/test.sh --prepare` only installs and starts what the tests need
+# (CI runs it beside the lints' build: on a fresh machine it is minutes of
+# downloads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+prepare_only=false
+if [ "${1:-}" = --prepare ]; then
+  prepare_only=true
+  shift
+fi
 
 eval "$(bash scripts/services.sh up)"
 
@@ -36,6 +45,7 @@ fi
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
   (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error >&2)
 fi
+[ "$prepare_only" = false ] || exit 0
 
 # Test hosts left behind by a run that was killed (a passing or failing test
 # removes its own).
