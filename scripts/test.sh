@@ -54,6 +54,11 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^oxsvc_' || tru
   ip netns pids "$ns" | xargs -r kill -KILL
   ip netns del "$ns"
 done
+# The small disks (tmpfs) the fault tests fill, left mounted by a killed run:
+# each holds up to a GiB of memory.
+for disk in $(awk -v under="$OUTBOXD_STATE_DIR/disk-" 'index($2, under) == 1 { print $2 }' /proc/mounts); do
+  umount -l "$disk" && rmdir "$disk" || true
+done
 
 # Each test creates its own database named t_<random>; drop those of earlier runs.
 pg_bin=${OUTBOXD_PG_BIN:-/usr/lib/postgresql/15/bin}
