@@ -824,8 +824,8 @@ impl Bench {
 
     /// Section 2. With `OUTBOXD_BENCH_BASELINE_BIN`, each worker's figures
     /// are measured again right after on that build (its rows and JSON keys
-    /// say so): the trickle's tail is where a regression hid for twenty
-    /// sessions (BENCHMARKS.md, session 48).
+    /// say so): a trickle's tail has no target the relay meets, so only a
+    /// baseline shows it getting worse (BENCHMARKS.md, session 48).
     async fn latency(&mut self) {
         let builds = builds();
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
