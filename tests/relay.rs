@@ -1393,6 +1393,8 @@ async fn a_worker_whose_stdout_is_not_read_relays_and_stops_on_sigterm() {
     // within seconds.
     let mut worker =
         env.spawn_worker_with_unread_stdout(&["--no-leasing", "--json", "--interval-ms", "10"]);
+    // Waited for, not asserted here: the warning is asserted after the
+    // drain (a pipe not yet full when the rows arrive fills during it).
     let unread = || worker.log_text().contains("stdout is not being read");
     eventually(Duration::from_secs(10), unread).await;
     for i in 0..500 {
