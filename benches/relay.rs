@@ -822,6 +822,27 @@ impl Bench {
         json!({ "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max) })
     }
 
+    /// [`Bench::trickle_row`] at 50 and then 500 msg/s through `db_url`'s
+    /// worker: rows named `commit-to-queue latency{what} at {rate} msg/s`,
+    /// JSON entries `key(rate)`.
+    async fn trickle_rates(
+        &mut self,
+        (db_url, queue, over): (&str, &str, Duration),
+        what: &str,
+        note: &str,
+        key: impl Fn(u64) -> String,
+        out: &mut serde_json::Map<String, Value>,
+    ) {
+        for rate in [50u64, 500] {
+            let measure =
+                format!("commit-to-queue latency{what} at {rate} msg/s (p50 / p99 / max)");
+            let figures = self
+                .trickle_row(db_url, queue, (rate, over), &measure, note)
+                .await;
+            out.insert(key(rate), figures);
+        }
+    }
+
     /// Section 2. With `OUTBOXD_BENCH_BASELINE_BIN`, each worker's figures
     /// are measured again right after on that build (its rows and JSON keys
     /// say so): a trickle's tail has no target the relay meets, so only a
@@ -836,16 +857,14 @@ impl Bench {
         for build in &builds {
             let mut worker = spawn_bin(&build.bin, &config, &["--silent"], &[]);
             tokio::time::sleep(Duration::from_secs(2)).await;
-            for rate in [50u64, 500] {
-                let measure = format!(
-                    "commit-to-queue latency at {rate} msg/s{} (p50 / p99 / max)",
-                    build.label
-                );
-                let figures = self
-                    .trickle_row(&db_url, queue, (rate, over), &measure, "target p99 <= 5 ms")
-                    .await;
-                out.insert(format!("{rate}{}", build.key), figures);
-            }
+            self.trickle_rates(
+                (&db_url, queue, over),
+                &build.label,
+                "target p99 <= 5 ms",
+                |rate| format!("{rate}{}", build.key),
+                &mut out,
+            )
+            .await;
             terminate(&mut worker);
         }
 
@@ -893,26 +912,22 @@ impl Bench {
                 format!("mariadb_idle_cpu_probe_{probe}{}", build.key),
                 json!({ "share_of_a_core": idle_cpu }),
             );
-            for rate in [50u64, 500] {
-                let measure = format!(
-                    "commit-to-queue latency on MariaDB (polling, probe_interval {probe}){} at {rate} msg/s (p50 / p99 / max)",
+            let (note, off) = if baseline {
+                ("baseline: polls only", "_probe_off")
+            } else {
+                ("target p99 <= 5 ms", "")
+            };
+            self.trickle_rates(
+                (&my_url, queue, over),
+                &format!(
+                    " on MariaDB (polling, probe_interval {probe}){}",
                     build.label
-                );
-                let note = if baseline {
-                    "baseline: polls only"
-                } else {
-                    "target p99 <= 5 ms"
-                };
-                let figures = self
-                    .trickle_row(&my_url, queue, (rate, over), &measure, note)
-                    .await;
-                let key = if baseline {
-                    format!("mariadb_{rate}_probe_off{}", build.key)
-                } else {
-                    format!("mariadb_{rate}{}", build.key)
-                };
-                out.insert(key, figures);
-            }
+                ),
+                note,
+                |rate| format!("mariadb_{rate}{off}{}", build.key),
+                &mut out,
+            )
+            .await;
             terminate(&mut my_worker);
         }
         my_store.close().await;
@@ -926,22 +941,14 @@ impl Bench {
         for build in &builds {
             let mut lite_worker = spawn_bin(&build.bin, &lite_config, &["--silent"], &[]);
             tokio::time::sleep(Duration::from_secs(2)).await;
-            for rate in [50u64, 500] {
-                let measure = format!(
-                    "commit-to-queue latency on SQLite (polling and probe){} at {rate} msg/s (p50 / p99 / max)",
-                    build.label
-                );
-                let figures = self
-                    .trickle_row(
-                        &lite_url,
-                        queue,
-                        (rate, over),
-                        &measure,
-                        "target p99 <= 10 ms",
-                    )
-                    .await;
-                out.insert(format!("sqlite_{rate}{}", build.key), figures);
-            }
+            self.trickle_rates(
+                (&lite_url, queue, over),
+                &format!(" on SQLite (polling and probe){}", build.label),
+                "target p99 <= 10 ms",
+                |rate| format!("sqlite_{rate}{}", build.key),
+                &mut out,
+            )
+            .await;
             terminate(&mut lite_worker);
         }
         lite_store.close().await;
