@@ -11,7 +11,7 @@
 //                  without a reload or a click)
 // Prints one JSON line of observations; exits non-zero on the first failed check.
 import { writeFileSync } from "node:fs";
-import { check, launch } from "./common.mjs";
+import { check, launch, PATIENCE } from "./common.mjs";
 
 const url = process.env.DASH_URL;
 const expect = JSON.parse(process.env.DASH_EXPECT);
@@ -23,7 +23,7 @@ try {
   page.on("framenavigated", (f) => { if (f === page.mainFrame()) navigations += 1; });
   const dialogs = [];
   page.on("dialog", async (d) => { dialogs.push(d.message()); await d.accept(); });
-  page.setDefaultTimeout(20000);
+  page.setDefaultTimeout(PATIENCE);
 
   const opened = Date.now();
   const summary = page.waitForResponse((r) => r.url().includes("/api/summary"));
@@ -106,7 +106,7 @@ try {
     process.kill(Number(process.env.DASH_STOP_PID), "SIGTERM");
     await page.waitForFunction(([buckets, gone, old]) => buckets.every((b) =>
       [...document.querySelectorAll(`#timeline rect.ev[data-action="acquire"][data-bucket="${b}"]`)]
-        .some((r) => r.dataset.worker !== gone && !old.includes(`${b}@${r.dataset.at}`))), [theirs, stopped, earlier], { timeout: 30000 });
+        .some((r) => r.dataset.worker !== gone && !old.includes(`${b}@${r.dataset.at}`))), [theirs, stopped, earlier]);
     await page.waitForFunction(([buckets, gone]) => buckets.every((b) =>
       [...document.querySelectorAll(`#timeline rect.ev[data-action="release"][data-bucket="${b}"]`)].some((r) => r.dataset.worker === gone)), [theirs, stopped]);
     check(navigations === stoppedAt, "the page reloaded");
@@ -123,7 +123,7 @@ try {
   if (process.env.DASH_SIGNAL) {
     const beforeLater = navigations;
     writeFileSync(process.env.DASH_SIGNAL, "failed tab open\n");
-    await page.waitForFunction(() => [...document.querySelectorAll("#messages tbody tr[data-id]")].some((tr) => tr.children[2].textContent === "parked-later"), null, { timeout: 40000 });
+    await page.waitForFunction(() => [...document.querySelectorAll("#messages tbody tr[data-id]")].some((tr) => tr.children[2].textContent === "parked-later"));
     check(navigations === beforeLater, "the page reloaded");
     seen.parked_later_shown = true;
   }

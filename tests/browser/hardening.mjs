@@ -14,7 +14,7 @@
 //   FRAME_URL   a page on another port with <iframe src=DASH_URL>
 //   SESSION_TTL_MS the dashboard's session_ttl
 // Prints one JSON line of observations; exits non-zero on the first failed check.
-import { check, launch } from "./common.mjs";
+import { check, launch, PATIENCE } from "./common.mjs";
 
 const { DASH_URL: url, DASH_TOKEN: token, FRAME_URL: frameUrl, SESSION_TTL_MS: ttl } = process.env;
 const browser = await launch();
@@ -27,7 +27,7 @@ try {
       window.__violations.push(`${e.violatedDirective}: ${e.blockedURI}`));
   });
   const page = await context.newPage();
-  page.setDefaultTimeout(20000);
+  page.setDefaultTimeout(PATIENCE);
   const consoleErrors = [];
   page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") consoleErrors.push(m.text()); });
   page.on("pageerror", (e) => consoleErrors.push(String(e)));

@@ -10,14 +10,14 @@
 //                never `secret` }
 // Prints "ready" once every source shows healthy with a live worker, then
 // one JSON line of observations; exits non-zero on the first failed check.
-import { check, fail, launch } from "./common.mjs";
+import { check, fail, launch, PATIENCE } from "./common.mjs";
 
 const expect = JSON.parse(process.env.DASH_EXPECT);
 const browser = await launch();
 const seen = {};
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-  page.setDefaultTimeout(30000);
+  page.setDefaultTimeout(PATIENCE);
   await page.goto(process.env.DASH_URL);
   const row = (name) => `#sources tbody tr[data-source="${name}"]`;
 

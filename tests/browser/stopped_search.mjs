@@ -11,13 +11,13 @@
 //                created DASH_SIGNAL.locked
 // Prints one JSON line of observations; exits non-zero on the first failed check.
 import { existsSync, writeFileSync } from "node:fs";
-import { check, launch } from "./common.mjs";
+import { check, launch, PATIENCE } from "./common.mjs";
 
 const { DASH_URL: url, DASH_KEY: key, DASH_SIGNAL: signal } = process.env;
 const browser = await launch();
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
-  page.setDefaultTimeout(20000);
+  page.setDefaultTimeout(PATIENCE);
   await page.goto(url);
   await page.waitForSelector("#messages tbody tr");
   // A slow answer must not overwrite the view chosen after it: the Published

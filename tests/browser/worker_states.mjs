@@ -6,14 +6,14 @@
 //   DASH_EXPECT  JSON: { names: {id: name}, blocked: id, publishing: id,
 //                retryAt: the blocked head's available_at (ISO) }
 // Prints one JSON line of observations; exits non-zero on the first failed check.
-import { check, launch } from "./common.mjs";
+import { check, launch, PATIENCE } from "./common.mjs";
 
 const expect = JSON.parse(process.env.DASH_EXPECT);
 const browser = await launch();
 const seen = {};
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
-  page.setDefaultTimeout(20000);
+  page.setDefaultTimeout(PATIENCE);
   await page.goto(process.env.DASH_URL);
   const row = (id) => `#workers tbody tr[data-worker="${id}"]`;
   await page.waitForSelector(row(expect.blocked));
