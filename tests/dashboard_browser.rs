@@ -29,6 +29,11 @@ use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
 use outboxd::producer::Message;
 
+/// How long a wait for the fleet or the page to get where a test needs it
+/// lasts: the browser scripts' `PATIENCE` (`tests/browser/common.mjs`), for
+/// the same reason — these tests run beside others on a 2-core machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+
 fn prerequisites() -> (String, std::path::PathBuf) {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let script = repo_dir().join("tests/browser/dashboard.mjs");
@@ -72,7 +77,7 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     let base = wait_for_dashboard_url(&workers[0]);
 
     // The fleet settles and the unroutable message is parked.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     loop {
         let live = live(&env).await;
         let leases = leases(&env).await;
@@ -231,7 +236,7 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
     let plain_name = format!("{}:{}", host.trim(), workers[1].pid());
 
     // Each holds one bucket.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     let (blocked_bucket, open_bucket) = loop {
         let leases = leases(&env).await;
         let owner = |b: usize| leases[b].lease_owner.filter(|_| leases[b].valid);
@@ -380,7 +385,7 @@ async fn the_page_says_why_a_published_key_search_was_stopped() {
         .spawn()
         .unwrap();
     let ready = signal.with_extension("ready");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     while !ready.exists() && browser.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "the page never got ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -601,7 +606,7 @@ async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_he
             })
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     let (rows, metrics) = loop {
         let rows = http("GET", &format!("{base}/outbox/api/sources"), &[], None)
             .await
