@@ -38,7 +38,9 @@
 //!    threads (and, apart, the whole database server, background work
 //!    included), from `/proc`, over the drain, divided by the
 //!    messages; RabbitMQ's CPU per message beside it, for the ceiling and
-//!    the relay. On PostgreSQL and on MariaDB (shared cores and the hot
+//!    the relay, and the bare publisher's own (this process's CPU while it
+//!    publishes the ceiling: lapin's share of a message, the worker's
+//!    floor). On PostgreSQL and on MariaDB (shared cores and the hot
 //!    key; MariaDB is not pinned: it stalled so once;
 //!    `OUTBOXD_BENCH_PRODUCTION_ONLY=postgresql|mariadb` for one backend's
 //!    figures). `--repeat N` measures
@@ -714,7 +716,7 @@ impl Bench {
     /// The same messages, the same window (16 channels, 100 in flight each,
     /// confirms awaited per batch), no database.
     async fn ceiling(&self, queue: &str, n: usize) -> f64 {
-        self.ceiling_with(queue, n, KEYS, 16, 100).await
+        self.ceiling_with(queue, n, KEYS, 16, 100).await.rate
     }
 
     /// A bare publisher: `channels` confirm channels, `window` messages in
@@ -729,7 +731,7 @@ impl Bench {
         keys: usize,
         channels: usize,
         window: usize,
-    ) -> f64 {
+    ) -> Ceiling {
         self.declare_purged(queue).await;
         let conn = Arc::new(
             Connection::connect(&self.amqp_url, ConnectionProperties::default())
@@ -757,6 +759,7 @@ impl Bench {
             messages[i % channels].push(message_properties(&row, Some(1)).unwrap());
         }
         let start = Instant::now();
+        let cpu_before = own_cpu_ticks();
         let mut tasks = Vec::new();
         for mine in messages {
             let (conn, queue) = (conn.clone(), queue.to_string());
@@ -796,8 +799,9 @@ impl Bench {
             t.await.unwrap();
         }
         let rate = n as f64 / start.elapsed().as_secs_f64();
+        let publisher_us = us_per_message(own_cpu_ticks().saturating_sub(cpu_before), n);
         self.declare_purged(queue).await;
-        rate
+        Ceiling { rate, publisher_us }
     }
 
     // ---------------------------------------------------------------- 2
@@ -1277,6 +1281,7 @@ impl Bench {
             let median = median(&pairs);
             let Pair {
                 ceiling,
+                ceiling_publisher_us,
                 ceiling_broker_us,
                 ceiling_consumer_us,
                 ref run,
@@ -1339,6 +1344,11 @@ impl Bench {
                 String::new(),
             );
             self.row(
+                &format!("{name}: the bare publisher's CPU per message (the ceiling's)"),
+                format!("{ceiling_publisher_us:.0} µs"),
+                format!("against the worker's {:.0} µs", run.worker_us),
+            );
+            self.row(
                 &format!("{name}: the consumer's CPU per message, ceiling / relay"),
                 format!("{ceiling_consumer_us:.0} / {consumer_us:.0} µs"),
                 String::new(),
@@ -1349,7 +1359,7 @@ impl Bench {
                         "cpu_us_per_msg_broker_ceiling": ceiling_broker_us, "cpu_us_per_msg_broker_relay": run.broker_us,
                         "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
                         "cpu_us_per_msg_database": run.database_us,
-                        "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_consumer_relay": consumer_us,
+                        "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_publisher_ceiling": ceiling_publisher_us, "cpu_us_per_msg_consumer_relay": consumer_us,
                         "ratio_of_each_run": each_ratio(&pairs) }),
             );
             if pinned {
@@ -1407,7 +1417,10 @@ impl Bench {
             let consumer = Drain::start(queue);
             let broker_before = broker_cpu_ticks();
             let consumer_before = consumer.cpu_ticks();
-            let ceiling = self.ceiling_with(queue, n, keys, channels, 100).await;
+            let Ceiling {
+                rate: ceiling,
+                publisher_us: ceiling_publisher_us,
+            } = self.ceiling_with(queue, n, keys, channels, 100).await;
             let ceiling_broker_us =
                 us_per_message(broker_cpu_ticks().saturating_sub(broker_before), n);
             let consumer_before_relay = consumer.cpu_ticks();
@@ -1424,6 +1437,7 @@ impl Bench {
             store.close().await;
             let pair = Pair {
                 ceiling,
+                ceiling_publisher_us,
                 ceiling_broker_us,
                 ceiling_consumer_us,
                 run,
@@ -1642,9 +1656,18 @@ struct Measured {
     broker_us: f64,
 }
 
+/// A bare publisher's run: its rate, and the harness's own CPU per
+/// message while it published (what lapin spends on a message with
+/// nothing else to do).
+struct Ceiling {
+    rate: f64,
+    publisher_us: f64,
+}
+
 /// One ceiling and the relay drain measured right after it.
 struct Pair {
     ceiling: f64,
+    ceiling_publisher_us: f64,
     ceiling_broker_us: f64,
     ceiling_consumer_us: f64,
     run: Measured,
@@ -1956,6 +1979,11 @@ fn postmaster_children_ticks() -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
     Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
+}
+
+/// The harness's own CPU (every thread), in clock ticks.
+fn own_cpu_ticks() -> u64 {
+    stat_ticks("/proc/self/stat").unwrap_or(0)
 }
 
 /// CPU of the services' RabbitMQ VM (every thread), in clock ticks; 0

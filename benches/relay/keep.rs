@@ -61,7 +61,7 @@ impl Bench {
         let mut runs = Vec::new();
         for round in 0..rounds {
             let consumer = Drain::start(queue);
-            let ceiling = self.ceiling_with(queue, n, KEYS, 16, 100).await;
+            let ceiling = self.ceiling_with(queue, n, KEYS, 16, 100).await.rate;
             let arms = arms();
             let mut measured: Vec<Option<Measured>> = arms.iter().map(|_| None).collect();
             for i in 0..arms.len() {
