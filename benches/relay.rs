@@ -241,6 +241,9 @@ async fn main() {
         serde_json::to_string_pretty(&Value::Object(b.results)).unwrap(),
     )
     .unwrap();
+    // The run's configuration files (and SQLite's databases, each dropped
+    // already); a run that panicked leaves them for a look.
+    std::fs::remove_dir_all(&b.dir).ok();
     println!("\nresults written to {out}");
 }
 
