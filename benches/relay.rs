@@ -762,7 +762,7 @@ impl Bench {
             messages[i % channels].push(message_properties(&row, Some(1)).unwrap());
         }
         let start = Instant::now();
-        let cpu_before = own_cpu_ticks();
+        let cpu_before = cpu_ticks(std::process::id()).unwrap_or(0);
         let mut tasks = Vec::new();
         for mine in messages {
             let (conn, queue) = (conn.clone(), queue.to_string());
@@ -802,7 +802,12 @@ impl Bench {
             t.await.unwrap();
         }
         let rate = n as f64 / start.elapsed().as_secs_f64();
-        let publisher_us = us_per_message(own_cpu_ticks().saturating_sub(cpu_before), n);
+        let publisher_us = us_per_message(
+            cpu_ticks(std::process::id())
+                .unwrap_or(0)
+                .saturating_sub(cpu_before),
+            n,
+        );
         self.declare_purged(queue).await;
         Ceiling { rate, publisher_us }
     }
@@ -1982,11 +1987,6 @@ fn postmaster_children_ticks() -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
     Some(fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?)
-}
-
-/// The harness's own CPU (every thread), in clock ticks.
-fn own_cpu_ticks() -> u64 {
-    stat_ticks("/proc/self/stat").unwrap_or(0)
 }
 
 /// CPU of the services' RabbitMQ VM (every thread), in clock ticks; 0
