@@ -49,7 +49,7 @@
 //!    `--quick`, each figure's first pair is a warm-up, printed and not
 //!    counted.
 //!
-//! `--published-key-index` gives every PostgreSQL database README's key
+//! `--published-key-index` gives every PostgreSQL database the book's key
 //! index over every row (*Searching published messages by key*, its own
 //! statements) right after migrating: the schema before migration 0013.
 //!
@@ -132,7 +132,7 @@ struct Bench {
     quick: bool,
     /// How many ceiling/relay pairs section 7 measures per figure.
     repeat: usize,
-    /// `--published-key-index`: PostgreSQL databases get README's key
+    /// `--published-key-index`: PostgreSQL databases get the book's key
     /// index over every row (*Searching published messages by key*).
     published_key_index: bool,
     results: serde_json::Map<String, Value>,
@@ -192,7 +192,7 @@ async fn main() {
     };
     b.results.insert("machine".into(), machine());
     let key_index = if published_key_index {
-        "every row (README, Searching published messages by key)"
+        "every row (docs/operations.md, Searching published messages by key)"
     } else {
         "unpublished rows only (the schema's own)"
     };
@@ -858,7 +858,7 @@ impl Bench {
     /// Section 2. With `OUTBOXD_BENCH_BASELINE_BIN`, each worker's figures
     /// are measured again right after on that build (its rows and JSON keys
     /// say so): a trickle's tail has no target the relay meets, so only a
-    /// baseline shows it getting worse (BENCHMARKS.md, session 48).
+    /// baseline shows it getting worse.
     async fn latency(&mut self) {
         let builds = builds();
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
@@ -1408,7 +1408,7 @@ impl Bench {
     /// relay alternate, so a slow spell of the machine falls on both.
     /// Unless `--quick`, a first pair warms up and is printed, not
     /// counted: the first ceiling of a setting ran 6–10 % faster than the
-    /// later ones in every run of sessions 40–42 (a queue and broker not
+    /// later ones in every run measured (a queue and broker not
     /// yet through a relay's drain), while the relay did not move.
     async fn pairs(
         &self,
@@ -1641,7 +1641,7 @@ impl Backend {
         }
     }
 
-    /// Issue 30's bound on the relay-side CPU per message (the worker and
+    /// The bound on the relay-side CPU per message (the worker and
     /// its database connections) as a share of RabbitMQ's.
     fn cpu_target(self) -> f64 {
         match self {

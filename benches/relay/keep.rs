@@ -1,6 +1,6 @@
 //! Section 13 (`--only keep`): published rows deleted by their record
 //! (`outbox.keep_published = false`) against kept with `published_at` (the
-//! default), issue 30 point 2. Per backend (PostgreSQL, MariaDB) and per
+//! default). Per backend (PostgreSQL, MariaDB) and per
 //! round: the ceiling (section 7's, 16 channels × 100 in flight, a
 //! consumer process draining the queue throughout), then one worker
 //! draining the same seeded backlog (100,000 rows of 256 B over 5,000
@@ -13,7 +13,7 @@
 //! included — autovacuum workers come and go —, or every thread of the
 //! MariaDB server), and of RabbitMQ; and the relay-side CPU (the worker and
 //! its backends or connection threads) as a share of RabbitMQ's CPU in the
-//! same drain — issue 30's targets: ≤ 0.35 × on PostgreSQL, ≤ 0.5 × on
+//! same drain — the targets: ≤ 0.35 × on PostgreSQL, ≤ 0.5 × on
 //! MariaDB.
 
 use serde_json::{Value, json};

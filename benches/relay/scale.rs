@@ -1,10 +1,10 @@
-//! Section 12 (`--only scale`): how the fleet's own cost grows with it
-//! (issue 30). Real `outboxd work` processes, each with its own pools and
+//! Section 12 (`--only scale`): how the fleet's own cost grows with it.
+//! Real `outboxd work` processes, each with its own pools and
 //! broker connection, default settings (`lease_ttl` 15 s, `lease_renew`
 //! 6 s, `heartbeat_ttl` 20 s), no messages: 2 workers over 16 buckets, 16
 //! over 256 and 64 over 1,024 (`--quick`: the first two), on PostgreSQL
 //! (with `LISTEN`) and on MariaDB; and the largest fleet again with
-//! `database.max_connections = 3` (the README's advice for large fleets).
+//! `database.max_connections = 3` (the book's advice for large fleets, docs/fleet.md).
 //! Per fleet:
 //!
 //! - time to settle after a cold start (every worker started at once),

@@ -1,5 +1,5 @@
 //! Section 14 (`--only shapes`): the trickle in several shapes, stage by
-//! stage, issue 30 point 1. PostgreSQL with `LISTEN`, one idle worker, 50
+//! stage. PostgreSQL with `LISTEN`, one idle worker, 50
 //! and 500 msg/s; every message timed from just before its producer's
 //! `INSERT` to its delivery at the consumer (`relay/trickle.rs`).
 //!

@@ -1,4 +1,4 @@
-//! Section 10: one worker serving many sources (`[[source]]`, issue 29) —
+//! Section 10: one worker serving many sources (`[[source]]`) —
 //! 50 PostgreSQL databases on the one server (10 with `--quick`), each
 //! migrated and idle — against the same worker serving one of them (the
 //! baseline, same run), each measured after 45 s of settling. Per added idle source: memory (the worker's RSS),
@@ -90,7 +90,7 @@ impl Bench {
         let queue = "bench-sources";
         self.declare_purged(queue).await;
         // Once settled: the start-up burst of n pools can take every
-        // connection the server allows (BENCHMARKS.md, issue 29).
+        // connection the server allows (BENCHMARKS.md, section 10).
         let mut worker = self.spawn(&many_config, &["--silent"]);
         tokio::time::sleep(SETTLE).await;
         let target = &urls[n / 3];
@@ -218,7 +218,7 @@ impl Bench {
         );
     }
 
-    /// Reconfiguration under load (issue 29: an added source joined and
+    /// Reconfiguration under load (the target: an added source joined and
     /// draining, a removed one's leases released, each within 2 s): one
     /// worker drains a backlog on two sources; a third, with 200 rows
     /// waiting, is added to its file and SIGHUP sent, then removed and

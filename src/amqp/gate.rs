@@ -6,7 +6,7 @@
 //! the socket when the whole process stalled (SIGSTOP, a VM pause, a long
 //! swap): lapin's I/O loop writes them the moment the process runs again,
 //! before any code of ours runs — under a lease another worker may hold by
-//! then. (Seen: 1 run in ~8 of the SIGSTOP test, before this gate.)
+//! then. Without the gate the SIGSTOP test saw this in about 1 run in 8.
 //!
 //! The gate sits in the socket's write path. While a batch is being
 //! published under a lease, the batch *holds* the gate with that lease's

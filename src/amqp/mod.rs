@@ -76,7 +76,7 @@ const MAX_HEADER_DEPTH: usize = 16;
 /// own `frame_max`. lapin keeps a send and a receive buffer of 32 frames
 /// per connection, zeroed when allocated: at RabbitMQ's default 128 KiB
 /// that was 8 MiB per connection — most of what a source cost a worker
-/// (issue 29). At 16 KiB they are 1 MiB; a body longer than a frame is
+/// with many sources. At 16 KiB they are 1 MiB; a body longer than a frame is
 /// sent as several body frames, 8 bytes of framing each.
 pub const FRAME_MAX: u32 = 16 * 1024;
 
