@@ -45,6 +45,8 @@ install -D -m 0640 config/outboxd.toml "$stage/etc/outboxd/outboxd.toml"
 install -D -m 0640 packaging/default.env "$stage/etc/default/outboxd"
 install -D -m 0644 packaging/outboxd.service "$stage/lib/systemd/system/outboxd.service"
 install -D -m 0644 README.md "$stage/usr/share/doc/outboxd/README.md"
+# The book, so that the README's links resolve on the installed host too.
+for page in docs/*.md; do install -D -m 0644 "$page" "$stage/usr/share/doc/outboxd/$page"; done
 printf 'outboxd %s\nLicense: %s\n' "$version" \
   "$(sed -n 's/^license = "\(.*\)"$/\1/p' Cargo.toml)" > "$stage/usr/share/doc/outboxd/copyright"
 

@@ -6,7 +6,7 @@
 //! RabbitMQ with publisher confirms, in `id` order per bucket, at least
 //! once, and record what was published. The guarantees, the lease and fencing argument, the schema and
 //! what can still reorder are in `docs/DESIGN.md`; how to run it is in the
-//! README.
+//! book, `docs/`.
 //!
 //! # Layout
 //!

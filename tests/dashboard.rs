@@ -509,7 +509,7 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
 
 /// The schema's key index covers unpublished rows: the Pending and Failed
 /// views' searches use it, the Published view's reads the table; after
-/// README's *Searching published messages by key* the Published view's
+/// the book's *Searching published messages by key* the Published view's
 /// search uses that index. Each answer is checked against the table, and
 /// each use of an index by its scan count (one per search).
 #[tokio::test]
@@ -599,7 +599,7 @@ async fn every_key_search_answers_and_uses_its_index() {
             .await
             .iter()
             .any(|i| i == "outbox_message_key_idx"),
-        "README's statement made no outbox_message_key_idx"
+        "the book's statement made no outbox_message_key_idx"
     );
     env.db.exec("ANALYZE outbox").await;
     search("published", Some("outbox_message_key_idx")).await;

@@ -353,7 +353,7 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
 }
 
 /// A search of published messages by key reads the table (no index serves
-/// it unless README's is built) and is stopped after 5 s; the page must say
+/// it unless the book's is built) and is stopped after 5 s; the page must say
 /// so in place of the rows. A lock held on the table stands in for a table
 /// too large to scan (as in tests/dashboard.rs): taken once the page is up
 /// and the key typed in (tests/browser/stopped_search.mjs waits for it),

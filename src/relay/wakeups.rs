@@ -609,7 +609,7 @@ impl Wakeups {
                     error = %e,
                     "LISTEN received no test notification: it could not be sent. From now on \
                      {fallback}; if a pooler in transaction mode is in between, set \
-                     database.listen_url to a direct connection (see the README)"
+                     database.listen_url to a direct connection (see docs/postgresql.md)"
                 );
                 let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;
                 return;
@@ -629,7 +629,7 @@ impl Wakeups {
                             "LISTEN received no test notification within {}: something between \
                              this worker and the database (a pooler in transaction mode?) loses \
                              notifications. From now on {fallback}; set database.listen_url to \
-                             a direct connection (see the README)",
+                             a direct connection (see docs/postgresql.md)",
                             fmt_duration(SELF_CHECK)
                         );
                         let _ = tokio::time::timeout(SELF_CHECK, listener.stop()).await;

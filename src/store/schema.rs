@@ -129,6 +129,6 @@ pub fn partition_count_mismatch(recorded: u32, configured: u32) -> StoreError {
     StoreError::Config(format!(
         "outbox.partition_count is {configured} but the database has {recorded} buckets: \
          set partition_count = {recorded}, or change the database's count with \
-         `outboxd repartition --to {configured}` (see the README) — a worker with another count would break per-key order"
+         `outboxd repartition --to {configured}` (see docs/operations.md) — a worker with another count would break per-key order"
     ))
 }

@@ -381,13 +381,14 @@ impl OutboxSql {
 /// No index serves it by default (migration 0013): it reads the table,
 /// 0.1–0.3 s per million rows here, so the database stops it at this
 /// bound rather than let it load the primary for as long as the table is
-/// large. README, *Searching published messages by key*, gives the index
+/// large. The book's *Searching published messages by key* (docs/operations.md)
+/// gives the index
 /// that makes it a probe.
 const PUBLISHED_KEY_SEARCH_MS: u64 = 5_000;
 
 /// What the Published view's search by key says when it fails.
 const SEARCHING_PUBLISHED: &str = "searching published messages by key \
-     (a scan of the table without the index README's \"Searching published messages by key\" gives)";
+     (a scan of the table without the index of docs/operations.md, \"Searching published messages by key\")";
 
 /// Runs the Published view's search by key under
 /// [`PUBLISHED_KEY_SEARCH_MS`] (a `statement_timeout` local to its
