@@ -14,7 +14,7 @@ use crate::coordinator::housekeeping::Housekeeping;
 use crate::dashboard::api::{Summary, load_summary};
 use crate::partitioner::Partitioner;
 use crate::store::workers::WorkerView;
-use crate::store::{Store, schema};
+use crate::store::{HeadAction, Store, schema};
 
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
@@ -49,7 +49,25 @@ pub enum FailedCommand {
         #[arg(long)]
         all: bool,
     },
-    /// Delete parked messages for good (recorded in the audit table)
+    /// Park blocked heads: the rest of their buckets goes on without them
+    /// (recorded in the audit table); then requeue or drop them
+    Park {
+        /// Message ids (a blocked bucket's head: `outboxd failed list`)
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Why, for the audit record
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Retry blocked heads now instead of at their retry time (recorded in
+    /// the audit table)
+    Retry {
+        /// Message ids (a blocked bucket's head: `outboxd failed list`)
+        #[arg(required = true)]
+        ids: Vec<i64>,
+    },
+    /// Delete parked messages or blocked heads for good (recorded in the
+    /// audit table)
     Drop {
         /// Message ids
         #[arg(required = true)]
@@ -382,7 +400,10 @@ fn print_status(s: &Summary) {
     for b in &s.partitions {
         let owned = b.lease_owner.is_some() && b.lease_ttl_seconds.is_some_and(|t| t > 0.0);
         let status = match (&b.head_error, owned, b.pending) {
-            (Some(e), _, _) => format!("BLOCKED: {e}"),
+            (Some(e), _, _) => match b.head_id {
+                Some(id) => format!("BLOCKED at #{id}: {e}"),
+                None => format!("BLOCKED: {e}"),
+            },
             (None, false, n) if n > 0 => "unowned".into(),
             (None, _, n) if n > 0 => "draining".into(),
             _ => "idle".into(),
@@ -457,6 +478,32 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                     );
                 }
                 say!("{} parked message(s)", rows.len());
+                let summary = load_summary(&store, p.count()).await?;
+                let blocked: Vec<_> = summary
+                    .partitions
+                    .iter()
+                    .filter(|b| {
+                        b.head_error.is_some()
+                            && bucket.as_ref().is_none_or(|x| *x == b.partition_key)
+                    })
+                    .collect();
+                if !blocked.is_empty() {
+                    say!(
+                        "\n{:>10} {:<7} {:>8}  BLOCKED HEAD: ITS ERROR (outboxd failed park|retry|drop ID)",
+                        "ID",
+                        "BUCKET",
+                        "ATTEMPTS"
+                    );
+                    for b in blocked {
+                        say!(
+                            "{:>10} {:<7} {:>8}  {}",
+                            b.head_id.map_or("-".into(), |id| id.to_string()),
+                            b.partition_key,
+                            b.head_attempts.unwrap_or(0),
+                            b.head_error.as_deref().unwrap_or("")
+                        );
+                    }
+                }
             }
         }
         FailedCommand::Requeue { ids, bucket, all } => {
@@ -476,6 +523,21 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
             );
             let done = store.requeue(ids, &buckets, *all, &actor()).await?;
             say!("requeued {} message(s): {:?}", done.len(), done);
+            not_all_done(ids, &done, "requeued (not parked, or no such id)")?;
+        }
+        FailedCommand::Park { ids, reason } => {
+            let done = store
+                .act_on_heads(ids, HeadAction::Park, &actor(), reason)
+                .await?;
+            say!("parked {} message(s): {:?}", done.len(), done);
+            not_all_done(ids, &done, NOT_A_BLOCKED_HEAD)?;
+        }
+        FailedCommand::Retry { ids } => {
+            let done = store
+                .act_on_heads(ids, HeadAction::Retry, &actor(), "")
+                .await?;
+            say!("retrying {} message(s) now: {:?}", done.len(), done);
+            not_all_done(ids, &done, NOT_A_BLOCKED_HEAD)?;
         }
         FailedCommand::Drop { ids, yes, reason } => {
             if !yes {
@@ -485,12 +547,30 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                 std::process::exit(2);
             }
             let done = store.drop_parked(ids, &actor(), reason).await?;
-            let skipped: Vec<i64> = ids.iter().filter(|i| !done.contains(i)).copied().collect();
             say!("dropped {} message(s): {:?}", done.len(), done);
-            if !skipped.is_empty() {
-                say!("not dropped (not parked, or no such id): {skipped:?}");
-            }
+            not_all_done(
+                ids,
+                &done,
+                "dropped (neither parked nor a blocked head waiting for its retry, or no such id)",
+            )?;
         }
     }
+    Ok(())
+}
+
+/// Why `failed park` or `failed retry` left a row alone.
+const NOT_A_BLOCKED_HEAD: &str = "changed (not a blocked head waiting for its retry: \
+     a pending row that never failed, one being retried right now, a parked or published \
+     row, or no such id)";
+
+/// An error naming the listed ids an action left alone, if any: an
+/// operator's command that did not do all it was asked fails.
+fn not_all_done(asked: &[i64], done: &[i64], not: &str) -> anyhow::Result<()> {
+    let left: Vec<i64> = asked
+        .iter()
+        .filter(|i| !done.contains(i))
+        .copied()
+        .collect();
+    anyhow::ensure!(left.is_empty(), "not {not}: {left:?}");
     Ok(())
 }

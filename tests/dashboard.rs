@@ -352,6 +352,55 @@ async fn every_endpoint_answers_what_the_database_holds(db: Db) {
     ] {
         assert!(!body.contains(SECRET), "a password leaked");
     }
+
+    // A blocked head: retried now from the page's API, audited; a row that
+    // is not one is refused with 409, an unknown action with 400.
+    let act = |body: String| {
+        let url = format!("{api}/head");
+        async move {
+            http(
+                "POST",
+                &url,
+                &[
+                    ("Content-Type", "application/json"),
+                    ("X-Outboxd-Action", "1"),
+                ],
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let never_failed = *f.pending.iter().find(|&&id| id != f.blocked_head).unwrap();
+    let r = act(format!("{{\"id\":{never_failed},\"action\":\"park\"}}")).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("not a blocked head"), "{}", r.body);
+    let r = act(format!(
+        "{{\"id\":{},\"action\":\"explode\"}}",
+        f.blocked_head
+    ))
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = act(format!(
+        "{{\"id\":{},\"action\":\"retry\"}}",
+        f.blocked_head
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["done"], serde_json::json!([f.blocked_head]));
+    assert_eq!(
+        env.count(&format!(
+            "id = {} AND available_at <= {} AND attempts = 2",
+            f.blocked_head,
+            env.db.now()
+        ))
+        .await,
+        1
+    );
+    let audited: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_audit WHERE action = 'retry'")
+        .await;
+    assert_eq!(audited, 1);
     ui.signal("TERM");
     ui.wait(Duration::from_secs(10));
     assert!(

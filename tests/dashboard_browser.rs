@@ -206,7 +206,8 @@ on_every_db!(the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message
 /// blocked on a head the broker cannot route, retried in a minute), the
 /// other by host:pid (publishing a steady trickle). The blocked one shows
 /// the blocked state and the database's retry time, the other "publishing";
-/// neither "idle".
+/// neither "idle". Last, the blocked head is parked with its bucket's Park
+/// button, audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
     let (chromium, _) = prerequisites();
@@ -296,6 +297,7 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
         "blocked": named,
         "publishing": plain,
         "retryAt": retry_at.to_rfc3339(),
+        "blockedBucket": blocked_bucket,
     });
     let out = tokio::task::spawn_blocking(move || {
         Command::new("node")
@@ -317,6 +319,20 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
         workers[1].log_text()
     );
 
+    // Parked from the page, audited as the page's.
+    let parked: i64 = env
+        .db
+        .value(&format!(
+            "SELECT count(*) FROM outbox WHERE id = {head} AND failed_at IS NOT NULL"
+        ))
+        .await;
+    assert_eq!(parked, 1, "the head was not parked from the page");
+    let audited: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_audit WHERE action = 'park'")
+        .await;
+    assert_eq!(audited, 1);
+
     // `outboxd status`: the same names, as workers and as bucket owners.
     let status = env.command(&["status"]).output().unwrap();
     let text = String::from_utf8_lossy(&status.stdout);
@@ -331,8 +347,9 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
         .lines()
         .find(|l| l.starts_with(&blocked_bucket))
         .unwrap_or_else(|| panic!("{text}"));
+    // Its head is parked now (from the page): owned, no longer blocked.
     assert!(
-        line.contains("billing-blocked") && line.contains("BLOCKED"),
+        line.contains("billing-blocked") && !line.contains("BLOCKED"),
         "{line}"
     );
 

@@ -79,7 +79,10 @@ async fn status_prints_the_summary_as_text_and_json(db: Db) {
         "{text}"
     );
     let line = text.lines().find(|l| l.starts_with(&blocked)).unwrap();
-    assert!(line.ends_with("BLOCKED: boom"), "{line}");
+    assert!(
+        line.ends_with(&format!("BLOCKED at #{}: boom", ids[5])),
+        "{line}"
+    );
     // No worker has registered: one line says so, not an empty table.
     assert!(
         text.contains("\nno workers: none has registered (start one with `outboxd work`)\n"),
@@ -153,14 +156,19 @@ async fn drop_needs_yes_takes_only_parked_rows_and_is_audited(db: Db) {
             "bad payload",
         ],
     );
-    assert_ok(&out);
-    let text = stdout(&out);
+    // The parked row goes; the pending one is named, and the command fails.
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
-        text.contains("dropped 1 message(s)")
-            && text.contains(&format!(
-                "not dropped (not parked, or no such id): [{pending}]"
-            )),
-        "{text}"
+        stdout(&out).contains("dropped 1 message(s)"),
+        "{}",
+        stdout(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "not dropped (neither parked nor a blocked head waiting for its retry, or no such id): [{pending}]"
+        )),
+        "{err}"
     );
     assert_eq!(env.count(&format!("id = {parked}")).await, 0);
     assert_eq!(
@@ -177,6 +185,117 @@ async fn drop_needs_yes_takes_only_parked_rows_and_is_audited(db: Db) {
         detail["messages"][0]["id"].as_i64().unwrap(),
     );
     assert_eq!((reason.as_str(), dropped_id), ("bad payload", parked));
+}
+
+/// A row the broker cannot route, under the default `max_attempts = 0`,
+/// blocks its bucket: `outboxd failed list` names it, `failed retry` sends
+/// it again now (still unroutable), `failed park` lets the rest of its
+/// bucket go on with one command, audited; after a queue is there,
+/// A row that is not a blocked head (here a published and a parked one) is
+/// refused by `park` and `retry`, which exit 1 naming it.
+async fn a_blocked_head_is_unblocked_with_one_command(db: Db) {
+    let env = TestEnv::with(Tuning {
+        retry_backoff_initial: "60s",
+        retry_backoff: "60s",
+        ..Tuning::default().on(db)
+    })
+    .await;
+    let queue = unique("q");
+    let missing = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    // One key: its first message goes nowhere, the next one to the queue.
+    let head = env
+        .db
+        .enqueue(Message::new("order-9", "", missing.clone(), "1"))
+        .await;
+    let behind = env
+        .db
+        .enqueue(Message::new("order-9", "", queue.clone(), "2"))
+        .await;
+    let never_failed = env
+        .db
+        .enqueue(Message::new("k-other", "", queue.clone(), "3"))
+        .await;
+    let mut worker = env.spawn_worker(&["--no-leasing", "--silent"]);
+    env.wait_count(
+        &format!("id = {head} AND attempts = 1"),
+        1,
+        Duration::from_secs(20),
+    )
+    .await;
+    let bucket = env.partitioner().label_for("order-9");
+
+    let out = run(&env, &["failed", "list"]);
+    assert_ok(&out);
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{head} {bucket}")))
+        .unwrap_or_else(|| panic!("the blocked head is not listed:\n{text}"));
+    assert!(line.contains("unroutable"), "{line}");
+
+    // Retry now: sent again at once (a second attempt), not in a minute.
+    let out = run(&env, &["failed", "retry", &head.to_string()]);
+    assert_ok(&out);
+    env.wait_count(
+        &format!("id = {head} AND attempts = 2"),
+        1,
+        Duration::from_secs(20),
+    )
+    .await;
+
+    // Park: the row behind it goes out, the head waits for a decision.
+    let out = run(
+        &env,
+        &[
+            "failed",
+            "park",
+            &head.to_string(),
+            "--reason",
+            "no such queue yet",
+        ],
+    );
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("parked 1 message(s)"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        reader
+            .read_until(Duration::from_secs(20), |c| c.has(behind)
+                && c.has(never_failed))
+            .await
+            .unwrap(),
+        "the bucket did not resume after its head was parked"
+    );
+    let audit: serde_json::Value = env
+        .db
+        .value("SELECT detail FROM outbox_audit WHERE action = 'park'")
+        .await;
+    assert_eq!(audit["reason"], "no such queue yet");
+    assert_eq!(audit["messages"][0]["id"].as_i64(), Some(head));
+    let retried: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_audit WHERE action = 'retry'")
+        .await;
+    assert_eq!(retried, 1);
+
+    // Refused, named, exit 1: a published row and one that is parked now.
+    for action in [["failed", "park"], ["failed", "retry"]] {
+        let out = run(
+            &env,
+            &[action[0], action[1], &behind.to_string(), &head.to_string()],
+        );
+        assert_eq!(out.status.code(), Some(1), "{action:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not a blocked head waiting for its retry")
+                && err.contains(&format!("[{behind}, {head}]")),
+            "{action:?}: {err}"
+        );
+    }
+    assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
 async fn purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock(db: Db) {
@@ -531,6 +650,7 @@ on_every_db!(
     status_prints_the_summary_as_text_and_json,
     a_requeued_message_goes_out_before_the_later_pending_messages_of_its_bucket,
     drop_needs_yes_takes_only_parked_rows_and_is_audited,
+    a_blocked_head_is_unblocked_with_one_command,
     purge_deletes_only_published_rows_past_the_cut_off_and_respects_the_lock,
     repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing,
     a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it,

@@ -200,8 +200,17 @@ function renderWorkers(workers, parts) {
     </tr>`).join("") || `<tr><td colspan="9" class="muted">No workers.</td></tr>`;
 }
 
+// A blocked head's ways out, as `outboxd failed retry|park|drop`.
+function headActions(p) {
+  if (!p.head_id) return "";
+  return ` <span class="head-actions" data-id="${p.head_id}">` +
+    `<button class="head-act" data-action="retry">Retry now</button> ` +
+    `<button class="danger head-act" data-action="park">Park</button> ` +
+    `<button class="danger head-act" data-action="drop">Drop</button></span>`;
+}
+
 function bucketStatus(p) {
-  if (p.head_error) return `<span class="badge blocked" title="${esc(p.head_error)}">blocked</span> <span class="err">${esc(p.head_error)}</span>`;
+  if (p.head_error) return `<span class="badge blocked" title="${esc(p.head_error)}">blocked</span> <span class="err">${esc(p.head_error)}</span>${headActions(p)}`;
   const owned = p.lease_owner && p.lease_ttl_seconds > 0;
   if (!owned && p.pending > 0) return `<span class="badge unowned">unowned</span>`;
   return p.pending > 0 ? `<span class="badge ok">draining</span>` : `<span class="badge idle">idle</span>`;
@@ -338,6 +347,22 @@ async function requeue(payload, what) {
   await Promise.all([refresh(), loadMessages()]);
 }
 
+const HEAD_ACTIONS = {
+  retry: (id) => `Retry message ${id} now? It is sent again at once instead of at its retry time.`,
+  park: (id) => `Park message ${id}? The rest of its bucket goes on without it (later messages of its key overtake it); it waits in Failed for a requeue or a drop.`,
+  drop: (id) => `Drop message ${id} for good? It will never be published. This is recorded in the audit table.`,
+};
+
+async function actOnHead(id, action) {
+  if (!confirm(HEAD_ACTIONS[action](id))) return;
+  try {
+    await act("/head", { id, action });
+  } catch (e) {
+    alert(`${action} failed: ` + e.message);
+  }
+  await Promise.all([refresh(), loadMessages()]);
+}
+
 document.addEventListener("click", (ev) => {
   const t = ev.target;
   if (t.matches(".tabs button")) {
@@ -345,6 +370,8 @@ document.addEventListener("click", (ev) => {
     state.view = t.dataset.state; state.cursor = null; loadMessages();
   } else if (t.matches(".requeue-one")) {
     ev.stopPropagation(); requeue({ ids: [Number(t.dataset.id)] }, `message ${t.dataset.id}`);
+  } else if (t.matches(".head-act")) {
+    actOnHead(Number(t.closest(".head-actions").dataset.id), t.dataset.action);
   } else if (t.matches(".requeue-bucket")) {
     requeue({ bucket: t.dataset.bucket }, `every parked message of bucket ${t.dataset.bucket}`);
   } else if (t.closest("#messages tr.clickable")) {

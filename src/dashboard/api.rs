@@ -10,6 +10,7 @@
 //! | `GET api/messages/{id}` | one message: headers, payload preview, attempts, last error |
 //! | `GET api/lease-events?after=ID` or `?since_seconds=S` | lease changes, oldest first (after an event id, or of the last S seconds) |
 //! | `POST api/requeue` `{"ids":[…]}` or `{"bucket":"p03"}` | requeue parked messages |
+//! | `POST api/head` `{"id":N,"action":"retry"\|"park"\|"drop"}` | act on a blocked head (409 if it is not one waiting for its retry) |
 
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ use crate::store::outbox::{MessageState, MessageSummary};
 use crate::store::partitions::{BucketView, LeaseEvent};
 use crate::store::stats::{Minute, Second};
 use crate::store::workers::WorkerView;
-use crate::store::{Store, StoreError};
+use crate::store::{HeadAction, Store, StoreError};
 
 /// Pending and parked counts per bucket stop at this number ("10000+").
 pub const COUNT_CAP: i64 = 10_000;
@@ -264,6 +265,16 @@ pub struct RequeueRequest {
     pub bucket: Option<String>,
 }
 
+/// The credential the guard actually checked, not what else the request
+/// carries (a Bearer request with any session-like cookie).
+fn actor_of(caller: Option<axum::Extension<auth::Caller>>) -> String {
+    caller
+        .map(|axum::Extension(c)| c)
+        .unwrap_or(auth::Caller::Anonymous)
+        .actor()
+        .to_string()
+}
+
 pub async fn requeue(
     State(st): State<Arc<DashboardState>>,
     caller: Option<axum::Extension<auth::Caller>>,
@@ -273,14 +284,55 @@ pub async fn requeue(
     if req.ids.is_empty() && buckets.is_empty() {
         return Err(ApiError::BadRequest("give ids or a bucket".into()));
     }
-    // The credential the guard actually checked, not what else the
-    // request carries (a Bearer request with any session-like cookie).
-    let actor = caller
-        .map(|axum::Extension(c)| c)
-        .unwrap_or(auth::Caller::Anonymous)
-        .actor()
-        .to_string();
+    let actor = actor_of(caller);
     let requeued = st.store.requeue(&req.ids, &buckets, false, &actor).await?;
     tracing::info!(ids = ?requeued, buckets = ?buckets, actor, "requeued parked messages");
     Ok(Json(json!({ "requeued": requeued })))
+}
+
+/// What the page does to a blocked head.
+#[derive(Deserialize)]
+pub struct HeadRequest {
+    pub id: i64,
+    pub action: String,
+}
+
+/// Retries, parks or drops a blocked head — the same as `outboxd failed
+/// retry|park|drop`, audited with the caller — while it waits for its
+/// retry; 409 otherwise (it is being retried right now, or is no longer
+/// a blocked head).
+pub async fn head(
+    State(st): State<Arc<DashboardState>>,
+    caller: Option<axum::Extension<auth::Caller>>,
+    Json(req): Json<HeadRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let actor = actor_of(caller);
+    let reason = "from the dashboard";
+    let done = match req.action.as_str() {
+        "retry" => {
+            st.store
+                .act_on_heads(&[req.id], HeadAction::Retry, &actor, reason)
+                .await?
+        }
+        "park" => {
+            st.store
+                .act_on_heads(&[req.id], HeadAction::Park, &actor, reason)
+                .await?
+        }
+        "drop" => st.store.drop_parked(&[req.id], &actor, reason).await?,
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "action '{}' is none of retry, park, drop",
+                other.escape_default()
+            )));
+        }
+    };
+    if done.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "message {} is not a blocked head waiting for its retry (it may be being retried right now)",
+            req.id
+        )));
+    }
+    tracing::info!(id = req.id, action = %req.action, actor, "acted on a blocked head");
+    Ok(Json(json!({ "done": done, "action": req.action })))
 }

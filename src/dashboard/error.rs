@@ -13,6 +13,9 @@ pub enum ApiError {
     NotFound,
     #[error("{0}")]
     BadRequest(String),
+    /// The request is fine but the row is not in the state it needs.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{}", told(.0))]
     Store(#[from] StoreError),
 }
@@ -33,6 +36,7 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Store(e) => {
                 tracing::warn!(error = %e, "dashboard request failed");
                 StatusCode::SERVICE_UNAVAILABLE

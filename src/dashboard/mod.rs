@@ -155,7 +155,8 @@ fn pages(state: Arc<DashboardState>) -> Router {
         .route("/messages", get(api::messages))
         .route("/messages/{id}", get(api::message))
         .route("/lease-events", get(api::lease_events))
-        .route("/requeue", post(api::requeue));
+        .route("/requeue", post(api::requeue))
+        .route("/head", post(api::head));
     let pages = Router::new()
         .route("/", get(index))
         .route(

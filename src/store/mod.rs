@@ -64,7 +64,7 @@ use std::time::Duration;
 
 pub use lookups::{OutboxLookups, PartitionLookups};
 pub use notify::{Channel, Listener, Notification, NotifyStore};
-pub use outbox::{OutboxStore, ParkedStore};
+pub use outbox::{HeadAction, OutboxStore, ParkedStore};
 pub use partitions::PartitionStore;
 pub use repartition::RepartitionStore;
 pub use schema::SchemaStore;
@@ -158,6 +158,22 @@ impl Store {
         tables: &TablesConfig,
         application_name: &str,
     ) -> Result<Self, StoreError> {
+        let link = match BackendKind::of_url(&db.url) {
+            Some(BackendKind::MySql) => Some(crate::tls::Link::MySql),
+            Some(BackendKind::Sqlite) => None,
+            _ => Some(crate::tls::Link::Postgres),
+        };
+        for (key, url) in [
+            ("database.url", &db.url),
+            ("database.listen_url", &db.listen_url),
+        ] {
+            if let Some(link) = link
+                && !url.is_empty()
+            {
+                crate::tls::TlsFiles::check_url(link, url)
+                    .map_err(|e| StoreError::Config(format!("{key}: {e}")))?;
+            }
+        }
         let backend: Arc<dyn Backend> = match BackendKind::of_url(&db.url) {
             Some(BackendKind::MySql) => {
                 Arc::new(mysql::MySqlBackend::connect(db, tables, application_name).await?)
@@ -235,6 +251,10 @@ pub enum StoreError {
     },
     #[error("{0}")]
     Schema(String),
+    /// The schema is newer than this binary knows: only another binary
+    /// helps (exit code 3).
+    #[error("{0}")]
+    SchemaNewer(String),
     /// The configuration disagrees with the database (e.g. its bucket
     /// count): a configuration problem, exit code 2.
     #[error("{0}")]
@@ -258,9 +278,24 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Connect { .. } | StoreError::ConnectTimeout { .. } => true,
-            StoreError::Schema(_) | StoreError::Config(_) => false,
+            StoreError::Schema(_) | StoreError::SchemaNewer(_) | StoreError::Config(_) => false,
             StoreError::Query { source, .. } => is_transient(source),
             StoreError::Timeout { .. } => true,
+        }
+    }
+
+    /// True when starting again cannot succeed until an operator acts: the
+    /// database refused the login (a wrong user or password, SQLSTATE 28000
+    /// or 28P01; on PostgreSQL no such database, 3D000), or its schema is
+    /// newer than this binary knows.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StoreError::SchemaNewer(_) => true,
+            StoreError::Connect { cause, .. } => cause
+                .as_database_error()
+                .and_then(|db| db.code())
+                .is_some_and(|code| matches!(code.as_ref(), "28000" | "28P01" | "3D000")),
+            _ => false,
         }
     }
 }

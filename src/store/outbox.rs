@@ -353,6 +353,40 @@ pub trait ParkedStore {
         all: bool,
         actor: &str,
     ) -> Result<Vec<i64>, StoreError>;
+
+    /// Acts on the blocked heads among `ids` — pending rows that failed at
+    /// least once and wait for their retry — recording them with `actor`
+    /// and `reason` in the audit table; returns the ids acted on. A row
+    /// whose retry time has come is left alone: it may be in a batch, and
+    /// changing it could race the record of its publish. The buckets'
+    /// workers are woken.
+    async fn act_on_heads(
+        &self,
+        ids: &[i64],
+        action: HeadAction,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError>;
+}
+
+/// What an operator does to a blocked head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadAction {
+    /// Park it (`failed_at`): the rest of its bucket goes on without it,
+    /// and it waits for `requeue` or `drop`.
+    Park,
+    /// Retry it now instead of at its retry time, its attempts kept.
+    Retry,
+}
+
+impl HeadAction {
+    /// Its name in the audit table and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadAction::Park => "park",
+            HeadAction::Retry => "retry",
+        }
+    }
 }
 
 /// A dropped row, as the audit record keeps it (the backends that read

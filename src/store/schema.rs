@@ -113,7 +113,7 @@ pub async fn check_version(store: &Store) -> Result<(), StoreError> {
         )));
     }
     if let Some(newer) = applied.iter().find(|v| !known.contains(v)) {
-        return Err(StoreError::Schema(format!(
+        return Err(StoreError::SchemaNewer(format!(
             "the database schema (version {newer}) is newer than this outboxd knows (up to {latest}): upgrade outboxd"
         )));
     }

@@ -156,8 +156,9 @@ pub struct LeaseStepsSql {
 /// (`store::stepwise`), rendered as [`LeaseStepsSql`] is.
 #[derive(Debug)]
 pub struct OperatorStepsSql {
-    /// The listed rows that are parked, locked, as `Dropped` by id: ids.
-    pub parked: Sql,
+    /// The listed rows that may be dropped — parked rows and blocked heads
+    /// (see `blocked_heads`) — locked, as `Dropped` by id: ids.
+    pub droppable: Sql,
     /// Deletes the listed rows: ids.
     pub delete: Sql,
     /// The parked rows among the listed ids, in the listed buckets, or
@@ -172,6 +173,14 @@ pub struct OperatorStepsSql {
     /// An operator action in `<outbox>_audit`: actor, action, detail (JSON
     /// text).
     pub audit: Sql,
+    /// The listed rows that are blocked heads — pending, failed at least
+    /// once and waiting for their retry (so in no batch) — locked, as
+    /// `Dropped` by id: ids.
+    pub blocked_heads: Sql,
+    /// Parks the listed rows from now: ids.
+    pub park: Sql,
+    /// Makes the listed rows ready now (their attempts kept): ids.
+    pub retry: Sql,
 }
 
 /// Where a backend's new labels are computed.

@@ -4,7 +4,9 @@
 // other publishes. Input in the environment:
 //   DASH_URL     page URL
 //   DASH_EXPECT  JSON: { names: {id: name}, blocked: id, publishing: id,
-//                retryAt: the blocked head's available_at (ISO) }
+//                retryAt: the blocked head's available_at (ISO),
+//                blockedBucket: its bucket }
+// Last, the blocked head is parked with its bucket's Park button.
 // Prints one JSON line of observations; exits non-zero on the first failed check.
 import { check, launch, PATIENCE } from "./common.mjs";
 
@@ -42,6 +44,16 @@ try {
   // The bucket table names the owner the same way.
   const owners = await page.$$eval("#partitions tbody tr td:nth-child(2)", (tds) => tds.map((td) => td.textContent));
   check(owners.includes(expect.names[expect.blocked]) && owners.includes(expect.names[expect.publishing]), `bucket owners shown as ${owners}`);
+
+  // The blocked bucket offers the ways out; Park (confirmed) unblocks it.
+  const park = `#partitions tbody tr[data-bucket="${expect.blockedBucket}"] .head-act[data-action="park"]`;
+  for (const action of ["retry", "park", "drop"]) {
+    await page.waitForSelector(`#partitions tbody tr[data-bucket="${expect.blockedBucket}"] .head-act[data-action="${action}"]`);
+  }
+  page.on("dialog", (dialog) => dialog.accept());
+  await page.click(park);
+  await page.waitForFunction((sel) => !document.querySelector(sel), park);
+  seen.parked_from_the_page = true;
   console.log(JSON.stringify(seen));
 } finally {
   await browser.close();

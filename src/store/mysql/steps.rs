@@ -103,12 +103,14 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
 
 pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
     OperatorStepsSql {
-        parked: sql(
+        droppable: sql(
             t,
             "SELECT o.id, o.message_id, o.partition_key, o.message_key, o.exchange,
                     o.routing_key, o.attempts, o.last_error
              FROM {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
-             WHERE o.failed_at IS NOT NULL AND o.published_at IS NULL
+             WHERE o.published_at IS NULL
+               AND (o.failed_at IS NOT NULL
+                    OR (o.attempts > 0 AND o.available_at > UTC_TIMESTAMP(6)))
              ORDER BY o.id FOR UPDATE",
         ),
         delete: sql(
@@ -137,6 +139,25 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
         audit: sql(
             t,
             "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
+        ),
+        blocked_heads: sql(
+            t,
+            "SELECT o.id, o.message_id, o.partition_key, o.message_key, o.exchange,
+                    o.routing_key, o.attempts, o.last_error
+             FROM {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
+             WHERE o.failed_at IS NULL AND o.published_at IS NULL
+               AND o.attempts > 0 AND o.available_at > UTC_TIMESTAMP(6)
+             ORDER BY o.id FOR UPDATE",
+        ),
+        park: sql(
+            t,
+            "UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
+             SET o.failed_at = UTC_TIMESTAMP(6)",
+        ),
+        retry: sql(
+            t,
+            "UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
+             SET o.available_at = UTC_TIMESTAMP(6)",
         ),
     }
 }

@@ -16,8 +16,8 @@ use sqlx::{PgExecutor, Postgres};
 use super::{DbPool, PgBackend, is_cancelled};
 use crate::config::TablesConfig;
 use crate::store::outbox::{
-    Claim, ClaimedMessage, Failure, FailureRecord, Holder, Message, MessageState, MessageSummary,
-    OutboxStore, ParkedStore, Published,
+    Claim, ClaimedMessage, Failure, FailureRecord, HeadAction, Holder, Message, MessageState,
+    MessageSummary, OutboxStore, ParkedStore, Published,
 };
 use crate::store::statements::{BucketReadsSql, fleet_fingerprinted, pending_fingerprinted};
 use crate::store::{Bounded, Bounds, QueryContext, Sql, StoreError, bounded_op, query_error};
@@ -74,6 +74,8 @@ pub struct OutboxSql {
     list_failed_key: Sql,
     requeue: Sql,
     drop_parked: Sql,
+    park_heads: Sql,
+    retry_heads: Sql,
     purge_batch: Sql,
 }
 
@@ -204,10 +206,12 @@ const WORKERS_FINGERPRINT: &str = "SELECT count(*) || ':'
             FROM {workers}";
 
 /// Dropping is never silent: what was dropped, by whom and why
-/// goes to the audit table in the same statement.
+/// goes to the audit table in the same statement. Parked rows and
+/// blocked heads waiting for their retry may be dropped.
 const DROP_PARKED: &str = "WITH dropped AS (
                     DELETE FROM {outbox}
-                    WHERE id = ANY($1::bigint[]) AND failed_at IS NOT NULL AND published_at IS NULL
+                    WHERE id = ANY($1::bigint[]) AND published_at IS NULL
+                      AND (failed_at IS NOT NULL OR (attempts > 0 AND available_at > now()))
                     RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
                               attempts, last_error
                  ), audit AS (
@@ -216,7 +220,42 @@ const DROP_PARKED: &str = "WITH dropped AS (
                            'messages', jsonb_agg(to_jsonb(d) ORDER BY d.id))
                     FROM dropped d HAVING count(*) > 0
                  )
-                 SELECT id FROM dropped ORDER BY id";
+                 SELECT d.id FROM dropped d
+                 CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', d.partition_key)) n
+                 ORDER BY d.id";
+
+/// Parking or retrying a blocked head is never silent either; only a head
+/// waiting for its retry is changed (one whose retry time has come may be
+/// in a batch), and its bucket's worker is woken at commit. `{change}`
+/// is the assignment, `{action}` the audit's name for it.
+const ACT_ON_HEADS: &str = "WITH heads AS (
+                    UPDATE {outbox} SET {change}
+                    WHERE id = ANY($1::bigint[]) AND failed_at IS NULL AND published_at IS NULL
+                      AND attempts > 0 AND available_at > now()
+                    RETURNING id, message_id, partition_key, message_key, exchange, routing_key,
+                              attempts, last_error
+                 ), audit AS (
+                    INSERT INTO {outbox}_audit (actor, action, detail)
+                    SELECT $2, '{action}', jsonb_build_object('reason', $3::text,
+                           'messages', jsonb_agg(to_jsonb(h) ORDER BY h.id))
+                    FROM heads h HAVING count(*) > 0
+                 )
+                 SELECT h.id FROM heads h
+                 CROSS JOIN LATERAL (SELECT pg_notify('{outbox}_enqueued', h.partition_key)) n
+                 ORDER BY h.id";
+
+fn act_on_heads(t: &TablesConfig, action: HeadAction) -> Sql {
+    let change = match action {
+        HeadAction::Park => "failed_at = now()",
+        HeadAction::Retry => "available_at = now()",
+    };
+    Sql::render(
+        t,
+        &ACT_ON_HEADS
+            .replace("{change}", change)
+            .replace("{action}", action.name()),
+    )
+}
 
 /// Retention: one short transaction per batch, only by whoever
 /// holds the purge lock (other workers skip the round), oldest ids
@@ -296,6 +335,8 @@ impl OutboxSql {
                 &newest_first("o.failed_at IS NOT NULL AND o.published_at IS NULL", true),
             ),
             drop_parked: Sql::render(t, DROP_PARKED),
+            park_heads: act_on_heads(t, HeadAction::Park),
+            retry_heads: act_on_heads(t, HeadAction::Retry),
 
             purge_batch: Sql::render(t, PURGE_BATCH),
 
@@ -564,6 +605,26 @@ impl ParkedStore for PgBackend {
             .bind(all)
             .fetch_all(&self.pool)
             .bounded(self.pool.bounds(), "requeueing messages")
+            .await
+    }
+
+    async fn act_on_heads(
+        &self,
+        ids: &[i64],
+        action: HeadAction,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        let sql = match action {
+            HeadAction::Park => &self.outbox.park_heads,
+            HeadAction::Retry => &self.outbox.retry_heads,
+        };
+        sqlx::query_scalar(sql.q())
+            .bind(ids)
+            .bind(actor)
+            .bind(reason)
+            .fetch_all(&self.pool)
+            .bounded(self.pool.bounds(), "acting on blocked heads")
             .await
     }
 }

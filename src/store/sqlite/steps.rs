@@ -78,13 +78,13 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
 
 pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
     OperatorStepsSql {
-        parked: sql(
+        droppable: sql(
             t,
             "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
                     attempts, last_error
              FROM {outbox}
-             WHERE id IN (SELECT value FROM json_each(?))
-               AND failed_at IS NOT NULL AND published_at IS NULL
+             WHERE id IN (SELECT value FROM json_each(?)) AND published_at IS NULL
+               AND (failed_at IS NOT NULL OR (attempts > 0 AND available_at > {now}))
              ORDER BY id",
         ),
         delete: sql(
@@ -115,6 +115,24 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
         audit: sql(
             t,
             "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, ?, ?)",
+        ),
+        blocked_heads: sql(
+            t,
+            "SELECT id, message_id, partition_key, message_key, exchange, routing_key,
+                    attempts, last_error
+             FROM {outbox}
+             WHERE id IN (SELECT value FROM json_each(?))
+               AND failed_at IS NULL AND published_at IS NULL
+               AND attempts > 0 AND available_at > {now}
+             ORDER BY id",
+        ),
+        park: sql(
+            t,
+            "UPDATE {outbox} SET failed_at = {now} WHERE id IN (SELECT value FROM json_each(?))",
+        ),
+        retry: sql(
+            t,
+            "UPDATE {outbox} SET available_at = {now} WHERE id IN (SELECT value FROM json_each(?))",
         ),
     }
 }

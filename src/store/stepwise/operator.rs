@@ -1,6 +1,7 @@
-//! An operator's changes to parked rows as steps of one transaction: read
-//! the rows (locked), change them, write the audit record, commit — so a
-//! drop or a requeue is never silent and never half done.
+//! An operator's changes to parked rows and blocked heads as steps of one
+//! transaction: read the rows (locked), change them, write the audit
+//! record, commit — so a drop, a requeue or a park is never silent and
+//! never half done.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use serde_json::{Value as Json, json};
 use super::Stepwise;
 use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Statements};
-use crate::store::outbox::{Dropped, ParkedStore};
+use crate::store::outbox::{Dropped, HeadAction, ParkedStore};
 use crate::store::repartition::flow::partition_count;
 use crate::store::{StoreError, bounded_op};
 
@@ -53,7 +54,7 @@ pub async fn drop_parked<D: Stepwise>(
     bounded_op(d.bounds(), "dropping parked messages", async {
         let mut tx = d.begin().await?;
         let dropped: Vec<Dropped> = tx
-            .fetch_all(&sql.parked, &[Arg::Ids(ids)], "dropping parked messages")
+            .fetch_all(&sql.droppable, &[Arg::Ids(ids)], "dropping parked messages")
             .await?;
         if dropped.is_empty() {
             return Ok(Vec::new());
@@ -116,6 +117,49 @@ pub async fn requeue<D: Stepwise>(
     .await
 }
 
+/// Parks or retries the blocked heads among `ids` (see
+/// [`ParkedStore::act_on_heads`]), recording what was done, by whom and
+/// why; returns the ids acted on.
+pub async fn act_on_heads<D: Stepwise>(
+    d: &D,
+    ids: &[i64],
+    action: HeadAction,
+    actor: &str,
+    reason: &str,
+) -> Result<Vec<i64>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    let ids = &ids[..];
+    let sql = &d.steps().operator;
+    let change = match action {
+        HeadAction::Park => &sql.park,
+        HeadAction::Retry => &sql.retry,
+    };
+    let doing = "acting on blocked heads";
+    bounded_op(d.bounds(), doing, async {
+        let mut tx = d.begin().await?;
+        let heads: Vec<Dropped> = tx
+            .fetch_all(&sql.blocked_heads, &[Arg::Ids(ids)], doing)
+            .await?;
+        if heads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let done: Vec<i64> = heads.iter().map(|m| m.id).collect();
+        tx.execute(change, &[Arg::Ids(&done)], doing).await?;
+        let detail = json!({
+            "reason": reason,
+            "messages": heads.iter().map(Dropped::to_json).collect::<Vec<_>>(),
+        });
+        audit(d, &mut tx, actor, action.name(), &detail).await?;
+        D::commit(tx).await?;
+        Ok(done)
+    })
+    .await
+}
+
 #[async_trait]
 impl<D: Stepwise> ParkedStore for D {
     async fn drop_parked(
@@ -135,5 +179,15 @@ impl<D: Stepwise> ParkedStore for D {
         actor: &str,
     ) -> Result<Vec<i64>, StoreError> {
         requeue(self, ids, buckets, all, actor).await
+    }
+
+    async fn act_on_heads(
+        &self,
+        ids: &[i64],
+        action: HeadAction,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        act_on_heads(self, ids, action, actor, reason).await
     }
 }
