@@ -128,27 +128,30 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let silent = matches!(&cli.command, Command::Work(w) if w.silent);
     let (config, provenance) = match load_config(&cli).and_then(|(c, p)| Ok((scoped(&cli, c)?, p)))
     {
         Ok(c) => c,
         Err(e) => {
-            crate::complain!("outboxd: config: {e}");
+            let format = log_format_asked(&cli);
+            crate::logs::init(silent, format);
+            fatal(format, &format!("outboxd: config: {e}"));
             return ExitCode::from(2);
         }
     };
+    let format = config.log.format;
+    crate::logs::init(silent, format);
     // The standard OTEL_* variables, read only by the command that exports.
     let traces = match &cli.command {
         Command::Work(_) => match crate::otel::ExportConfig::from_env() {
             Ok(traces) => traces,
             Err(e) => {
-                crate::complain!("outboxd: traces: {e}");
+                fatal(format, &format!("outboxd: traces: {e}"));
                 return ExitCode::from(2);
             }
         },
         _ => None,
     };
-    let silent = matches!(&cli.command, Command::Work(w) if w.silent);
-    crate::logs::init(silent, config.log.format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.worker.threads > 0 {
         runtime.worker_threads(config.worker.threads);
@@ -156,11 +159,13 @@ pub fn main() -> ExitCode {
     let runtime = match runtime.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            crate::complain!("outboxd: cannot start the async runtime: {e}");
+            fatal(
+                format,
+                &format!("outboxd: cannot start the async runtime: {e}"),
+            );
             return ExitCode::FAILURE;
         }
     };
-    let format = config.log.format;
     let outcome = runtime.block_on(dispatch(&cli, config, provenance, traces));
     // Dropping the runtime would wait for every blocking task, however
     // long (a name lookup that hangs): the work is done, so the exit is
@@ -169,33 +174,74 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            match format {
-                LogFormat::Text => crate::complain!("outboxd: {}", error_line(&e)),
-                // Log collectors read stderr as JSON lines: the last one too.
-                LogFormat::Json => tracing::error!("outboxd: {}", error_line(&e)),
-            }
-            // The exit code contract: 1 a runtime failure, 2 a usage or
-            // configuration problem (one found only against the database
-            // included).
-            use crate::store::StoreError;
-            use crate::worker::WorkError;
-            let config_problem = e.chain().any(|c| {
-                let work = c.downcast_ref::<WorkError>();
-                let store = c.downcast_ref::<StoreError>().or(match work {
-                    Some(WorkError::Store(s)) => Some(s),
-                    _ => None,
-                });
-                matches!(store, Some(StoreError::Config(_)))
-                    || matches!(work, Some(WorkError::Config(_)))
-                    || c.downcast_ref::<ConfigError>().is_some()
-            });
-            if config_problem {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            fatal(format, &format!("outboxd: {}", error_line(&e)));
+            exit_code(&e)
         }
     }
+}
+
+/// The line that ends the process, in the log format asked for: log
+/// collectors read stderr as JSON lines, the last one too.
+fn fatal(format: LogFormat, line: &str) {
+    match format {
+        LogFormat::Text => crate::complain!("{line}"),
+        LogFormat::Json => tracing::error!("{line}"),
+    }
+}
+
+/// The log format asked for, read as far as a configuration that was
+/// refused allows: `OUTBOXD_LOG__FORMAT`, else the file's `[log] format`,
+/// else text — so that the line saying why the configuration is refused is
+/// JSON too when JSON was asked for.
+fn log_format_asked(cli: &Cli) -> LogFormat {
+    let parse = |s: &str| match s.trim() {
+        "json" => Some(LogFormat::Json),
+        "text" => Some(LogFormat::Text),
+        _ => None,
+    };
+    if let Some(format) = std::env::var("OUTBOXD_LOG__FORMAT")
+        .ok()
+        .as_deref()
+        .and_then(parse)
+    {
+        return format;
+    }
+    config_file(cli)
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("log")?.get("format")?.as_str().and_then(parse))
+        .unwrap_or_default()
+}
+
+/// The exit code contract (docs/troubleshooting.md): 1 a runtime failure
+/// that a later start may get past; 2 a usage or configuration problem
+/// (one found only against the database included); 3 a refusal no restart
+/// gets past — the database refused the login, or its schema is newer than
+/// this binary. The packaged unit restarts on 1 only.
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    use crate::store::StoreError;
+    use crate::worker::WorkError;
+    fn store_error<'e>(c: &'e (dyn std::error::Error + 'static)) -> Option<&'e StoreError> {
+        c.downcast_ref::<StoreError>()
+            .or(match c.downcast_ref::<WorkError>() {
+                Some(WorkError::Store(s)) => Some(s),
+                _ => None,
+            })
+    }
+    let config_problem = e.chain().any(|c| {
+        matches!(store_error(c), Some(StoreError::Config(_)))
+            || matches!(c.downcast_ref::<WorkError>(), Some(WorkError::Config(_)))
+            || c.downcast_ref::<ConfigError>().is_some()
+    });
+    if config_problem {
+        return ExitCode::from(2);
+    }
+    if e.chain()
+        .any(|c| store_error(c).is_some_and(StoreError::is_permanent))
+    {
+        return ExitCode::from(3);
+    }
+    ExitCode::FAILURE
 }
 
 /// clap's error as one line: what is wrong, the arguments it names (a

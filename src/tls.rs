@@ -107,6 +107,22 @@ impl TlsFiles {
         Ok(Arc::new(config))
     }
 
+    /// Checks that the files a database URL names (`sslrootcert`/`ssl-ca`,
+    /// …) can be read and parsed, before any connection tries them: the
+    /// driver's own error for a missing file names neither the setting
+    /// nor the path. `Err` is one line naming both.
+    pub fn check_url(link: Link, url: &str) -> Result<(), String> {
+        let mut files = Self::from_url(link, url);
+        // libpq's `sslrootcert=system`: the system's roots, not a file.
+        if files.ca_file.as_deref() == Some(Path::new("system")) {
+            files.ca_file = None;
+        }
+        if files.ca_file.is_none() && files.cert_file.is_none() && files.key_file.is_none() {
+            return Ok(());
+        }
+        files.client_config(link.keys()).map(|_| ())
+    }
+
     /// The files named in a database URL's query (`sslrootcert`/`ssl-ca`, …).
     pub fn from_url(link: Link, url: &str) -> Self {
         let [ca, cert, key] = link.keys();

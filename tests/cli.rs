@@ -306,6 +306,69 @@ fn usage_errors_name_what_is_missing_suggest_and_exit_2() {
     );
 }
 
+/// A refused configuration is said in the log format asked for: with JSON
+/// logs, one JSON object, whether `log.format` comes from the environment
+/// or from the file.
+#[test]
+fn a_refused_configuration_is_one_json_line_when_json_logs_are_asked_for() {
+    let dir = temp_dir();
+    let file = dir.join("json.toml");
+    std::fs::write(
+        &file,
+        "[log]\nformat = \"json\"\n[outbox]\nbatch_size = 0\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    for (args, env, needle) in [
+        (
+            vec!["config"],
+            vec![
+                ("OUTBOXD_LOG__FORMAT", "json"),
+                ("OUTBOXD_OUTBOX__BACTH_SIZE", "5"),
+            ],
+            "OUTBOXD_OUTBOX__BACTH_SIZE names no configuration key",
+        ),
+        (
+            vec!["--config", file, "config"],
+            vec![],
+            "outbox.batch_size",
+        ),
+    ] {
+        let out = run(&args, &env, &dir);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let line: serde_json::Value = serde_json::from_str(err.trim())
+            .unwrap_or_else(|e| panic!("not one JSON line ({e}): {err}"));
+        assert_eq!(line["level"], "ERROR", "{err}");
+        let message = line["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("outboxd: config: ") && message.contains(needle),
+            "{err}"
+        );
+    }
+}
+
+/// A CA, certificate or key file a database URL names that cannot be read
+/// is one line naming the setting and the path, before any connection.
+#[test]
+fn an_unreadable_tls_file_of_the_database_names_its_setting_and_path() {
+    let dir = temp_dir();
+    for (url, needle) in [
+        (
+            "postgres://u:hunter2@127.0.0.1:1/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+            "database.url: sslrootcert /nonexistent/ca.pem: cannot read",
+        ),
+        (
+            "mysql://u:hunter2@127.0.0.1:1/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/nonexistent/ca.pem",
+            "database.url: ssl-ca /nonexistent/ca.pem: cannot read",
+        ),
+    ] {
+        let out = run(&["--database-url", url, "status"], &[], &dir);
+        assert_one_line_error(&out, needle);
+        assert_eq!(out.status.code(), Some(2), "{needle}");
+    }
+}
+
 #[test]
 fn an_unreachable_database_is_one_line_without_the_password() {
     let dir = temp_dir();
@@ -339,24 +402,29 @@ fn database_connection_errors_say_their_cause_once() {
         u.set_path(db);
         u.to_string()
     };
+    // The exit code: 3 for a refusal no restart gets past, 1 for an outage.
     let cases = [
         (
             with("outboxd", "hunter2", "outboxd"),
             "password authentication failed for user \"outboxd\"",
+            3,
         ),
         (
             with("outboxd", "outboxd", "nosuchdb"),
             "database \"nosuchdb\" does not exist",
+            3,
         ),
         (
             "postgres://u:hunter2@127.0.0.1:1/db".to_string(),
             "Connection refused",
+            1,
         ),
     ];
-    for (url, cause) in cases {
+    for (url, cause, code) in cases {
         let started = std::time::Instant::now();
         let out = run(&["--database-url", &url, "status"], &[], &dir);
         assert_one_line_error(&out, cause);
+        assert_eq!(out.status.code(), Some(code), "{cause}");
         let line = String::from_utf8_lossy(&out.stderr);
         assert_eq!(line.matches(cause).count(), 1, "{line}");
         assert!(!line.contains("at line"), "{line}");
@@ -411,6 +479,7 @@ async fn work_refuses_a_newer_schema(db: Db) {
         .output()
         .unwrap();
     assert_one_line_error(&out, "newer than this outboxd knows");
+    assert_eq!(out.status.code(), Some(3), "only another binary helps");
 }
 
 async fn work_refuses_a_partition_count_that_differs_from_the_database(db: Db) {

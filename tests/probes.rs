@@ -308,6 +308,55 @@ async fn a_worker_that_never_reached_the_broker_takes_no_bucket_until_it_does() 
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+/// A broker that refuses the login (a wrong password) is loud: an ERROR
+/// line naming the refusal at once and again 10 s later (then 20, 40 and
+/// every 60 s), and the rate line says why nothing is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_broker_login_is_an_error_line_repeated_and_on_the_rate_line() {
+    let mut url = url::Url::parse(&amqp_url()).unwrap();
+    url.set_password(Some("wrong-password")).unwrap();
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(url.to_string()),
+        ..Tuning::fleet()
+    })
+    .await;
+    let mut worker = env.spawn_worker(&["--window", "2"]);
+    let complaint = "ERROR RabbitMQ cannot be reached: nothing is published until it can";
+    let from = Instant::now();
+    let lines = loop {
+        let log = worker.log_text();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(complaint))
+            .map(String::from)
+            .collect();
+        if lines.len() >= 2 {
+            break lines;
+        }
+        assert!(
+            from.elapsed() < Duration::from_secs(30),
+            "not said twice in 30 s:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("{}", lines.join("\n"));
+    for line in &lines {
+        assert!(line.contains("ACCESS_REFUSED"), "{line}");
+        assert!(
+            !line.contains("wrong-password"),
+            "the password leaked: {line}"
+        );
+    }
+    let report = std::fs::read_to_string(worker.log.with_extension("out")).unwrap();
+    let last = report.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("| nothing is published: RabbitMQ cannot be reached:")
+            && last.contains("ACCESS_REFUSED"),
+        "{report}"
+    );
+    assert!(worker.terminate(EXIT_WITHIN).success());
+}
+
 /// With PostgreSQL stopped: the dashboard's `/healthz` answers 503 with
 /// the reason (200 again once it is back), its `/metrics` and the probes'
 /// still serve the worker's own counters, and `/readyz` says why.

@@ -192,6 +192,7 @@ pub async fn run(
         started.store.clone(),
         stats,
         housekeeping,
+        started.broker.watch_reach(),
     );
     report
         .run(&mut coordination, owned, &cancel, report_turns)
@@ -262,6 +263,10 @@ fn start_background(
     }
     let broker = started.broker.clone();
     tasks.spawn("broker connection", broker.keep_connected(tasks.token()));
+    tasks.spawn(
+        "broker complaints",
+        report::complain_while_unreachable(started.broker.watch_reach(), tasks.token()),
+    );
     let blocked = report::report_blocked(
         store.clone(),
         started.membership.worker_id,

@@ -1,8 +1,9 @@
 //! What a running worker reports: a *tick* every `--interval-ms` on
 //! stdout (the counts since the previous tick and the lag, the age of the
 //! oldest pending row; one JSON object with `--json`, a rate line every
-//! `--window` otherwise), its counts added to the throughput tables, and
-//! RabbitMQ's flow control of its connection written to its row.
+//! `--window` otherwise), its counts added to the throughput tables,
+//! RabbitMQ's flow control of its connection written to its row, and an
+//! error line, again and again, while RabbitMQ cannot be reached.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkOptions;
 use super::probes::Beat;
+use crate::amqp::Reach;
+use crate::config::fmt_duration;
 use crate::coordinator::housekeeping::Housekeeping;
 use crate::relay::RelayStats;
 use crate::relay::stats::StatsSnapshot;
@@ -40,11 +43,12 @@ impl Report {
         store: Store,
         stats: Arc<RelayStats>,
         housekeeping: Housekeeping,
+        reach: watch::Receiver<Reach>,
     ) -> Self {
         Self {
             store,
             stats,
-            reporter: Reporter::new(opts, worker_id, mode),
+            reporter: Reporter::new(opts, worker_id, mode, reach),
             throughput: ThroughputRecorder {
                 recorded: StatsSnapshot::default(),
                 ticks: 0,
@@ -130,6 +134,9 @@ struct Tick {
     pub retrying_buckets: Option<usize>,
     /// Age in seconds of the oldest pending row among the drained buckets.
     pub lag_seconds: Option<f64>,
+    /// Why nothing is published: RabbitMQ cannot be reached, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker_error: Option<String>,
 }
 
 /// Writes RabbitMQ's flow control of this worker's connection (a resource
@@ -155,6 +162,76 @@ pub(super) async fn report_blocked(
             changed = blocked.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)), if retry => {}
         }
+    }
+}
+
+/// How long the broker may be unreachable before it is said as an error
+/// (a broker restart takes a second or two), and the pauses between the
+/// lines while it stays so: doubling from the first to the most, so an
+/// outage is said at least once a minute for as long as it lasts.
+const QUIET_OUTAGE: Duration = Duration::from_secs(5);
+const FIRST_REPEAT: Duration = Duration::from_secs(10);
+const MOST_REPEAT: Duration = Duration::from_secs(60);
+
+/// Says at ERROR, with the reason, that RabbitMQ cannot be reached and
+/// nothing is published: at once when it was never reached (a wrong
+/// password, a wrong address), after [`QUIET_OUTAGE`] when it was lost,
+/// then again after 10, 20, 40 and every 60 s until it is reached.
+pub(super) async fn complain_while_unreachable(
+    mut reach: watch::Receiver<Reach>,
+    cancel: CancellationToken,
+) {
+    let mut pause = FIRST_REPEAT;
+    let mut next: Option<tokio::time::Instant> = None;
+    loop {
+        let now = tokio::time::Instant::now();
+        let failing = match &*reach.borrow_and_update() {
+            Reach::Reachable | Reach::Never { error: None } => None,
+            Reach::Never { error: Some(error) } => Some((error.clone(), now, None)),
+            Reach::Unreachable { since, error } => {
+                Some((error.clone(), *since + QUIET_OUTAGE, Some(since.elapsed())))
+            }
+        };
+        let wake = match failing {
+            None => {
+                pause = FIRST_REPEAT;
+                next = None;
+                None
+            }
+            Some((error, first_at, unreachable_for)) => {
+                let due = next.unwrap_or(first_at);
+                if now >= due {
+                    match unreachable_for {
+                        Some(d) => tracing::error!(
+                            %error,
+                            "RabbitMQ unreachable for {}: nothing is published until it can be reached (said again in {})",
+                            fmt_duration(d),
+                            fmt_duration(pause)
+                        ),
+                        None => tracing::error!(
+                            %error,
+                            "RabbitMQ cannot be reached: nothing is published until it can (said again in {})",
+                            fmt_duration(pause)
+                        ),
+                    }
+                    next = Some(now + pause);
+                    pause = (pause * 2).min(MOST_REPEAT);
+                }
+                Some(next.unwrap_or(due))
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = reach.changed() => if changed.is_err() { return },
+            _ = sleep_until_some(wake) => {}
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -200,10 +277,17 @@ struct Reporter {
     window: Duration,
     window_start: StatsSnapshot,
     window_at: Instant,
+    /// Whether RabbitMQ can be reached, and why not: said on every line.
+    reach: watch::Receiver<Reach>,
 }
 
 impl Reporter {
-    fn new(opts: &WorkOptions, worker_id: uuid::Uuid, mode: WorkerMode) -> Self {
+    fn new(
+        opts: &WorkOptions,
+        worker_id: uuid::Uuid,
+        mode: WorkerMode,
+        reach: watch::Receiver<Reach>,
+    ) -> Self {
         let now = Instant::now();
         Self {
             json: opts.json && !opts.silent,
@@ -217,6 +301,7 @@ impl Reporter {
             window: opts.window,
             window_start: StatsSnapshot::default(),
             window_at: now,
+            reach,
         }
     }
 
@@ -262,6 +347,12 @@ impl Reporter {
             lag_seconds: heads
                 .as_ref()
                 .map(|h| h.iter().map(|b| b.lag_seconds).fold(0.0, f64::max)),
+            broker_error: match &*self.reach.borrow() {
+                Reach::Never { error: Some(e) } | Reach::Unreachable { error: e, .. } => {
+                    Some(e.clone())
+                }
+                _ => None,
+            },
         };
         self.last = now_stats;
         self.last_at = now;
@@ -286,6 +377,12 @@ impl Reporter {
                 labels.len(),
                 tick.pending_buckets.map_or("?".into(), |p| p.to_string()),
             );
+            let line = match &tick.broker_error {
+                Some(e) => {
+                    format!("{line} | nothing is published: RabbitMQ cannot be reached: {e}")
+                }
+                None => line,
+            };
             super::stdout::print(if self.tty {
                 format!("\r\x1b[K{line}")
             } else {
