@@ -157,6 +157,7 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
     let good = validate(&refs);
@@ -169,6 +170,9 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
         "poddisruptionbudget/outboxd",
         "configmap/outboxd",
         "secret/outboxd",
+        "deployment/outboxd-ui",
+        "service/outboxd-ui",
+        "networkpolicy/outboxd",
     ] {
         assert!(
             report.contains(&format!("passed for resource {kind}")),
@@ -193,4 +197,162 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
     let config = std::fs::read_to_string(dir.join("configmap.yaml")).unwrap();
     assert!(config.contains("health_listen = \"0.0.0.0:9090\""));
     assert!(deployment.contains("containerPort: 9090"));
+
+    // Every image is this release's, and kustomize's tag says the same.
+    let version = env!("CARGO_PKG_VERSION");
+    for file in ["deployment.yaml", "dashboard.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let images: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: "))
+            .collect();
+        assert!(!images.is_empty(), "{file}");
+        for image in images {
+            assert!(image.ends_with(&format!(":{version}")), "{file}: {image}");
+        }
+    }
+    let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    assert!(kustomization.contains(&format!("newTag: {version}")));
+}
+
+/// The OCI image (`Containerfile`, built by `scripts/image.sh` with buildah
+/// from this build's binary): it runs as user 10001 with nothing but the
+/// binary, its libraries and CA certificates, says its version, and drains
+/// messages from inside against the test services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_builds_runs_as_its_user_and_drains_from_inside() {
+    let env = TestEnv::new().await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    for i in 0..20 {
+        env.db
+            .enqueue(Message::new(
+                format!("k{i}"),
+                "",
+                queue.clone(),
+                "from the image",
+            ))
+            .await;
+    }
+    let tag = format!("outboxd-test:{}", unique("t"));
+    let started = std::time::Instant::now();
+    let built = Command::new("bash")
+        .arg(repo_dir().join("scripts/image.sh"))
+        .args(["--bin", BIN, "--tag", &tag])
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    println!("image built in {:.1} s", started.elapsed().as_secs_f64());
+    let buildah = |args: &[&str]| {
+        let out = Command::new("buildah").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "buildah {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let user = buildah(&[
+        "inspect",
+        "--storage-driver",
+        "vfs",
+        "--format",
+        "{{.OCIv1.Config.User}}",
+        &tag,
+    ]);
+    assert_eq!(user, "10001:10001");
+    let ctr = buildah(&["from", "--storage-driver", "vfs", &tag]);
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--isolation", "chroot", "--storage-driver", "vfs"];
+        all.extend_from_slice(args);
+        buildah(&all)
+    };
+    let version = run(&[&ctr, "--", "/usr/bin/outboxd", "--version"]);
+    assert_eq!(version, format!("outboxd {}", env!("CARGO_PKG_VERSION")));
+    let whoami = run(&[&ctr, "--", "/usr/bin/outboxd", "partition", "k1"]);
+    assert!(whoami.ends_with("k1"), "{whoami}");
+    let database = format!("DATABASE_URL={}", env.worker_db_url);
+    let broker = format!("AMQP_URL={}", amqp_url());
+    run(&[
+        "--env",
+        &database,
+        "--env",
+        &broker,
+        &ctr,
+        "--",
+        "/usr/bin/outboxd",
+        "work",
+        "--no-leasing",
+        "--once",
+        "--silent",
+    ]);
+    let (all, verdict) = read_and_judge(&mut reader, &env, 20, Duration::from_secs(30)).await;
+    buildah(&["rm", "--storage-driver", "vfs", &ctr]);
+    buildah(&["rmi", "--storage-driver", "vfs", &tag]);
+    assert!(all && verdict.is_clean(), "{verdict:?}");
+}
+
+/// The manifests' worker Pod run the way the kubelet would
+/// (`scripts/k8s-pod.py`: its uid, gid and fsGroup, its Secret and
+/// ConfigMap files with the kubelet's owners and modes, its arguments and
+/// environment): its init container migrates a fresh database and the
+/// worker's /readyz answers 200. The same Pod without the fsGroup and with
+/// the Secret at 0400 — what an earlier manifest shipped — cannot read its
+/// Secret and exits 2 (a crash loop in a cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
+    let env = TestEnv::with(Tuning {
+        migrate: false,
+        ..Tuning::default()
+    })
+    .await;
+    let pod = |extra: &[&str]| -> serde_json::Value {
+        let root = env.dir.join(unique("pod"));
+        let out = Command::new("bash")
+            .arg(repo_dir().join("scripts/k8s-validate.sh"))
+            .arg("--pod")
+            .args([
+                "--deployment",
+                "deploy/kubernetes/deployment.yaml",
+                "--configmap",
+                "deploy/kubernetes/configmap.yaml",
+                "--root",
+                root.to_str().unwrap(),
+                "--bin",
+                BIN,
+                "--secret",
+                &format!("database-url={}", env.worker_db_url),
+                "--secret",
+                &format!("amqp-url={}", amqp_url()),
+            ])
+            .args(extra)
+            .current_dir(repo_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let shipped = pod(&[]);
+    println!("as shipped: {shipped}");
+    assert_eq!(shipped["init"][0]["name"], "migrate", "{shipped}");
+    assert_eq!(shipped["init"][0]["code"], 0, "{shipped}");
+    assert_eq!(shipped["ready"], true, "{shipped}");
+
+    let old = pod(&["--no-fs-group", "--secret-mode", "0400"]);
+    println!("without fsGroup, Secret at 0400: {old}");
+    assert_eq!(old["init"][0]["code"], 2, "{old}");
+    let said = old["init"][0]["stderr"].as_str().unwrap();
+    assert!(
+        said.contains("DATABASE_URL_FILE: cannot read") && said.contains("Permission denied"),
+        "{said}"
+    );
+    assert_eq!(old["ready"], false, "{old}");
 }
