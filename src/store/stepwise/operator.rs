@@ -14,7 +14,7 @@ use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Statements};
 use crate::store::outbox::{Dropped, HeadAction, ParkedStore};
 use crate::store::repartition::flow::partition_count;
-use crate::store::{StoreError, bounded_op};
+use crate::store::{Sql, StoreError, bounded_op};
 
 /// Writes an operator action to `<outbox>_audit` (in its transaction).
 async fn audit<D: Stepwise>(
@@ -35,41 +35,28 @@ async fn audit<D: Stepwise>(
     Ok(())
 }
 
-/// Deletes the parked messages among `ids`, recording what was dropped, by
-/// whom and why; returns the ids dropped.
+/// Deletes the parked messages and blocked heads among `ids`, recording
+/// what was dropped, by whom and why; returns the ids dropped.
 pub async fn drop_parked<D: Stepwise>(
     d: &D,
     ids: &[i64],
     actor: &str,
     reason: &str,
 ) -> Result<Vec<i64>, StoreError> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    // In id order: MySQL locks the listed rows in the list's order.
-    let mut ids = ids.to_vec();
-    ids.sort_unstable();
-    let ids = &ids[..];
     let sql = &d.steps().operator;
-    bounded_op(d.bounds(), "dropping parked messages", async {
-        let mut tx = d.begin().await?;
-        let dropped: Vec<Dropped> = tx
-            .fetch_all(&sql.droppable, &[Arg::Ids(ids)], "dropping parked messages")
-            .await?;
-        if dropped.is_empty() {
-            return Ok(Vec::new());
-        }
-        let gone: Vec<i64> = dropped.iter().map(|m| m.id).collect();
-        tx.execute(&sql.delete, &[Arg::Ids(&gone)], "dropping parked messages")
-            .await?;
-        let detail = json!({
-            "reason": reason,
-            "messages": dropped.iter().map(Dropped::to_json).collect::<Vec<_>>(),
-        });
-        audit(d, &mut tx, actor, "drop", &detail).await?;
-        D::commit(tx).await?;
-        Ok(gone)
-    })
+    let audit = Audit {
+        actor,
+        action: "drop",
+        reason,
+    };
+    change_listed(
+        d,
+        ids,
+        &sql.droppable,
+        &sql.delete,
+        audit,
+        "dropping parked messages",
+    )
     .await
 }
 
@@ -127,35 +114,67 @@ pub async fn act_on_heads<D: Stepwise>(
     actor: &str,
     reason: &str,
 ) -> Result<Vec<i64>, StoreError> {
+    let sql = &d.steps().operator;
+    let change = match action {
+        HeadAction::Park => &sql.park,
+        HeadAction::Retry => &sql.retry,
+    };
+    let audit = Audit {
+        actor,
+        action: action.name(),
+        reason,
+    };
+    change_listed(
+        d,
+        ids,
+        &sql.blocked_heads,
+        change,
+        audit,
+        "acting on blocked heads",
+    )
+    .await
+}
+
+/// Who did what to the rows, and why, for the audit record.
+struct Audit<'a> {
+    actor: &'a str,
+    action: &'a str,
+    reason: &'a str,
+}
+
+/// One transaction: the listed rows that `select` takes (locked, as
+/// `Dropped`), `change` applied to them, the audit record of them;
+/// returns their ids. In id order: MySQL locks the listed rows in the
+/// list's order.
+async fn change_listed<D: Stepwise>(
+    d: &D,
+    ids: &[i64],
+    select: &Sql,
+    change: &Sql,
+    who: Audit<'_>,
+    doing: &'static str,
+) -> Result<Vec<i64>, StoreError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     let ids = &ids[..];
-    let sql = &d.steps().operator;
-    let change = match action {
-        HeadAction::Park => &sql.park,
-        HeadAction::Retry => &sql.retry,
-    };
-    let doing = "acting on blocked heads";
     bounded_op(d.bounds(), doing, async {
         let mut tx = d.begin().await?;
-        let heads: Vec<Dropped> = tx
-            .fetch_all(&sql.blocked_heads, &[Arg::Ids(ids)], doing)
-            .await?;
-        if heads.is_empty() {
+        let rows: Vec<Dropped> = tx.fetch_all(select, &[Arg::Ids(ids)], doing).await?;
+        if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let done: Vec<i64> = heads.iter().map(|m| m.id).collect();
-        tx.execute(change, &[Arg::Ids(&done)], doing).await?;
+        let changed: Vec<i64> = rows.iter().map(|m| m.id).collect();
+        tx.execute(change, &[Arg::Ids(&changed)], doing).await?;
         let detail = json!({
-            "reason": reason,
-            "messages": heads.iter().map(Dropped::to_json).collect::<Vec<_>>(),
+            "reason": who.reason,
+            "messages": rows.iter().map(Dropped::to_json).collect::<Vec<_>>(),
         });
-        audit(d, &mut tx, actor, action.name(), &detail).await?;
+        audit(d, &mut tx, who.actor, who.action, &detail).await?;
         D::commit(tx).await?;
-        Ok(done)
+        Ok(changed)
     })
     .await
 }
