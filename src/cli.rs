@@ -142,11 +142,15 @@ pub fn main() -> ExitCode {
     let format = config.log.format;
     crate::logs::init(silent, format);
     // The standard OTEL_* variables, read only by the command that exports.
-    let traces = match &cli.command {
-        Command::Work(_) => match crate::otel::ExportConfig::from_env() {
-            Ok(traces) => traces,
+    let telemetry = match &cli.command {
+        Command::Work(_) => match crate::otel::ExportConfig::from_env().and_then(|c| {
+            c.iter()
+                .try_for_each(crate::otel::ExportConfig::check_files)?;
+            Ok(c)
+        }) {
+            Ok(telemetry) => telemetry,
             Err(e) => {
-                fatal(format, &format!("outboxd: traces: {e}"));
+                fatal(format, &format!("outboxd: telemetry: {e}"));
                 return ExitCode::from(2);
             }
         },
@@ -166,7 +170,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(dispatch(&cli, config, provenance, traces));
+    let outcome = runtime.block_on(dispatch(&cli, config, provenance, telemetry));
     // Dropping the runtime would wait for every blocking task, however
     // long (a name lookup that hangs): the work is done, so the exit is
     // held up for a second at most.
@@ -380,7 +384,7 @@ async fn dispatch(
     cli: &Cli,
     config: Config,
     provenance: Provenance,
-    traces: Option<crate::otel::ExportConfig>,
+    telemetry: Option<crate::otel::ExportConfig>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let command = cli.command.clone();
@@ -395,7 +399,7 @@ async fn dispatch(
             }
             Ok(())
         }
-        Command::Work(args) => work(cli, &config, &args, traces).await,
+        Command::Work(args) => work(cli, &config, &args, telemetry).await,
         Command::Ui { .. } if config.source.len() > 1 => {
             let listener = crate::dashboard::bind(config.dashboard.listen).await?;
             let cancel = shutdown_on_signals();
@@ -439,7 +443,7 @@ async fn work(
     cli: &Cli,
     config: &Config,
     args: &WorkArgs,
-    traces: Option<crate::otel::ExportConfig>,
+    telemetry: Option<crate::otel::ExportConfig>,
 ) -> anyhow::Result<()> {
     let opts = worker::WorkOptions {
         no_leasing: args.no_leasing,
@@ -449,7 +453,7 @@ async fn work(
         interval: Duration::from_millis(args.interval_ms),
         window: Duration::from_secs(args.window),
         ui: args.ui.is_some(),
-        traces,
+        telemetry,
         source: None,
         board: None,
     };

@@ -84,6 +84,8 @@ async fn every_message_continues_its_producers_trace(db: Db) {
         ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0k"),
         ("OTEL_SERVICE_NAME", "outboxd-under-test"),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_METRICS_EXPORTER", "otlp"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
     ];
     // Each worker's probes listener, for its /metrics.
     let probes: Vec<String> = (0..2)
@@ -141,6 +143,25 @@ async fn every_message_continues_its_producers_trace(db: Db) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     terminate_all(&mut workers);
+    // The workers' counters reached the collector as OTLP metrics too: the
+    // last values each sent (at the latest when it stopped) add up to
+    // every message published, once at least.
+    let counters = receiver.counters();
+    let published: i64 = counters
+        .iter()
+        .filter(|((_, name), _)| name == "outboxd.published")
+        .map(|(_, v)| v)
+        .sum();
+    let exported: i64 = counters
+        .iter()
+        .filter(|((_, name), _)| name == "outboxd.trace.spans_exported")
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        published >= (TRACED + 5) as i64,
+        "OTLP metrics: {published} published, {counters:?}"
+    );
+    assert!(exported > 0, "OTLP metrics: {counters:?}");
     assert_eq!(
         verdict.lost,
         [unroutable],
@@ -265,7 +286,23 @@ async fn export_settings_that_cannot_be_honoured_stop_start_up_in_one_line() {
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
-        lines[0].starts_with("outboxd: traces: OTEL_EXPORTER_OTLP_PROTOCOL=grpc: "),
+        lines[0].starts_with("outboxd: telemetry: OTEL_EXPORTER_OTLP_PROTOCOL=grpc: "),
         "{stderr}"
+    );
+    // A CA file for an https collector that cannot be read: the same.
+    let out = env
+        .command(&["work", "--once"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318")
+        .env(
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "/nonexistent/ca.pem",
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "outboxd: telemetry: OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE /nonexistent/ca.pem: cannot read: No such file or directory (os error 2)"
     );
 }

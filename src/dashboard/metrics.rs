@@ -17,10 +17,9 @@ use axum::response::{IntoResponse, Response};
 use super::DashboardState;
 use super::api::COUNT_CAP;
 use crate::relay::RelayStats;
-use crate::relay::stats::{Histogram, LATENCY_BUCKETS};
+use crate::relay::stats::{COUNTERS, Histogram, LATENCY_BUCKETS};
 use crate::store::partitions::BucketView;
 use crate::store::workers::WorkerView;
-use std::sync::atomic::Ordering;
 
 /// The whole `/metrics`: fleet gauges from the database and, when the
 /// serving process is a worker, its own counters. While the database does
@@ -218,62 +217,9 @@ fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]
 
 /// The serving worker's own counters and latency histograms.
 pub fn process(out: &mut String, stats: &RelayStats) {
-    let s = stats.snapshot();
-    counter(
-        out,
-        "outboxd_published_total",
-        "rows published and recorded by this worker",
-        s.published,
-    );
-    counter(
-        out,
-        "outboxd_retried_total",
-        "failed publish attempts (each is retried) by this worker",
-        s.failed,
-    );
-    counter(
-        out,
-        "outboxd_parked_total",
-        "rows parked by this worker",
-        s.parked,
-    );
-    counter(
-        out,
-        "outboxd_fenced_writes_total",
-        "writes refused by the lease fence",
-        s.fenced,
-    );
-    counter(
-        out,
-        "outboxd_membership_reads_total",
-        "reads of the fleet's membership by this worker's coordinator",
-        stats.membership_reads.load(Ordering::Relaxed),
-    );
-    counter(
-        out,
-        "outboxd_late_writes_total",
-        "broker socket writes that went out after a held lease's trust deadline (the process paused between the send gate's check and the write)",
-        stats.late_writes.load(Ordering::Relaxed),
-    );
-    let traces = &stats.traces;
-    counter(
-        out,
-        "outboxd_trace_spans_exported_total",
-        "spans accepted by the OTLP collector (0 while export is off)",
-        traces.exported.load(Ordering::Relaxed),
-    );
-    counter(
-        out,
-        "outboxd_trace_spans_dropped_total",
-        "spans dropped: the export queue was full or the export failed",
-        traces.dropped.load(Ordering::Relaxed),
-    );
-    counter(
-        out,
-        "outboxd_trace_exports_failed_total",
-        "span export requests that failed",
-        traces.failed_exports.load(Ordering::Relaxed),
-    );
+    for c in &COUNTERS {
+        counter(out, c.series, c.help, (c.read)(stats));
+    }
     histogram(
         out,
         "outboxd_claim_seconds",

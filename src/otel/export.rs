@@ -1,56 +1,74 @@
-//! The span queue and the exporter: the relay hands finished spans to a
-//! [`Tracer`] (a lock, a push; never a wait), and one task posts them in
-//! batches to the OTLP/HTTP endpoint.
+//! Exporting through OpenTelemetry's SDK: the relay hands finished spans
+//! to a [`Tracer`] (never a wait), the SDK's batch span processor posts
+//! them over OTLP/HTTP from its own thread, and, when asked, a periodic
+//! reader posts the worker's counters as OTLP metrics.
 //!
-//! Like the SDK's batch span processor: a batch goes when `max_batch`
-//! spans are queued or `schedule_delay` has passed; beyond `max_queue`
-//! queued spans new ones are dropped and counted, so a slow or absent
-//! collector costs the relay nothing but the spans. A failed export is
-//! dropped too (said at most once a minute), not retried: traces are
-//! diagnostics, and holding them would hold memory. On shutdown what is
-//! queued is sent once, within the worker's farewell (2 s; a collector
-//! slower than that loses the last spans).
+//! What outboxd adds to the SDK, and why:
+//! - **A bound it can count.** The SDK's batch processor drops spans when
+//!   its queue is full without saying how many; the tracer keeps the
+//!   number handed over and not yet exported, refuses spans beyond
+//!   `OTEL_BSP_MAX_QUEUE_SIZE` itself, and counts them
+//!   (`outboxd_trace_spans_dropped_total`), so the SDK's queue never
+//!   overflows unseen.
+//! - **Export outcomes in `/metrics` and the log.** A wrapper around the
+//!   OTLP exporter counts accepted spans and failed requests, and says a
+//!   failure at most once a minute. A failed export is not retried:
+//!   traces are diagnostics, and holding them would hold memory.
+//! - **The links' TLS.** The exporter's HTTP client is given the rustls
+//!   configuration every other link uses (its CA and client certificate
+//!   from the `OTEL_EXPORTER_OTLP_*CERTIFICATE` variables, which the SDK's
+//!   HTTP exporter does not read).
+//!
+//! On shutdown what is queued is sent once, within the worker's farewell
+//! (2 s; a collector slower than that loses the last spans).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Notify;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+};
 use tokio_util::sync::CancellationToken;
 
-use super::config::ExportConfig;
-use super::proto;
-pub use super::span::{PublishSpan, Resource};
+use super::config::{ExportConfig, Signal};
+pub use super::span::PublishSpan;
+use crate::relay::stats::{COUNTERS, RelayStats};
 
 /// Export counters, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct TraceCounts {
     /// Spans the collector accepted.
     pub exported: AtomicU64,
-    /// Spans dropped: queue full, or their export failed.
+    /// Spans dropped: the export queue was full, or their export failed.
     pub dropped: AtomicU64,
     /// Export requests that failed.
     pub failed_exports: AtomicU64,
+    /// Spans handed to the SDK and not yet through an export.
+    queued: AtomicU64,
 }
 
-struct Queue {
-    spans: Mutex<Vec<PublishSpan>>,
-    ready: Notify,
-    max_queue: usize,
-    max_batch: usize,
-    counts: Arc<TraceCounts>,
-}
-
-/// Where the relay records spans; a disabled tracer (the default, no
-/// endpoint) records nothing and costs one branch.
+/// Where the relay records spans; a disabled tracer (the default: no
+/// endpoint, or traces off) records nothing and costs one branch.
 #[derive(Clone, Default)]
 pub struct Tracer {
-    queue: Option<Arc<Queue>>,
+    inner: Option<Arc<Recording>>,
+}
+
+struct Recording {
+    tracer: SdkTracer,
+    counts: Arc<TraceCounts>,
+    max_queue: u64,
 }
 
 impl std::fmt::Debug for Tracer {
@@ -64,48 +82,175 @@ impl std::fmt::Debug for Tracer {
 impl Tracer {
     /// Whether spans are exported at all.
     pub fn enabled(&self) -> bool {
-        self.queue.is_some()
+        self.inner.is_some()
     }
 
-    /// Queues `spans` for export; what does not fit is dropped and counted.
+    /// Hands `spans` to the SDK; what does not fit is dropped and counted.
     pub fn record(&self, spans: Vec<PublishSpan>) {
-        let Some(q) = &self.queue else { return };
-        if spans.is_empty() {
-            return;
-        }
-        let (queued, dropped) = {
-            let mut queued = q.spans.lock().unwrap_or_else(|e| e.into_inner());
-            let room = q.max_queue.saturating_sub(queued.len());
-            let dropped = spans.len().saturating_sub(room);
-            queued.extend(spans.into_iter().take(room));
-            (queued.len(), dropped)
-        };
+        let Some(r) = &self.inner else { return };
+        let queued = r.counts.queued.load(Ordering::Relaxed);
+        let room = r.max_queue.saturating_sub(queued) as usize;
+        let dropped = spans.len().saturating_sub(room);
         if dropped > 0 {
-            q.counts
+            r.counts
                 .dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
         }
-        if queued >= q.max_batch {
-            q.ready.notify_one();
+        let taken = spans.len() - dropped;
+        r.counts.queued.fetch_add(taken as u64, Ordering::Relaxed);
+        for span in spans.into_iter().take(taken) {
+            r.start(span);
         }
     }
 }
 
-/// Starts exporting: the tracer to record into, and the exporter to run
-/// (see [`Exporter::run`]); both count into `counts`.
-pub fn start(
+impl Recording {
+    /// One span of `span`'s trace, a child of the producer's span, ended.
+    fn start(&self, span: PublishSpan) {
+        let parent = SpanContext::new(
+            TraceId::from_bytes(span.parent.trace_id),
+            SpanId::from_bytes(span.parent.span_id),
+            TraceFlags::new(span.parent.flags),
+            true,
+            span.trace_state
+                .as_deref()
+                .and_then(|s| s.parse::<TraceState>().ok())
+                .unwrap_or_default(),
+        );
+        let context = opentelemetry::Context::new().with_remote_span_context(parent);
+        let destination = if span.exchange.is_empty() {
+            "amq.default".to_string()
+        } else {
+            span.exchange
+        };
+        let mut attributes = vec![
+            KeyValue::new("messaging.system", "rabbitmq"),
+            KeyValue::new("messaging.operation.type", "send"),
+            KeyValue::new("messaging.operation.name", "publish"),
+            KeyValue::new("messaging.destination.name", destination.clone()),
+            KeyValue::new(
+                "messaging.rabbitmq.destination.routing_key",
+                span.routing_key,
+            ),
+            KeyValue::new("messaging.message.id", span.message_id.to_string()),
+            KeyValue::new("messaging.message.body.size", span.body_size),
+            KeyValue::new("outboxd.outbox_id", span.outbox_id),
+            KeyValue::new("outboxd.bucket", span.bucket),
+        ];
+        if let Some(epoch) = span.lease_epoch {
+            attributes.push(KeyValue::new("outboxd.lease_epoch", epoch));
+        }
+        let mut started = self
+            .tracer
+            .span_builder(format!("publish {destination}"))
+            .with_kind(SpanKind::Producer)
+            .with_start_time(span.started)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &context);
+        if let Some(error) = span.error {
+            started.set_status(Status::error(error));
+        }
+        started.end_with_timestamp(span.ended);
+    }
+}
+
+/// The SDK's providers, shut down (flushed once) by [`Telemetry::run`].
+pub struct Telemetry {
+    traces: Option<SdkTracerProvider>,
+    metrics: Option<SdkMeterProvider>,
+}
+
+/// Starts exporting what `config` asks for: the tracer to record into (a
+/// disabled one when traces are off) and the providers to run until the
+/// worker stops. The SDK's exporters own blocking HTTP clients, which are
+/// built off the async runtime.
+pub async fn start(
     config: &ExportConfig,
     instance_id: String,
-    counts: Arc<TraceCounts>,
-) -> (Tracer, Exporter) {
-    let queue = Arc::new(Queue {
-        spans: Mutex::new(Vec::new()),
-        ready: Notify::new(),
-        max_queue: config.max_queue,
-        max_batch: config.max_batch,
-        counts,
-    });
-    // The user's OTEL_RESOURCE_ATTRIBUTES win over these defaults.
+    stats: Arc<RelayStats>,
+) -> Result<(Tracer, Telemetry), String> {
+    let config = config.clone();
+    let counts = stats.traces.clone();
+    tokio::task::spawn_blocking(move || {
+        let resource = resource(&config, instance_id);
+        let scope = InstrumentationScope::builder("outboxd")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let mut tracer = Tracer::default();
+        let traces = match &config.traces {
+            Some(signal) => {
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(signal.endpoint.as_str())
+                    .with_http_client(client(signal)?)
+                    .build()
+                    .map_err(|e| format!("traces: {e}"))?;
+                let exporter = Counting {
+                    inner: exporter,
+                    counts: counts.clone(),
+                    endpoint: signal.endpoint.to_string(),
+                    last_complaint: Mutex::new(None),
+                };
+                let provider = SdkTracerProvider::builder()
+                    .with_span_processor(BatchSpanProcessor::builder(exporter).build())
+                    .with_resource(resource.clone())
+                    .build();
+                tracer.inner = Some(Arc::new(Recording {
+                    tracer: provider.tracer_with_scope(scope.clone()),
+                    counts,
+                    max_queue: config.max_queue as u64,
+                }));
+                tracing::info!(endpoint = %signal.endpoint, "exporting a span per published message of a sampled trace");
+                Some(provider)
+            }
+            None => None,
+        };
+        let metrics = match &config.metrics {
+            Some(signal) => {
+                let exporter = opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(signal.endpoint.as_str())
+                    .with_http_client(client(signal)?)
+                    .build()
+                    .map_err(|e| format!("metrics: {e}"))?;
+                let provider = SdkMeterProvider::builder()
+                    .with_reader(PeriodicReader::builder(exporter).build())
+                    .with_resource(resource)
+                    .build();
+                instruments(&provider.meter_with_scope(scope), &stats);
+                tracing::info!(endpoint = %signal.endpoint, "exporting the worker's counters as OTLP metrics");
+                Some(provider)
+            }
+            None => None,
+        };
+        Ok((tracer, Telemetry { traces, metrics }))
+    })
+    .await
+    .map_err(|e| format!("cannot start the exporter: {e}"))?
+}
+
+impl Telemetry {
+    /// Waits for `cancel`, then sends what is queued, once, within 2 s.
+    pub async fn run(self, cancel: CancellationToken) {
+        cancel.cancelled().await;
+        let flushed = tokio::task::spawn_blocking(move || {
+            let farewell = Duration::from_secs(2);
+            if let Some(p) = self.traces {
+                let _ = p.shutdown_with_timeout(farewell);
+            }
+            if let Some(p) = self.metrics {
+                let _ = p.shutdown_with_timeout(farewell);
+            }
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(3), flushed).await;
+    }
+}
+
+/// The worker's resource: the user's `OTEL_RESOURCE_ATTRIBUTES` win over
+/// the instance id and version given here.
+fn resource(config: &ExportConfig, instance_id: String) -> Resource {
     let mut attributes = config.resource.clone();
     for (key, value) in [
         ("service.instance.id", instance_id),
@@ -115,221 +260,88 @@ pub fn start(
             attributes.push((key.into(), value));
         }
     }
-    let exporter = Exporter {
-        queue: queue.clone(),
-        client: Client::new(config),
-        resource: Resource { attributes },
-        schedule_delay: config.schedule_delay,
-        ids: SpanIds::new(),
-        last_complaint: None,
-    };
-    (Tracer { queue: Some(queue) }, exporter)
+    Resource::builder_empty()
+        .with_attributes(attributes.into_iter().map(|(k, v)| KeyValue::new(k, v)))
+        .build()
 }
 
-/// Sends the queued spans in batches.
-pub struct Exporter {
-    queue: Arc<Queue>,
-    client: Client,
-    resource: Resource,
-    schedule_delay: Duration,
-    ids: SpanIds,
-    last_complaint: Option<Instant>,
+/// A blocking HTTP client with the links' TLS stack and this signal's
+/// CA and client certificate.
+fn client(signal: &Signal) -> Result<reqwest::blocking::Client, String> {
+    let keys = signal.tls_keys.each_ref().map(String::as_str);
+    let tls = signal.tls.client_config(keys)?;
+    reqwest::blocking::Client::builder()
+        .use_preconfigured_tls(Arc::unwrap_or_clone(tls))
+        .timeout(signal.timeout)
+        .user_agent(concat!("outboxd/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the OTLP client for {}: {e}", signal.endpoint))
 }
 
-impl Exporter {
-    /// Sends batches until `cancel` fires, then what is queued, once.
-    pub async fn run(mut self, cancel: CancellationToken) {
-        if let Some(asked) = &self.client.ignored_compression {
-            tracing::warn!(
-                "{asked}: compression is not built into outboxd; spans are sent uncompressed"
-            );
-        }
-        tracing::info!(endpoint = %self.client.endpoint, "exporting a span per published message of a sampled trace");
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = self.queue.ready.notified() => {}
-                _ = tokio::time::sleep(self.schedule_delay) => {}
-            }
-            self.send_queued().await;
-        }
-        self.send_queued().await;
+/// The worker's counters ([`COUNTERS`]) as observable instruments, read
+/// at each export.
+/// The latency histograms stay on `/metrics` only: the SDK has no
+/// observable histogram, and recording into one would put a second
+/// histogram on the drain path.
+fn instruments(meter: &opentelemetry::metrics::Meter, stats: &Arc<RelayStats>) {
+    for c in &COUNTERS {
+        let (stats, read) = (stats.clone(), c.read);
+        meter
+            .u64_observable_counter(c.otlp)
+            .with_unit(c.unit)
+            .with_description(c.help)
+            .with_callback(move |observer| observer.observe(read(&stats), &[]))
+            .build();
     }
+}
 
-    /// Takes everything queued and sends it in requests of `max_batch`.
-    async fn send_queued(&mut self) {
-        let spans =
-            std::mem::take(&mut *self.queue.spans.lock().unwrap_or_else(|e| e.into_inner()));
-        for batch in spans.chunks(self.queue.max_batch) {
-            let with_ids: Vec<(&PublishSpan, [u8; 8])> =
-                batch.iter().map(|s| (s, self.ids.next())).collect();
-            let body = proto::export_request(&self.resource, &with_ids);
-            let counts = &self.queue.counts;
-            match self.client.post(body).await {
-                Ok(()) => {
-                    counts
-                        .exported
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    counts.failed_exports.fetch_add(1, Ordering::Relaxed);
-                    counts
-                        .dropped
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    let quiet = self
-                        .last_complaint
-                        .is_some_and(|t| t.elapsed() < Duration::from_secs(60));
-                    if !quiet {
-                        self.last_complaint = Some(Instant::now());
-                        tracing::warn!(
-                            "cannot export spans to {}: {e} ({} spans dropped; said at most once a minute)",
-                            self.client.endpoint,
-                            batch.len()
-                        );
-                    }
+/// The OTLP span exporter, counting what it exports and saying failures.
+#[derive(Debug)]
+struct Counting<E> {
+    inner: E,
+    counts: Arc<TraceCounts>,
+    endpoint: String,
+    last_complaint: Mutex<Option<Instant>>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counting<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len() as u64;
+        let result = self.inner.export(batch).await;
+        let counts = &self.counts;
+        match &result {
+            Ok(()) => {
+                counts.exported.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                counts.failed_exports.fetch_add(1, Ordering::Relaxed);
+                counts.dropped.fetch_add(n, Ordering::Relaxed);
+                let mut last = self
+                    .last_complaint
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if !last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+                    *last = Some(Instant::now());
+                    tracing::warn!(
+                        "cannot export spans to {}: {e} ({n} spans dropped; said at most once a minute)",
+                        self.endpoint
+                    );
                 }
             }
         }
-    }
-}
-
-/// Span ids: distinct and unpredictable — a random start passed through
-/// splitmix64, a bijection, so no two spans of this process share an id.
-struct SpanIds {
-    next: u64,
-}
-
-impl SpanIds {
-    fn new() -> Self {
-        let seed = uuid::Uuid::new_v4().as_u64_pair().0;
-        Self { next: seed }
+        counts.queued.fetch_sub(n, Ordering::Relaxed);
+        result
     }
 
-    fn next(&mut self) -> [u8; 8] {
-        loop {
-            self.next = self.next.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.next;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            if z != 0 {
-                return z.to_be_bytes();
-            }
-        }
-    }
-}
-
-/// An HTTP/1.1 client for one endpoint, keeping its connection between
-/// requests.
-struct Client {
-    endpoint: url::Url,
-    headers: Vec<(String, String)>,
-    timeout: Duration,
-    tls: Option<crate::tls::TlsFiles>,
-    ignored_compression: Option<String>,
-    sender: Option<SendRequest<Full<Bytes>>>,
-}
-
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-impl Client {
-    fn new(config: &ExportConfig) -> Self {
-        Self {
-            endpoint: config.endpoint.clone(),
-            headers: config.headers.clone(),
-            timeout: config.timeout,
-            tls: (config.endpoint.scheme() == "https").then(|| config.tls.clone()),
-            ignored_compression: config.ignored_compression.clone(),
-            sender: None,
-        }
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
     }
 
-    /// Posts one export request, within the timeout.
-    async fn post(&mut self, body: Vec<u8>) -> Result<(), String> {
-        match tokio::time::timeout(self.timeout, self.try_post(body)).await {
-            Ok(result) => result.inspect_err(|_| self.sender = None),
-            Err(_) => {
-                self.sender = None;
-                Err(format!("no answer within {:?}", self.timeout))
-            }
-        }
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
     }
 
-    async fn try_post(&mut self, body: Vec<u8>) -> Result<(), String> {
-        let reusable = self.sender.as_ref().is_some_and(|s| !s.is_closed());
-        if !reusable {
-            self.sender = Some(self.connect().await?);
-        }
-        let sender = self.sender.as_mut().expect("connected above");
-        sender.ready().await.map_err(|e| e.to_string())?;
-        let host = match self.endpoint.port() {
-            Some(port) => format!("{}:{port}", self.endpoint.host_str().unwrap_or_default()),
-            None => self.endpoint.host_str().unwrap_or_default().to_string(),
-        };
-        let path = match self.endpoint.query() {
-            Some(q) => format!("{}?{q}", self.endpoint.path()),
-            None => self.endpoint.path().to_string(),
-        };
-        let mut request = hyper::Request::post(path)
-            .header(hyper::header::HOST, host)
-            .header(hyper::header::CONTENT_TYPE, "application/x-protobuf")
-            .header(
-                hyper::header::USER_AGENT,
-                concat!("outboxd/", env!("CARGO_PKG_VERSION")),
-            );
-        for (k, v) in &self.headers {
-            request = request.header(k.as_str(), v.as_str());
-        }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| format!("invalid request header: {e}"))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = response.status();
-        let answer = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        if status.is_success() {
-            return Ok(());
-        }
-        let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
-        Err(format!(
-            "{status} {}",
-            text.replace(['\n', '\r'], " ").trim()
-        ))
-    }
-
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let host = self.endpoint.host_str().unwrap_or_default().to_string();
-        let port = self.endpoint.port_or_known_default().unwrap_or(4318);
-        let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        tcp.set_nodelay(true).ok();
-        let io: Box<dyn Io> = match &self.tls {
-            None => Box::new(tcp),
-            Some(files) => {
-                let config = files.client_config(ExportConfig::tls_keys())?;
-                let name = crate::tls::server_name(&host)?;
-                let stream = tokio_rustls::TlsConnector::from(config)
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| format!("TLS: {e}"))?;
-                Box::new(stream)
-            }
-        };
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(sender)
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }

@@ -1,5 +1,6 @@
-//! What the relay records of a published message and the exporter sends:
-//! the span and the resource it comes from.
+//! What the relay records of a published message: the span it becomes.
+
+use std::time::SystemTime;
 
 use super::context::TraceParent;
 
@@ -9,8 +10,8 @@ pub struct PublishSpan {
     /// The producer's span: this span's parent and trace.
     pub parent: TraceParent,
     pub trace_state: Option<String>,
-    pub start_unix_nanos: u64,
-    pub end_unix_nanos: u64,
+    pub started: SystemTime,
+    pub ended: SystemTime,
     pub outbox_id: i64,
     pub message_id: uuid::Uuid,
     pub bucket: String,
@@ -20,10 +21,4 @@ pub struct PublishSpan {
     pub body_size: i64,
     /// Why the publish failed; `None` when confirmed.
     pub error: Option<String>,
-}
-
-/// The exported resource's attributes (`service.name` first).
-#[derive(Debug, Clone)]
-pub struct Resource {
-    pub attributes: Vec<(String, String)>,
 }

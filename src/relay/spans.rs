@@ -8,7 +8,7 @@
 //! attempt at it (a rejection, a missing confirm) — not when the broker
 //! or the lease went away, which says nothing about the message.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use crate::amqp::PublishError;
 use crate::otel::{PublishSpan, TraceParent};
@@ -46,8 +46,8 @@ fn span(row: &ClaimedMessage, error: Option<String>, times: &BatchTimes) -> Opti
     Some(PublishSpan {
         parent,
         trace_state: header("tracestate").map(str::to_string),
-        start_unix_nanos: unix_nanos(times.started),
-        end_unix_nanos: unix_nanos(times.ended),
+        started: times.started,
+        ended: times.ended,
         outbox_id: row.id,
         message_id: row.message_id,
         bucket: row.partition_key.clone(),
@@ -57,11 +57,6 @@ fn span(row: &ClaimedMessage, error: Option<String>, times: &BatchTimes) -> Opti
         body_size: row.payload.len() as i64,
         error,
     })
-}
-
-fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 #[cfg(test)]

@@ -54,6 +54,86 @@ impl Histogram {
     }
 }
 
+/// One of a worker's counters, as `/metrics` and OTLP name it: one table,
+/// so that the two exports cannot drift apart.
+pub struct Counter {
+    /// The Prometheus series (`outboxd_…_total`).
+    pub series: &'static str,
+    /// The OTLP metric (`outboxd.…`), a cumulative sum.
+    pub otlp: &'static str,
+    /// The OTLP unit (UCUM annotation).
+    pub unit: &'static str,
+    pub help: &'static str,
+    pub read: fn(&RelayStats) -> u64,
+}
+
+/// Every counter of a worker, in the order `/metrics` lists them.
+pub const COUNTERS: [Counter; 9] = [
+    Counter {
+        series: "outboxd_published_total",
+        otlp: "outboxd.published",
+        unit: "{message}",
+        help: "rows published and recorded by this worker",
+        read: |s| s.published.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_retried_total",
+        otlp: "outboxd.retried",
+        unit: "{attempt}",
+        help: "failed publish attempts (each is retried) by this worker",
+        read: |s| s.failed.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_parked_total",
+        otlp: "outboxd.parked",
+        unit: "{message}",
+        help: "rows parked by this worker",
+        read: |s| s.parked.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_fenced_writes_total",
+        otlp: "outboxd.fenced_writes",
+        unit: "{write}",
+        help: "writes refused by the lease fence",
+        read: |s| s.fenced.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_membership_reads_total",
+        otlp: "outboxd.membership_reads",
+        unit: "{read}",
+        help: "reads of the fleet's membership by this worker's coordinator",
+        read: |s| s.membership_reads.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_late_writes_total",
+        otlp: "outboxd.late_writes",
+        unit: "{write}",
+        help: "broker socket writes that went out after a held lease's trust deadline (the process paused between the send gate's check and the write)",
+        read: |s| s.late_writes.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_trace_spans_exported_total",
+        otlp: "outboxd.trace.spans_exported",
+        unit: "{span}",
+        help: "spans accepted by the OTLP collector (0 while export is off)",
+        read: |s| s.traces.exported.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_trace_spans_dropped_total",
+        otlp: "outboxd.trace.spans_dropped",
+        unit: "{span}",
+        help: "spans dropped: the export queue was full or the export failed",
+        read: |s| s.traces.dropped.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_trace_exports_failed_total",
+        otlp: "outboxd.trace.exports_failed",
+        unit: "{request}",
+        help: "span export requests that failed",
+        read: |s| s.traces.failed_exports.load(Ordering::Relaxed),
+    },
+];
+
 /// Totals since the worker started.
 #[derive(Debug, Default)]
 pub struct RelayStats {

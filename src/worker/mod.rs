@@ -67,8 +67,8 @@ pub struct WorkOptions {
     pub window: Duration,
     /// Also serve the dashboard (on `dashboard.listen`).
     pub ui: bool,
-    /// Export spans (an `OTEL_*` endpoint is set).
-    pub traces: Option<ExportConfig>,
+    /// Export spans and metrics (`OTEL_*` variables ask for it).
+    pub telemetry: Option<ExportConfig>,
     /// The source served, named in the report, when there are several.
     pub source: Option<String>,
     /// With several sources and `worker.health_listen`: where this source's
@@ -109,12 +109,15 @@ pub async fn run(
         LateWatch::for_fleet(w.lease_ttl, w.lease_renew, w.heartbeat_ttl),
     );
     let mut tasks = Supervisor::new();
-    let tracer = match &opts.traces {
+    let tracer = match &opts.telemetry {
         Some(export) => {
             let worker_id = started.membership.worker_id.to_string();
-            let counts = stats.traces.clone();
-            let (tracer, exporter) = crate::otel::export::start(export, worker_id, counts);
-            tasks.spawn("span export", exporter.run(tasks.token()));
+            let (tracer, telemetry) = crate::otel::export::start(export, worker_id, stats.clone())
+                .await
+                .map_err(|e| {
+                    WorkError::Config(crate::config::ConfigError::Env(format!("telemetry: {e}")))
+                })?;
+            tasks.spawn("telemetry export", telemetry.run(tasks.token()));
             tracer
         }
         None => Tracer::default(),
