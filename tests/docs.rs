@@ -379,7 +379,12 @@ fn the_repository_speaks_about_the_product_only() {
 fn every_metric_is_in_the_observability_page() {
     let page = read(&root().join("docs/observability.md"));
     let mut names = BTreeSet::new();
-    for file in ["src/dashboard/metrics.rs", "src/worker/probes.rs"] {
+    let files = [
+        "src/dashboard/metrics.rs",
+        "src/worker/probes.rs",
+        "src/relay/stats.rs",
+    ];
+    for file in files {
         let text = read(&root().join(file));
         for piece in text.split("\"outboxd_").skip(1) {
             let name: String = piece
@@ -397,5 +402,21 @@ fn every_metric_is_in_the_observability_page() {
     assert!(
         missing.is_empty(),
         "series missing from docs/observability.md's table: {missing:?}"
+    );
+    // The same counters' OTLP names, in the page's OTLP section.
+    let stats = read(&root().join("src/relay/stats.rs"));
+    let otlp: Vec<&str> = stats
+        .split("otlp: \"")
+        .skip(1)
+        .filter_map(|piece| piece.split('"').next())
+        .collect();
+    assert!(otlp.len() >= 9, "only {} OTLP names found", otlp.len());
+    let missing: Vec<_> = otlp
+        .iter()
+        .filter(|n| !page.contains(&format!("`{n}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "OTLP metrics missing from docs/observability.md: {missing:?}"
     );
 }
