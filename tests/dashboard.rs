@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use outboxd::demo::QueueReader;
@@ -976,7 +976,7 @@ async fn the_dashboard_serves_https_with_its_own_certificate() {
     let (mut ui, base) = spawn_ui_with(
         &env,
         &format!(
-            "tls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
+            "token = \"{TOKEN}\"\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n",
             files.join("server.pem").display(),
             files.join("server.key").display()
         ),
@@ -998,7 +998,9 @@ async fn the_dashboard_serves_https_with_its_own_certificate() {
             .output()
             .unwrap()
     };
-    let ok = curl(&["--cacert", &pki.ca.display().to_string()]);
+    let ca = pki.ca.display().to_string();
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let ok = curl(&["--cacert", &ca, "-H", &bearer]);
     assert_eq!(
         String::from_utf8_lossy(&ok.stdout),
         "200",
@@ -1021,6 +1023,204 @@ async fn the_dashboard_serves_https_with_its_own_certificate() {
         .output()
         .unwrap();
     assert_ne!(String::from_utf8_lossy(&plain.stdout), "200");
+    // The session cookie is `__Host-` and Secure, and HSTS is on: a
+    // browser sends the cookie over HTTPS only, and no page on plain HTTP
+    // can set or shadow it.
+    let login = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-o", "/dev/null", "-D", "-"])
+        .args(["--cacert", &ca, "--data", &format!("token={TOKEN}")])
+        .arg(format!("{base}/outbox/login"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&login.stdout).to_ascii_lowercase();
+    assert!(
+        head.contains("set-cookie: __host-outboxd_session=")
+            && head.contains("; path=/; secure; httponly; samesite=strict"),
+        "{head}"
+    );
+    assert!(
+        head.contains("strict-transport-security: max-age=31536000"),
+        "{head}"
+    );
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+}
+
+/// A connection from `source` to `to`, its header sent up to `head`.
+async fn connect_from(source: &str, to: &str) -> Option<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(to.parse().unwrap()).await.ok()
+}
+
+/// Whether the server closed `stream` (or answered and closed) within
+/// `limit`.
+async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 512];
+    let read = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(limit, read).await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Half-sent requests cannot take the dashboard down: one address holds at
+/// most 64 connections (the rest are closed at once), each for at most the
+/// header deadline (10 s), and another address is answered meanwhile.
+async fn slow_connections_are_capped_and_closed_and_others_are_served() {
+    use tokio::io::AsyncWriteExt;
+    let env = TestEnv::new().await;
+    let (mut ui, base) = spawn_ui_with(&env, &format!("token = \"{TOKEN}\"\n"));
+    let addr = base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    let mut refused = 0;
+    let started = Instant::now();
+    for _ in 0..200 {
+        let mut s = connect_from("127.0.0.1", &addr).await.unwrap();
+        // Half a request: the header never ends.
+        if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .is_err()
+        {
+            refused += 1;
+            continue;
+        }
+        held.push(s);
+    }
+    // Those beyond the cap are closed at once.
+    let mut closed_at_once = 0;
+    for s in held.iter_mut() {
+        if closed_within(s, Duration::from_millis(20)).await {
+            closed_at_once += 1;
+        }
+    }
+    let open = held.len() - closed_at_once;
+    println!(
+        "200 half-open connections: {open} held, {} refused",
+        refused + closed_at_once
+    );
+    assert_eq!(open, 64, "the per-address cap");
+    // Another address is answered at once, with the token's status only.
+    let asked = Instant::now();
+    let mut other = connect_from("127.0.0.2", &addr).await.unwrap();
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut other, &mut answer)
+        .await
+        .unwrap();
+    let took = asked.elapsed();
+    println!("/healthz from another address: {took:?}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // The held ones are closed by the header deadline (10 s).
+    for s in held.iter_mut() {
+        assert!(closed_within(s, Duration::from_secs(15)).await);
+    }
+    let closed_after = started.elapsed();
+    println!("every held connection closed after {closed_after:?}");
+    assert!(closed_after >= Duration::from_secs(9), "{closed_after:?}");
+    // And the address is served again.
+    assert_eq!(get(&format!("{base}/healthz")).await.status, 200);
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Every form of naming another host is refused (421), with the security
+/// headers and without repeating what was sent.
+async fn every_form_of_a_foreign_host_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = TestEnv::new().await;
+    let (mut ui, base) = spawn_ui_with(&env, "");
+    let addr = base.trim_start_matches("http://").to_string();
+    let raw = |request: String| {
+        let addr = addr.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            s.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).await.unwrap();
+            answer
+        }
+    };
+    let ok = raw(format!(
+        "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    ))
+    .await;
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    for request in [
+        format!("GET /healthz HTTP/1.1\r\nHost: {addr}@evil.example\r\nConnection: close\r\n\r\n"),
+        "GET /healthz HTTP/1.0\r\n\r\n".to_string(),
+        format!(
+            "GET http://evil.example/healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        ),
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+        ),
+        "GET /healthz HTTP/1.1\r\nHost: <script>evil.example\r\nConnection: close\r\n\r\n"
+            .to_string(),
+    ] {
+        let answer = raw(request.clone()).await;
+        let status = answer.split(' ').nth(1).unwrap_or_default();
+        assert!(status == "421" || status == "400", "{request:?}: {answer}");
+        assert!(!answer.contains("evil"), "echoed: {answer}");
+        if status == "421" {
+            let lower = answer.to_ascii_lowercase();
+            assert!(
+                lower.contains("content-security-policy:")
+                    && lower.contains("x-frame-options: deny"),
+                "{answer}"
+            );
+        }
+    }
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// With a token, `/healthz` says only the status to a caller without it:
+/// the driver's error (which names the database's user, host and port)
+/// only with the token.
+async fn healthz_names_database_details_only_with_the_token() {
+    let billing = TestEnv::with(Tuning::default()).await;
+    let sources = format!(
+        "\n[[source]]\nname = \"billing\"\nurl = \"{}\"\n\n[[source]]\nname = \"stock\"\nurl = \"postgres://stock_user@127.0.0.1:1/stock_db\"\n\n[dashboard]\ntoken = \"{TOKEN}\"\n",
+        billing.worker_db_url
+    );
+    let config = billing.config_variant("healthz", |text| format!("{text}{sources}"));
+    let (mut ui, base) = spawn_ui(&billing, &config);
+    let url = format!("{base}/healthz");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let anonymous = loop {
+        let r = get(&url).await;
+        if r.body.contains("billing: ok") || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(anonymous.status, 200, "{}", anonymous.body);
+    assert_eq!(anonymous.body, "ok\nbilling: ok\nstock: unreachable\n");
+    let bearer = format!("Bearer {TOKEN}");
+    let detailed = http("GET", &url, &[("Authorization", &bearer)], None).await;
+    assert!(detailed.body.contains("stock: "), "{}", detailed.body);
+    assert!(
+        detailed.body.contains("127.0.0.1:1") || detailed.body.contains("stock_user"),
+        "the token's caller sees why: {}",
+        detailed.body
+    );
+    println!(
+        "without the token: {:?}\nwith it: {:?}",
+        anonymous.body, detailed.body
+    );
     ui.signal("TERM");
     assert!(ui.wait(Duration::from_secs(10)).success());
 }

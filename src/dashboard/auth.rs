@@ -39,6 +39,7 @@ use super::DashboardState;
 /// The header dashboard actions must carry when not sent with a Bearer token.
 pub const ACTION_HEADER: &str = "x-outboxd-action";
 const COOKIE: &str = "outboxd_session";
+const SECURE_COOKIE: &str = "__Host-outboxd_session";
 const MAX_SESSIONS: usize = 10_000;
 /// Wrong tokens one address may send within [`FAILURE_WINDOW`].
 pub const MAX_FAILURES: usize = 10;
@@ -162,24 +163,38 @@ pub fn client_in(extensions: &axum::http::Extensions) -> Option<IpAddr> {
         .map(|ConnectInfo(client)| client.0.ip())
 }
 
-/// The session cookie of a request, if any.
-pub fn session_cookie(headers: &HeaderMap) -> Option<String> {
+/// The session cookies of a request: every value of the session's name,
+/// so that a cookie another page set under a narrower path (sent first)
+/// cannot hide the real one.
+pub fn session_cookies(headers: &HeaderMap, secure: bool) -> Vec<String> {
+    let name = cookie_name(secure);
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .filter(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
+        .collect()
 }
 
-/// `Set-Cookie` value for a session (empty id: expire it).
-pub fn cookie_header(id: &str, path: &str) -> String {
-    if id.is_empty() {
-        format!("{COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0")
+/// The session cookie's name: over HTTPS with the `__Host-` prefix, which
+/// a browser accepts only from a secure page, for the whole host, without
+/// a domain — a plain-HTTP page on the same host can neither set nor
+/// shadow it.
+fn cookie_name(secure: bool) -> &'static str {
+    if secure { SECURE_COOKIE } else { COOKIE }
+}
+
+/// `Set-Cookie` value for a session (empty id: expire it); `secure` when
+/// the dashboard is served over HTTPS (`__Host-`, `Secure`, `Path=/`).
+pub fn cookie_header(id: &str, path: &str, secure: bool) -> String {
+    let expire = if id.is_empty() { "; Max-Age=0" } else { "" };
+    if secure {
+        format!("{SECURE_COOKIE}={id}; Path=/; Secure; HttpOnly; SameSite=Strict{expire}")
     } else {
-        format!("{COOKIE}={id}; Path={path}; HttpOnly; SameSite=Strict")
+        format!("{COOKIE}={id}; Path={path}; HttpOnly; SameSite=Strict{expire}")
     }
 }
 
@@ -238,6 +253,38 @@ pub fn check_login(
     Ok(false)
 }
 
+/// Whether a request to an open route (`/healthz`) may see details: no
+/// token is configured, or it carries the token or a session. A wrong
+/// Bearer token counts against its address as anywhere else.
+pub fn may_see_details(
+    state: &DashboardState,
+    req_headers: &HeaderMap,
+    client: Option<IpAddr>,
+) -> bool {
+    let Some(auth) = &state.auth else {
+        return true;
+    };
+    if client.is_some_and(|c| !auth.may_try(c)) {
+        return false;
+    }
+    let bearer = req_headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match bearer {
+        Some(t) if auth.token_matches(t.trim()) => true,
+        Some(_) => {
+            if let Some(c) = client {
+                auth.failed(c);
+            }
+            false
+        }
+        None => session_cookies(req_headers, state.tls.is_some())
+            .iter()
+            .any(|s| auth.session_valid(s)),
+    }
+}
+
 /// The middleware in front of every route.
 pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
@@ -263,7 +310,10 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
             }
             if bearer.is_some_and(|t| auth.token_matches(t.trim())) {
                 Caller::Bearer
-            } else if session_cookie(req.headers()).is_some_and(|s| auth.session_valid(&s)) {
+            } else if session_cookies(req.headers(), state.tls.is_some())
+                .iter()
+                .any(|s| auth.session_valid(s))
+            {
                 Caller::Session
             } else {
                 if bearer.is_some() {
@@ -343,24 +393,35 @@ impl HostRule {
 }
 
 /// Refuses a request whose `Host` this dashboard is not (a web page that
-/// rebound its own name to the dashboard's address cannot use it).
+/// rebound its own name to the dashboard's address cannot use it). Every
+/// form of a request is checked on its parsed authority: exactly one
+/// `Host` header (none, as HTTP/1.0 may send, or two, is refused), no user
+/// part (`host@elsewhere`), and an absolute-form target's authority too.
+/// The refusal names nothing the client sent.
 pub async fn host_guard(State(rule): State<Arc<HostRule>>, req: Request, next: Next) -> Response {
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .map(|h| h.to_str().unwrap_or("(not text)").to_string())
-        .or_else(|| req.uri().authority().map(|a| a.to_string()));
-    match host {
-        Some(host) if !rule.allows(&host) => (
-            StatusCode::MISDIRECTED_REQUEST,
-            format!(
-                "421 misdirected request: this dashboard does not answer to the host '{}' (add it to dashboard.allowed_hosts)\n",
-                host.escape_default()
-            ),
-        )
-            .into_response(),
-        _ => next.run(req).await,
+    let hosts = req.headers().get_all(header::HOST);
+    let mut named: Vec<Option<String>> = hosts
+        .iter()
+        .map(|h| h.to_str().ok().map(str::to_string))
+        .collect();
+    let one_host = named.len() == 1;
+    if let Some(target) = req.uri().authority() {
+        named.push(Some(target.to_string()));
     }
+    let allowed = one_host
+        && named.iter().all(|name| {
+            name.as_deref()
+                .and_then(|n| n.parse::<axum::http::uri::Authority>().ok())
+                .is_some_and(|a| !a.as_str().contains('@') && rule.allows(a.host()))
+        });
+    if allowed {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        "421 misdirected request: this dashboard does not answer to that host (add it to dashboard.allowed_hosts)\n",
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -431,12 +492,20 @@ mod tests {
     }
 
     #[test]
-    fn the_session_cookie_is_found_among_others() {
+    fn every_session_cookie_is_found_among_others() {
         let mut h = HeaderMap::new();
+        // A narrower path's cookie comes first: both are candidates.
         h.insert(
             header::COOKIE,
-            "a=1; outboxd_session=xyz; b=2".parse().unwrap(),
+            "a=1; outboxd_session=junk; outboxd_session=xyz; __Host-outboxd_session=s; b=2"
+                .parse()
+                .unwrap(),
         );
-        assert_eq!(session_cookie(&h).as_deref(), Some("xyz"));
+        assert_eq!(session_cookies(&h, false), ["junk", "xyz"]);
+        assert_eq!(session_cookies(&h, true), ["s"]);
+        assert!(
+            cookie_header("s", "/outbox", true)
+                .starts_with("__Host-outboxd_session=s; Path=/; Secure;")
+        );
     }
 }

@@ -28,6 +28,7 @@ pub mod auth;
 pub mod error;
 pub mod https;
 pub mod metrics;
+pub mod server;
 pub mod sources;
 
 use std::net::SocketAddr;
@@ -238,7 +239,14 @@ pub async fn within<T: Send + 'static>(
     }
 }
 
-async fn healthz(State(st): State<Arc<DashboardState>>) -> Response {
+/// `ok` (200) while the database answers, 503 when not; why not (the
+/// driver's error, which names the database's user and host) only to a
+/// caller who may see details ([`auth::may_see_details`]).
+async fn healthz(
+    State(st): State<Arc<DashboardState>>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
     let store = st.store.clone();
     let reason = match within(HEALTHZ_WITHIN, async move { store.ping().await }).await {
         Some(Ok(())) => return "ok\n".into_response(),
@@ -248,11 +256,12 @@ async fn healthz(State(st): State<Arc<DashboardState>>) -> Response {
             crate::config::fmt_duration(HEALTHZ_WITHIN)
         ),
     };
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("database unreachable: {reason}\n"),
-    )
-        .into_response()
+    let body = if auth::may_see_details(&st, &headers, auth::client_in(&extensions)) {
+        format!("database unreachable: {reason}\n")
+    } else {
+        "database unreachable\n".to_string()
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -317,7 +326,10 @@ async fn login(
     (
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, auth::cookie_header(&session, &st.home)),
+            (
+                header::SET_COOKIE,
+                auth::cookie_header(&session, &st.home, st.tls.is_some()),
+            ),
             (header::LOCATION, format!("{}/", st.home)),
         ],
     )
@@ -325,13 +337,18 @@ async fn login(
 }
 
 async fn logout(State(st): State<Arc<DashboardState>>, headers: HeaderMap) -> Response {
-    if let (Some(auth), Some(s)) = (&st.auth, auth::session_cookie(&headers)) {
-        auth.close_session(&s);
+    if let Some(auth) = &st.auth {
+        for s in auth::session_cookies(&headers, st.tls.is_some()) {
+            auth.close_session(&s);
+        }
     }
     (
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, auth::cookie_header("", &st.home)),
+            (
+                header::SET_COOKIE,
+                auth::cookie_header("", &st.home, st.tls.is_some()),
+            ),
             (header::LOCATION, format!("{}/login", st.home)),
         ],
     )
@@ -372,25 +389,29 @@ pub async fn serve_router(
         tracing::warn!(%local, "the dashboard is reachable from other hosts without a token; set dashboard.token");
     }
     let hosts = Arc::new(auth::HostRule::new(local.ip(), &state.allowed_hosts));
-    let tls = state.tls.clone();
+    let tls = match &state.tls {
+        None => None,
+        Some((cert, key)) => Some(https::server_config(cert, key).map_err(DashboardError::Tls)?),
+    };
+    let hsts = tls.is_some();
     let app = app
         .layer(axum::middleware::from_fn_with_state(
             hosts,
             auth::host_guard,
         ))
-        .into_make_service_with_connect_info::<https::ClientAddr>();
-    match tls {
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await
-            .map_err(DashboardError::Serve),
-        Some((cert, key)) => {
-            let config = https::server_config(&cert, &key).map_err(DashboardError::Tls)?;
-            let listener = https::TlsListener::new(listener, config, cancel.clone());
-            axum::serve(listener, app)
-                .with_graceful_shutdown(cancel.cancelled_owned())
-                .await
-                .map_err(DashboardError::Serve)
-        }
-    }
+        // Outside the host guard, so that its refusals carry them too.
+        .layer(axum::middleware::from_fn(security_headers))
+        .layer(axum::middleware::map_response(
+            move |mut r: Response| async move {
+                if hsts {
+                    r.headers_mut().insert(
+                        header::STRICT_TRANSPORT_SECURITY,
+                        header::HeaderValue::from_static("max-age=31536000"),
+                    );
+                }
+                r
+            },
+        ));
+    server::serve(listener, app, tls, server::Limits::default(), cancel).await;
+    Ok(())
 }

@@ -335,8 +335,16 @@ async fn health_of(slot: &Slot) -> SourceHealth {
 }
 
 /// 200 while this process serves; a line per source says whether its
-/// database answers (503 only when none does).
-async fn healthz(State(all): State<Arc<Sources>>) -> Response {
+/// database answers (503 only when none does), and why not to a caller who
+/// may see details ([`super::auth::may_see_details`]); others get the
+/// status and each source's `ok` or `unreachable`.
+async fn healthz(
+    State(all): State<Arc<Sources>>,
+    headers: axum::http::HeaderMap,
+    extensions: axum::http::Extensions,
+) -> Response {
+    let client = super::auth::client_in(&extensions);
+    let details = super::auth::may_see_details(&all.home, &headers, client);
     let pings = all.sources.iter().map(|slot| async move {
         let name = &slot.name;
         let st = match slot.current() {
@@ -351,7 +359,11 @@ async fn healthz(State(all): State<Arc<Sources>>) -> Response {
         }
     });
     let pinged = futures_util::future::join_all(pings).await;
-    let lines: String = pinged.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let line = |(up, l): &(bool, String)| match (details, up) {
+        (true, _) | (false, true) => format!("{l}\n"),
+        (false, false) => format!("{}: unreachable\n", l.split(':').next().unwrap_or_default()),
+    };
+    let lines: String = pinged.iter().map(line).collect();
     if pinged.iter().any(|(up, _)| *up) {
         format!("ok\n{lines}").into_response()
     } else {

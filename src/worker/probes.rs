@@ -212,12 +212,8 @@ pub(super) async fn serve(
     if let Ok(local) = listener.local_addr() {
         tracing::info!(%local, "probes listening (/livez, /readyz, /metrics)");
     }
-    let served = axum::serve(listener, router(probes))
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "the probes' server stopped");
-    }
+    let limits = crate::dashboard::server::Limits::default();
+    crate::dashboard::server::serve(listener, router(probes), None, limits, stop).await;
 }
 
 fn answer(ok: bool, field: &str, reason: Option<String>) -> Response {
@@ -362,12 +358,8 @@ pub(super) async fn serve_board(
         .route("/readyz", get(board_readyz))
         .route("/metrics", get(board_metrics))
         .with_state((board, shutdown));
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "the probes' server stopped");
-    }
+    let limits = crate::dashboard::server::Limits::default();
+    crate::dashboard::server::serve(listener, app, None, limits, stop).await;
 }
 
 type BoardApp = (Board, CancellationToken);
