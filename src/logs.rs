@@ -196,3 +196,72 @@ mod tests {
         assert_eq!(parsed["level"], "INFO");
     }
 }
+
+/// User data (a message key, a broker's reply naming an exchange) as it
+/// may appear in a log line or a terminal: every character that could
+/// forge a line, move the cursor or hide text — controls (escape sequences
+/// included), line and paragraph separators, and Unicode's
+/// Default_Ignorable_Code_Point set (bidirectional controls, zero-width
+/// characters, variation selectors, tag characters) — written as
+/// `\u{XXXX}`, the form the dashboard shows as `⟨U+XXXX⟩`.
+pub struct Visible<'a>(pub &'a str);
+
+impl std::fmt::Display for Visible<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            if hidden(c) {
+                write!(f, "\\u{{{:04X}}}", u32::from(c))?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Unicode 15's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt).
+const DEFAULT_IGNORABLE: [(u32, u32); 17] = [
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+];
+
+/// Whether `c` is written escaped by [`Visible`].
+pub fn hidden(c: char) -> bool {
+    let n = u32::from(c);
+    c.is_control()
+        || n == 0x2028
+        || n == 0x2029
+        || DEFAULT_IGNORABLE
+            .iter()
+            .any(|&(lo, hi)| (lo..=hi).contains(&n))
+}
+
+#[cfg(test)]
+mod visible_tests {
+    use super::Visible;
+
+    #[test]
+    fn escapes_what_could_forge_or_hide_a_line_and_nothing_else() {
+        let key = "a\u{1b}[2Jb\nc\u{202E}d\u{E0069}e\u{034F}f\u{FE0F}g\u{2028}h\u{17B4}é中";
+        assert_eq!(
+            Visible(key).to_string(),
+            "a\\u{001B}[2Jb\\u{000A}c\\u{202E}d\\u{E0069}e\\u{034F}f\\u{FE0F}g\\u{2028}h\\u{17B4}é中"
+        );
+    }
+}

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::coordinator::housekeeping::Housekeeping;
 use crate::dashboard::api::{Summary, load_summary};
+use crate::logs::Visible;
 use crate::partitioner::Partitioner;
 use crate::store::workers::WorkerView;
 use crate::store::{HeadAction, Store, schema};
@@ -472,9 +473,11 @@ pub async fn failed(config: &Config, cmd: &FailedCommand) -> anyhow::Result<()> 
                         "{:>10} {:<7} {:<24} {:>8}  {}",
                         m.id,
                         m.partition_key,
-                        m.message_key,
+                        // A key or an error is user data: nothing in it may
+                        // move the terminal's cursor or hide text.
+                        Visible(&m.message_key).to_string(),
                         m.attempts,
-                        m.last_error.as_deref().unwrap_or("")
+                        Visible(m.last_error.as_deref().unwrap_or(""))
                     );
                 }
                 say!("{} parked message(s)", rows.len());

@@ -472,6 +472,17 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
                 .header("file", "invoice-\u{202E}fdp.exe"),
         )
         .await;
+    // Every other kind the page must mark: a tag character, a combining
+    // grapheme joiner, a variation selector, a Mongolian free variation
+    // selector, a Khmer inherent vowel, a line separator.
+    env.db
+        .enqueue(Message::new(
+            "adm\u{E0069}n\u{034F}-x\u{FE0F}\u{180B}\u{17B4}\u{2028}end",
+            "",
+            "q".to_string(),
+            "x",
+        ))
+        .await;
     let token = "browser-test-token-0123456789";
     let ttl_ms = 20_000;
     let config = env.dir.join("hardened.toml");

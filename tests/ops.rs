@@ -656,3 +656,66 @@ on_every_db!(
     a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabels_it,
     a_running_worker_stops_when_the_database_is_repartitioned_under_it,
 );
+
+/// A key is user data: in the worker's log (text and JSON) and in `failed
+/// list`, nothing in it may move a terminal's cursor, start a new line or
+/// hide text — escape sequences, line breaks, bidi controls and the other
+/// default-ignorable characters are written as `\u{XXXX}`.
+#[tokio::test]
+async fn hostile_keys_cannot_forge_or_hide_log_lines() {
+    let env = TestEnv::new().await;
+    let key = "evil\u{1b}[2J\n2026-01-01T00:00:00Z INFO forged\u{202E}gnp\u{2028}x";
+    let head = env
+        .db
+        .enqueue(Message::new(key, "", unique("missing"), "1"))
+        .await;
+    for format in ["text", "json"] {
+        let vars = [("OUTBOXD_LOG__FORMAT", format)];
+        let mut worker =
+            env.spawn_worker_with(None, &env.config_path, &["--no-leasing", "--silent"], &vars);
+        env.wait_count(
+            &format!("id = {head} AND attempts >= 1"),
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        worker.terminate(EXIT_WITHIN);
+        let log = worker.log_text();
+        let line = log
+            .lines()
+            .find(|l| l.contains("publish failed"))
+            .unwrap_or_else(|| panic!("{format}: no line for the refused row:\n{log}"));
+        // JSON writes the escape's own backslash as `\\`.
+        let shown = |text: &str| match format {
+            "json" => text.replace('\\', "\\\\"),
+            _ => text.to_string(),
+        };
+        for part in [
+            "evil\\u{001B}[2J\\u{000A}2026",
+            "forged\\u{202E}gnp\\u{2028}x",
+        ] {
+            assert!(line.contains(&shown(part)), "{format}: {line}");
+        }
+        for raw in ['\u{1b}', '\u{202E}', '\u{2028}'] {
+            assert!(
+                !log.contains(raw),
+                "{format}: a raw {raw:?} in the log:\n{log}"
+            );
+        }
+        assert!(
+            !log.lines()
+                .any(|l| l.starts_with("2026-01-01T00:00:00Z INFO forged"))
+        );
+        if format == "text" {
+            env.db.exec("UPDATE outbox SET attempts = 0").await;
+        }
+    }
+    assert_ok(&run(&env, &["failed", "park", &head.to_string()]));
+    let listed = stdout(&run(&env, &["failed", "list"]));
+    assert!(listed.contains("evil\\u{001B}[2J\\u{000A}"), "{listed}");
+    assert!(
+        !listed.contains('\u{1b}') && !listed.contains('\u{202E}'),
+        "{listed}"
+    );
+}

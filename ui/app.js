@@ -7,17 +7,17 @@ const POLL_MS = 2000;
 const state = { view: "pending", key: "", cursor: null, pageCursors: [] };
 
 const $ = (sel) => document.querySelector(sel);
-// Characters that change how text reads without being seen — controls,
-// bidirectional overrides, zero-width — are shown as ⟨U+XXXX⟩, so a key like
-// "rtl-\u202Egnp.exe" cannot pass for another name.
-const HIDDEN = "\\u0000-\\u0008\\u000B\\u000C\\u000E-\\u001F\\u007F-\\u009F\\u00AD\\u061C\\u180E\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u2064\\u2066-\\u2069\\uFEFF";
-const INVISIBLE = new RegExp(`[${HIDDEN}]`, "g");
-const INVISIBLE_OR_BREAK = new RegExp(`[${HIDDEN}\\t\\n\\r]`, "g");
+// Characters that change how text reads without being seen are shown as
+// ⟨U+XXXX⟩, so a key like "rtl-\u202Egnp.exe" cannot pass for another name:
+// controls, every Default_Ignorable_Code_Point (zero-width, bidirectional
+// controls, variation selectors, tag characters, fillers…) and the line and
+// paragraph separators.
+const HIDDEN = /[\p{Cc}\p{Default_Ignorable_Code_Point}\u2028\u2029]/gu;
 const mark = (c) => `⟨U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`;
 // For multi-line text (headers, payloads): line breaks and tabs stay.
-const visible = (s) => String(s ?? "").replace(INVISIBLE, mark);
+const visible = (s) => String(s ?? "").replace(HIDDEN, (c) => ("\t\n\r".includes(c) ? c : mark(c)));
 // For one-line text and attributes, HTML-escaped.
-const esc = (s) => String(s ?? "").replace(INVISIBLE_OR_BREAK, mark)
+const esc = (s) => String(s ?? "").replace(HIDDEN, mark)
   .replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const short = (id) => (id ? String(id).slice(0, 8) : "—");
 const num = (n) => Number(n ?? 0).toLocaleString("en-US");

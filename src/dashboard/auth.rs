@@ -15,7 +15,11 @@
 //! Sessions expire after `dashboard.session_ttl`. Guessing is bounded: after
 //! [`MAX_FAILURES`] wrong tokens (login form or Bearer) from one address
 //! within a minute, that address is refused until the minute has passed,
-//! even with the right token; every wrong token is logged with the address.
+//! even with the right token; after [`MAX_FAILURES_IN_ALL`] from all
+//! addresses together, every address that has not logged in recently is
+//! ([`Auth::may_try`] says how that is balanced). Every wrong token is
+//! logged with the address; a lock-out's refusals are logged once, at its
+//! start, and counted in one line at its end.
 //! The token is compared in time that does not depend on its length.
 //! Handlers learn which credential was checked from the request's [`Caller`]
 //! (for the audit trail), never from what else the request carries.
@@ -43,6 +47,9 @@ const SECURE_COOKIE: &str = "__Host-outboxd_session";
 const MAX_SESSIONS: usize = 10_000;
 /// Wrong tokens one address may send within [`FAILURE_WINDOW`].
 pub const MAX_FAILURES: usize = 10;
+/// Wrong tokens all addresses together may send within [`FAILURE_WINDOW`]
+/// before addresses that have not logged in recently are refused too.
+pub const MAX_FAILURES_IN_ALL: usize = 100;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 const MAX_TRACKED_CLIENTS: usize = 10_000;
 
@@ -55,6 +62,24 @@ pub struct Auth {
     sessions: Mutex<HashMap<String, Instant>>,
     /// Client address → when its recent wrong tokens came.
     failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
+    /// When the recent wrong tokens of every address came.
+    all_failures: Mutex<Vec<Instant>>,
+    /// Addresses that presented the right token within the session's
+    /// lifetime, and when they last did: the global limit spares them.
+    trusted: Mutex<HashMap<IpAddr, Instant>>,
+    /// Refusals not yet logged, by address: the first of a lock-out is
+    /// logged, the rest counted and said once it ends.
+    refused: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// Why a token is not even compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// This address sent [`MAX_FAILURES`] wrong tokens within a minute.
+    Address,
+    /// All addresses together sent [`MAX_FAILURES_IN_ALL`], and this one
+    /// has not logged in recently.
+    Everyone,
 }
 
 impl Auth {
@@ -65,6 +90,9 @@ impl Auth {
                 session_ttl,
                 sessions: Mutex::new(HashMap::new()),
                 failures: Mutex::new(HashMap::new()),
+                all_failures: Mutex::new(Vec::new()),
+                trusted: Mutex::new(HashMap::new()),
+                refused: Mutex::new(HashMap::new()),
             })
         })
     }
@@ -74,16 +102,54 @@ impl Auth {
     }
 
     /// Whether `client` may present a token now: fewer than
-    /// [`MAX_FAILURES`] wrong ones within the last minute.
-    pub fn may_try(&self, client: IpAddr) -> bool {
-        let mut failures = lock(&self.failures);
-        let recent = failures.entry(client).or_default();
-        recent.retain(|t| t.elapsed() < FAILURE_WINDOW);
-        let allowed = recent.len() < MAX_FAILURES;
-        if recent.is_empty() {
-            failures.remove(&client);
+    /// [`MAX_FAILURES`] wrong ones from it within the last minute, and
+    /// fewer than [`MAX_FAILURES_IN_ALL`] from everyone unless it logged in
+    /// within the session's lifetime.
+    ///
+    /// The balance: a guesser cannot lock the right user out for long — an
+    /// address that proved the token recently is spared the global limit,
+    /// sessions are never affected, and every lock-out ends a minute after
+    /// the last wrong token — while guessing from many addresses (an IPv6
+    /// /64) is held to 100 tokens a minute in all.
+    pub fn may_try(&self, client: IpAddr) -> Result<(), Refusal> {
+        let refusal = {
+            let mut failures = lock(&self.failures);
+            let recent = failures.entry(client).or_default();
+            recent.retain(|t| t.elapsed() < FAILURE_WINDOW);
+            let over = recent.len() >= MAX_FAILURES;
+            if recent.is_empty() {
+                failures.remove(&client);
+            }
+            if over {
+                Some(Refusal::Address)
+            } else {
+                let mut all = lock(&self.all_failures);
+                all.retain(|t| t.elapsed() < FAILURE_WINDOW);
+                let trusted = lock(&self.trusted)
+                    .get(&client)
+                    .is_some_and(|t| t.elapsed() < self.session_ttl);
+                (all.len() >= MAX_FAILURES_IN_ALL && !trusted).then_some(Refusal::Everyone)
+            }
+        };
+        match refusal {
+            Some(r) => {
+                let mut refused = lock(&self.refused);
+                let n = refused.entry(client).or_default();
+                *n += 1;
+                if *n == 1 {
+                    tracing::warn!(%client, "dashboard: {}; further refusals are counted and said when it ends", r.why());
+                }
+                Err(r)
+            }
+            None => {
+                if let Some(n) = lock(&self.refused).remove(&client)
+                    && n > 1
+                {
+                    tracing::warn!(%client, refused = n - 1, "dashboard: the lock-out ended; {} more tokens from this address were refused during it", n - 1);
+                }
+                Ok(())
+            }
         }
-        allowed
     }
 
     /// Counts a wrong token from `client`.
@@ -93,6 +159,18 @@ impl Auth {
             failures.retain(|_, times| times.iter().any(|t| t.elapsed() < FAILURE_WINDOW));
         }
         failures.entry(client).or_default().push(Instant::now());
+        let mut all = lock(&self.all_failures);
+        all.retain(|t| t.elapsed() < FAILURE_WINDOW);
+        all.push(Instant::now());
+    }
+
+    /// Remembers that `client` presented the right token.
+    pub fn succeeded(&self, client: IpAddr) {
+        let mut trusted = lock(&self.trusted);
+        if trusted.len() >= MAX_TRACKED_CLIENTS {
+            trusted.retain(|_, t| t.elapsed() < self.session_ttl);
+        }
+        trusted.insert(client, Instant::now());
     }
 
     /// A new session id for a successful login.
@@ -219,13 +297,30 @@ impl Caller {
     }
 }
 
-fn too_many_attempts(client: Option<IpAddr>) -> Response {
-    tracing::warn!(client = %client.map(|c| c.to_string()).unwrap_or_default(),
-        "dashboard: refused a token from an address that sent {MAX_FAILURES} wrong ones within a minute");
+impl Refusal {
+    fn why(self) -> String {
+        match self {
+            Refusal::Address => format!(
+                "refused a token from an address that sent {MAX_FAILURES} wrong ones within a minute"
+            ),
+            Refusal::Everyone => format!(
+                "refused a token: {MAX_FAILURES_IN_ALL} wrong ones came from all addresses within a minute, and this one has not logged in recently"
+            ),
+        }
+    }
+}
+
+fn too_many_attempts(refusal: Refusal) -> Response {
+    let text = match refusal {
+        Refusal::Address => format!(
+            "429 too many attempts: {MAX_FAILURES} wrong tokens from this address within a minute; try again later\n"
+        ),
+        Refusal::Everyone => "429 too many attempts: too many wrong tokens from all addresses within a minute; try again later\n".to_string(),
+    };
     (
         StatusCode::TOO_MANY_REQUESTS,
         [(header::RETRY_AFTER, "60")],
-        format!("429 too many attempts: {MAX_FAILURES} wrong tokens from this address within a minute; try again later\n"),
+        text,
     )
         .into_response()
 }
@@ -238,11 +333,14 @@ pub fn check_login(
     token: &str,
 ) -> Result<bool, Box<Response>> {
     if let Some(c) = client
-        && !auth.may_try(c)
+        && let Err(refusal) = auth.may_try(c)
     {
-        return Err(Box::new(too_many_attempts(client)));
+        return Err(Box::new(too_many_attempts(refusal)));
     }
     if auth.token_matches(token) {
+        if let Some(c) = client {
+            auth.succeeded(c);
+        }
         return Ok(true);
     }
     if let Some(c) = client {
@@ -264,7 +362,7 @@ pub fn may_see_details(
     let Some(auth) = &state.auth else {
         return true;
     };
-    if client.is_some_and(|c| !auth.may_try(c)) {
+    if client.is_some_and(|c| auth.may_try(c).is_err()) {
         return false;
     }
     let bearer = req_headers
@@ -305,10 +403,15 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
-            if bearer.is_some() && client.is_some_and(|c| !auth.may_try(c)) {
-                return too_many_attempts(client);
+            if bearer.is_some()
+                && let Some(Err(refusal)) = client.map(|c| auth.may_try(c))
+            {
+                return too_many_attempts(refusal);
             }
             if bearer.is_some_and(|t| auth.token_matches(t.trim())) {
+                if let Some(c) = client {
+                    auth.succeeded(c);
+                }
                 Caller::Bearer
             } else if session_cookies(req.headers(), state.tls.is_some())
                 .iter()
@@ -459,11 +562,26 @@ mod tests {
         let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         for _ in 0..MAX_FAILURES {
-            assert!(auth.may_try(a));
+            assert!(auth.may_try(a).is_ok());
             auth.failed(a);
         }
-        assert!(!auth.may_try(a));
-        assert!(auth.may_try(b));
+        assert_eq!(auth.may_try(a), Err(Refusal::Address));
+        assert!(auth.may_try(b).is_ok());
+    }
+
+    #[test]
+    fn many_addresses_together_are_limited_but_a_recent_login_is_spared() {
+        let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
+        let known: IpAddr = "10.0.0.200".parse().unwrap();
+        auth.succeeded(known);
+        for i in 0..MAX_FAILURES_IN_ALL {
+            let guesser = IpAddr::from([10, 1, (i / 9) as u8, (i % 9) as u8]);
+            assert!(auth.may_try(guesser).is_ok(), "guess {i}");
+            auth.failed(guesser);
+        }
+        let fresh: IpAddr = "10.2.0.1".parse().unwrap();
+        assert_eq!(auth.may_try(fresh), Err(Refusal::Everyone));
+        assert!(auth.may_try(known).is_ok(), "a recent login is spared");
     }
 
     #[test]

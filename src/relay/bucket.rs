@@ -53,6 +53,7 @@ use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
 use crate::amqp::{BatchOutcome, ConfirmChannel, PublishError, PublishLimits};
 use crate::lease::LeaseGrant;
+use crate::logs::Visible;
 use crate::store::StoreError;
 use crate::store::outbox::{
     Claim, ClaimToken, ClaimedMessage, Failure, FailurePolicy, FailureRecord, Fence, Holder,
@@ -510,12 +511,12 @@ impl BucketDrainer {
                     }
                     if parked == Some(true) {
                         self.ctx.stats.add_parked(1);
-                        tracing::error!(bucket = %self.partition_key, id = failed.id, message_key = %failed.message_key,
-                            attempts = failed.attempts + 1, error = %error,
+                        tracing::error!(bucket = %self.partition_key, id = failed.id, message_key = %Visible(&failed.message_key),
+                            attempts = failed.attempts + 1, error = %Visible(&error.to_string()),
                             "row parked after its last allowed attempt; requeue it once the cause is fixed");
                     } else if failure.counts_attempt() {
-                        tracing::warn!(bucket = %self.partition_key, id = failed.id, message_key = %failed.message_key,
-                            attempts = failed.attempts + 1, error = %error,
+                        tracing::warn!(bucket = %self.partition_key, id = failed.id, message_key = %Visible(&failed.message_key),
+                            attempts = failed.attempts + 1, error = %Visible(&error.to_string()),
                             "publish failed; the row stays the head of its bucket and is retried after a backoff");
                     } else {
                         tracing::warn!(bucket = %self.partition_key, error = %error, "broker unavailable; the rest of the batch is sent again later");

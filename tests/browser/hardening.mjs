@@ -51,6 +51,9 @@ try {
   seen.keys = keys;
   check(keys.some((k) => k.includes("⟨U+202E⟩") && k.includes("⟨U+200B⟩")), `keys shown: ${JSON.stringify(keys)}`);
   check(!keys.some((k) => /[\u202E\u200B]/.test(k)), "an invisible character reached the page as it is");
+  const others = ["E0069", "034F", "FE0F", "180B", "17B4", "2028"];
+  check(keys.some((k) => others.every((c) => k.includes(`⟨U+${c}⟩`))), `every Default_Ignorable, bidi and separator marked: ${JSON.stringify(keys)}`);
+  check(!keys.some((k) => /[\u{E0069}\u034F\uFE0F\u180B\u17B4\u2028]/u.test(k)), "a default-ignorable character reached the page as it is");
   // The message's details: its headers with the same marks.
   await page.click("#messages tbody tr.clickable");
   await page.waitForFunction(() => (document.querySelector("#detail-headers")?.textContent || "").length > 2);
