@@ -342,7 +342,7 @@ fn print_status(s: &Summary) {
         say!("\nno workers: none has registered (start one with `outboxd work`)");
     } else {
         say!(
-            "\n{:<24} {:<10} {:<10} {:<11} {:>9} {:>8} {:>9} {:>11}",
+            "\n{:<24} {:<10} {:<10} {:<18} {:>9} {:>8} {:>9} {:>11}",
             "WORKER",
             "ID",
             "MODE",
@@ -354,16 +354,11 @@ fn print_status(s: &Summary) {
         );
         for w in &s.workers {
             say!(
-                "{:<24} {:<10} {:<10} {:<11} {:>9} {:>8} {:>9.1} {:>11}",
+                "{:<24} {:<10} {:<10} {:<18} {:>9} {:>8} {:>9.1} {:>11}",
                 w.name,
                 short(Some(w.worker_id)),
                 w.mode,
-                match (w.can_publish, &w.broker_error, &w.broker_blocked) {
-                    (true, _, Some(_)) => "blocked",
-                    (true, _, None) => "ok",
-                    (false, None, _) => "starting",
-                    (false, Some(_), _) => "no-broker",
-                },
+                w.state,
                 if w.live {
                     format!("{:.1}s", w.heartbeat_ttl_seconds)
                 } else {
@@ -400,14 +395,12 @@ fn print_status(s: &Summary) {
     );
     for b in &s.partitions {
         let owned = b.lease_owner.is_some() && b.lease_ttl_seconds.is_some_and(|t| t > 0.0);
-        let status = match (&b.head_error, owned, b.pending) {
-            (Some(e), _, _) => match b.head_id {
-                Some(id) => format!("BLOCKED at #{id}: {e}"),
-                None => format!("BLOCKED: {e}"),
-            },
-            (None, false, n) if n > 0 => "unowned".into(),
-            (None, _, n) if n > 0 => "draining".into(),
-            _ => "idle".into(),
+        // The shared words (dashboard::states); a blocked head named.
+        let status = match (&b.head_error, b.head_id) {
+            (Some(e), Some(id)) => format!("{} at #{id}: {e}", b.state.to_uppercase()),
+            (Some(e), None) => format!("{}: {e}", b.state.to_uppercase()),
+            (None, _) if b.state == "publishing" => format!("publishing {:.1}/s", b.rate),
+            (None, _) => b.state.clone(),
         };
         say!(
             "{:<7} {:<24} {:>6} {:>9} {:>9} {:>9} {:>7}  {}",

@@ -1224,3 +1224,19 @@ async fn healthz_names_database_details_only_with_the_token() {
     ui.signal("TERM");
     assert!(ui.wait(Duration::from_secs(10)).success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The icon is where browsers look for it, and needs no token (the login
+/// page shows it too).
+async fn the_favicon_is_served_without_a_token() {
+    let env = TestEnv::new().await;
+    let (mut ui, base) = spawn_ui_with(&env, &format!("token = \"{TOKEN}\"\n"));
+    for path in ["/favicon.ico", "/outbox/favicon.svg"] {
+        let r = get(&format!("{base}{path}")).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("image/svg+xml"), "{path}");
+        assert!(r.body.starts_with("<svg"), "{path}");
+    }
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+}

@@ -665,13 +665,17 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         published_total: 42,
         failed_total: 1,
         published_rate: 2.5,
+        bucket_activity: "p01=2.50".into(),
     };
     // A heartbeat on time (30 s), as the worker's task writes it.
-    let beat = |worker| async move {
-        store
-            .heartbeat(worker, Duration::from_secs(30), counts)
-            .await
-            .unwrap()
+    let beat = |worker| {
+        let counts = counts.clone();
+        async move {
+            store
+                .heartbeat(worker, Duration::from_secs(30), counts)
+                .await
+                .unwrap()
+        }
     };
     let a_and_b = polled().await;
     assert!(![&empty, &just_a].contains(&&a_and_b), "a second join too");
@@ -809,6 +813,8 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         va.heartbeat_ttl_seconds
     );
     assert_eq!(va.broker_blocked.as_deref(), Some("disk alarm"));
+    // The heartbeat's bucket activity is read back as written.
+    assert_eq!(va.bucket_activity.as_deref(), Some("p01=2.50"));
 
     store.remove_worker(a).await.unwrap();
     let just_b = polled().await;
@@ -820,7 +826,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     // b's heartbeat runs out: it is no longer live, and the sweep removes it.
     assert!(
         store
-            .heartbeat(b, Duration::from_millis(200), counts)
+            .heartbeat(b, Duration::from_millis(200), counts.clone())
             .await
             .unwrap()
     );

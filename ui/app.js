@@ -19,6 +19,7 @@ const visible = (s) => String(s ?? "").replace(HIDDEN, (c) => ("\t\n\r".includes
 // For one-line text and attributes, HTML-escaped.
 const esc = (s) => String(s ?? "").replace(HIDDEN, mark)
   .replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const rate = (r) => `${Number(r ?? 0).toFixed(1)}/s`;
 const short = (id) => (id ? String(id).slice(0, 8) : "—");
 const num = (n) => Number(n ?? 0).toLocaleString("en-US");
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : "—");
@@ -62,10 +63,19 @@ function renderKpis(s) {
   $("#kpi-blocked").classList.toggle("bad", t.blocked_buckets > 0);
 }
 
-// Bars of published (and failed, red) per slot, scaled to the busiest slot.
+// The axis top for a busiest slot of `max`: the next of 1, 2, 4, 6, 8 × 10ⁿ
+// (at least 2), so that the top and its half are round numbers.
+function niceTop(max) {
+  const p = 10 ** Math.floor(Math.log10(Math.max(max, 1)));
+  const m = [1, 2, 4, 6, 8, 10].find((k) => k * p >= max);
+  return Math.max(2, m * p);
+}
+
+// Bars of published (and failed, red) per slot, scaled to a round top above
+// the busiest slot.
 function bars(svg, slots, label) {
   const w = 600, h = 120, pad = 4;
-  const max = Math.max(1, ...slots.map((m) => m.published + m.failed));
+  const max = niceTop(Math.max(...slots.map((m) => m.published + m.failed), 0));
   const bw = w / slots.length;
   let out = "";
   slots.forEach((m, i) => {
@@ -80,10 +90,10 @@ function bars(svg, slots, label) {
   return max;
 }
 
-// The y-axis of a chart: its top (the busiest slot) and middle, with units.
+// The y-axis of a chart: its round top and middle, with units.
 function yaxis(id, max, unit) {
   $(`#${id}-max`).textContent = `${num(max)}${unit}`;
-  $(`#${id}-mid`).textContent = `${num(Math.round(max / 2))}${unit}`;
+  $(`#${id}-mid`).textContent = `${num(max / 2)}${unit}`;
 }
 
 function renderCharts(t) {
@@ -165,26 +175,24 @@ function renderTimeline(s) {
   for (const el of document.querySelectorAll("#tl-legend .swatch")) el.style.background = el.dataset.colour;
 }
 
-// A worker's state, from what it is doing: broker trouble first; then
-// publishing (its own rate says so, whatever its buckets show); waiting on
-// blocked heads (every bucket of its with rows is blocked: until the
-// earliest retry); draining; holding idle buckets; or holding none.
+// The server's words for a worker's and a bucket's state (the same as the
+// API's `state`, `outboxd status` and the metrics); here only their colour
+// and what a title or a suffix adds.
+const BADGE = {
+  "publishing": "ok", "waiting": "ok", "blocked": "blocked", "blocked head": "blocked",
+  "broker unreachable": "blocked", "broker alarm": "blocked", "unowned": "unowned",
+};
+const badge = (state, title, suffix = "") =>
+  `<span class="badge ${BADGE[state] || "idle"}"${title ? ` title="${esc(title)}"` : ""}>${esc(state)}${esc(suffix)}</span>`;
+
 function workerState(w, parts) {
-  if (!w.live) return `<span class="badge idle">gone</span>`;
-  if (!w.can_publish && w.broker_error) return `<span class="badge blocked" title="${esc(w.broker_error)}">broker unreachable</span>`;
-  if (w.broker_blocked) return `<span class="badge blocked" title="${esc(w.broker_blocked)}">blocked by a broker alarm</span>`;
-  if (!w.can_publish) return `<span class="badge idle">starting</span>`;
-  if (w.published_rate > 0) return `<span class="badge ok">publishing</span>`;
-  const mine = w.mode === "no-leasing" ? parts : parts.filter((p) => p.lease_owner === w.worker_id && p.lease_ttl_seconds > 0);
-  const busy = mine.filter((p) => p.pending > 0);
-  if (busy.length && busy.every((p) => p.head_error)) {
-    const retries = busy.map((p) => p.head_retry_at).filter(Boolean).sort();
-    const next = retries.length ? ` · retry ${time(retries[0])}` : "";
-    return `<span class="badge blocked" title="${esc(busy[0].head_error)}">blocked head${next}</span>`;
+  const title = w.state === "broker unreachable" ? w.broker_error : w.state === "broker alarm" ? w.broker_blocked : "";
+  if (w.state === "blocked head") {
+    const mine = parts.filter((p) => (w.mode === "no-leasing" || p.lease_owner === w.worker_id) && p.head_error);
+    const retries = mine.map((p) => p.head_retry_at).filter(Boolean).sort();
+    return badge(w.state, mine[0]?.head_error, retries.length ? ` · retry ${time(retries[0])}` : "");
   }
-  if (busy.length) return `<span class="badge ok">draining</span>`;
-  if (mine.length) return `<span class="badge idle">idle · ${mine.length} bucket${mine.length === 1 ? "" : "s"}</span>`;
-  return `<span class="badge idle">no buckets</span>`;
+  return badge(w.state, title);
 }
 
 function renderWorkers(workers, parts) {
@@ -210,10 +218,9 @@ function headActions(p) {
 }
 
 function bucketStatus(p) {
-  if (p.head_error) return `<span class="badge blocked" title="${esc(p.head_error)}">blocked</span> <span class="err">${esc(p.head_error)}</span>${headActions(p)}`;
-  const owned = p.lease_owner && p.lease_ttl_seconds > 0;
-  if (!owned && p.pending > 0) return `<span class="badge unowned">unowned</span>`;
-  return p.pending > 0 ? `<span class="badge ok">draining</span>` : `<span class="badge idle">idle</span>`;
+  if (p.head_error) return `${badge(p.state, p.head_error)} <span class="err">${esc(p.head_error)}</span>${headActions(p)}`;
+  if (p.state === "publishing") return badge(p.state, "", ` ${rate(p.rate)}`);
+  return badge(p.state);
 }
 
 function renderPartitions(parts) {
@@ -226,7 +233,7 @@ function renderPartitions(parts) {
       <td class="pending">${num(p.pending)}${p.pending_capped ? "+" : ""}</td>
       <td>${p.head_id ? secs(p.lag_seconds) : "—"}</td>
       <td>${p.parked ? `${num(p.parked)} <button class="danger requeue-bucket" data-bucket="${esc(p.partition_key)}">Requeue all</button>` : "0"}</td>
-      <td class="${p.head_error ? "err" : ""}">${bucketStatus(p)}</td>
+      <td class="status ${p.head_error ? "err" : ""}">${bucketStatus(p)}</td>
     </tr>`).join("");
 }
 

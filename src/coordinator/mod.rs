@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::relay::RelayStats;
+use crate::relay::stats::BucketActivity;
 use crate::store::workers::{Joined, LiveWorker, Registration, WorkerCounts, WorkerMode};
 use crate::store::{Store, StoreError};
 
@@ -176,6 +177,7 @@ impl Membership {
         let period = self.heartbeat_ttl / 3;
         let mut delay = period;
         let (mut last, mut last_at) = (stats.snapshot(), Instant::now());
+        let mut activity = BucketActivity::new(last_at, stats.published_by_bucket());
         let mut written: Option<WorkerCounts> = None;
         loop {
             tokio::select! {
@@ -188,11 +190,12 @@ impl Membership {
                 published_total: now.published,
                 failed_total: now.failed,
                 published_rate: now.since(&last).published as f64 / elapsed,
+                bucket_activity: activity.sample(Instant::now(), stats.published_by_bucket()),
             };
             (last, last_at) = (now, Instant::now());
             // Skipped, the next beat is due a period after the renewal's,
             // so the row is never written less often than every period.
-            if written == Some(counts)
+            if written.as_ref() == Some(&counts)
                 && let Some(age) = self.renewal_beats.age().filter(|age| *age < period)
             {
                 delay = period - age;
@@ -200,7 +203,7 @@ impl Membership {
             }
             written = None;
             match store
-                .heartbeat(self.worker_id, self.heartbeat_ttl, counts)
+                .heartbeat(self.worker_id, self.heartbeat_ttl, counts.clone())
                 .await
             {
                 Ok(true) => {

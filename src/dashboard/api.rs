@@ -77,11 +77,13 @@ pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summa
 
 /// Everything the page shows at once (also what `outboxd status` prints).
 pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary, StoreError> {
-    let (workers, partitions, throughput) = tokio::try_join!(
+    let (mut workers, mut partitions, throughput) = tokio::try_join!(
         store.list_workers(),
         store.overview(COUNT_CAP),
         throughput_of(store),
     )?;
+    let now = Utc::now();
+    super::states::annotate(&mut workers, &mut partitions);
     let totals = Totals {
         workers_live: workers.iter().filter(|w| w.live).count(),
         buckets: partitions.len(),
@@ -96,7 +98,7 @@ pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary
         max_lag_seconds: partitions.iter().map(|p| p.lag_seconds).fold(0.0, f64::max),
     };
     Ok(Summary {
-        now: Utc::now(),
+        now,
         partition_count,
         workers,
         partitions,

@@ -391,7 +391,14 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
     let logout = format!("{}/logout", state.home);
     // The login page's own stylesheet (static, holds nothing).
     let style = format!("{}/style.css", state.home);
-    if path == "/healthz" || path == login || path == logout || path == style {
+    let icon = format!("{}/favicon.svg", state.home);
+    if path == "/healthz"
+        || path == login
+        || path == logout
+        || path == style
+        || path == icon
+        || path == "/favicon.ico"
+    {
         return next.run(req).await;
     }
     let caller = match &state.auth {

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::DashboardState;
 use super::api::COUNT_CAP;
+use super::states::{BUCKET_STATES, WORKER_STATES};
 use crate::relay::RelayStats;
 use crate::relay::stats::{COUNTERS, Histogram, LATENCY_BUCKETS};
 use crate::store::partitions::BucketView;
@@ -39,7 +40,8 @@ pub async fn render(st: &DashboardState) -> String {
     })
     .await;
     let up = match fleet {
-        Some(Ok((workers, buckets))) => {
+        Some(Ok((mut workers, mut buckets))) => {
+            super::states::annotate(&mut workers, &mut buckets);
             fleet_gauges(&mut out, &workers, &buckets);
             true
         }
@@ -149,6 +151,28 @@ fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]
         "outboxd_workers_live",
         "live workers in the fleet",
         live as f64,
+    );
+    let by_state = |states: &[&str], of: &dyn Fn(&str) -> usize| -> Vec<(String, f64)> {
+        states
+            .iter()
+            .map(|s| (format!("state=\"{s}\""), of(s) as f64))
+            .collect()
+    };
+    gauge_labeled(
+        out,
+        "outboxd_workers",
+        "workers by state (the words of the page and `outboxd status`)",
+        &by_state(&WORKER_STATES, &|s| {
+            workers.iter().filter(|w| w.state == s).count()
+        }),
+    );
+    gauge_labeled(
+        out,
+        "outboxd_buckets",
+        "buckets by state (publishing: published in the last ten seconds)",
+        &by_state(&BUCKET_STATES, &|s| {
+            buckets.iter().filter(|b| b.state == s).count()
+        }),
     );
     let held: Vec<(String, f64)> = workers
         .iter()

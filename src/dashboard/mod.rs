@@ -30,6 +30,7 @@ pub mod https;
 pub mod metrics;
 pub mod server;
 pub mod sources;
+pub mod states;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ const INDEX_HTML: &str = include_str!("../../ui/index.html");
 const LOGIN_HTML: &str = include_str!("../../ui/login.html");
 const APP_JS: &str = include_str!("../../ui/app.js");
 const STYLE_CSS: &str = include_str!("../../ui/style.css");
+pub(crate) const FAVICON_SVG: &str = include_str!("../../ui/favicon.svg");
 
 /// What every handler reads.
 pub struct DashboardState {
@@ -131,6 +133,7 @@ pub fn router(state: Arc<DashboardState>) -> Router {
         .route("/", to_home(&state.path))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))
+        .route("/favicon.ico", get(favicon))
         .with_state(state.clone())
         .merge(pages(state.clone()));
     guarded(top, state)
@@ -168,6 +171,7 @@ fn pages(state: Arc<DashboardState>) -> Router {
             "/style.css",
             get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
         )
+        .route("/favicon.svg", get(favicon))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .nest("/api", api);
@@ -262,6 +266,11 @@ async fn healthz(
         "database unreachable\n".to_string()
     };
     (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+}
+
+/// The icon, at `/favicon.ico` (where browsers look) and `<path>/favicon.svg`.
+pub(crate) async fn favicon() -> Response {
+    asset("image/svg+xml", FAVICON_SVG)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

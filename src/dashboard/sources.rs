@@ -267,6 +267,8 @@ pub fn router(all: Arc<Sources>) -> Router {
             &format!("{p}/style.css"),
             get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
         )
+        .route(&format!("{p}/favicon.svg"), get(super::favicon))
+        .route("/favicon.ico", get(super::favicon))
         .route(&format!("{p}/login"), get(login_page).post(login))
         .route(&format!("{p}/logout"), post(logout))
         .with_state(home.clone());

@@ -443,7 +443,9 @@ impl BucketDrainer {
             self.ctx.stats.record_latency.observe(started.elapsed());
             match recorded {
                 Ok(n) => {
-                    self.ctx.stats.add_published(n as usize);
+                    self.ctx
+                        .stats
+                        .add_published(&self.partition_key, n as usize);
                     self.ctx.stats.add_fenced(ids.len() - n as usize);
                     if (n as usize) < ids.len() {
                         tracing::warn!(bucket = %self.partition_key, confirmed = ids.len(), recorded = n,
@@ -499,7 +501,9 @@ impl BucketDrainer {
             };
             match result {
                 Ok(FailureRecord { published, parked }) => {
-                    self.ctx.stats.add_published(published as usize);
+                    self.ctx
+                        .stats
+                        .add_published(&self.partition_key, published as usize);
                     self.ctx
                         .stats
                         .add_fenced(confirmed.len() - published as usize);

@@ -1,9 +1,10 @@
 //! Counters and latency histograms of one worker process, read by the tick
 //! reporter, the heartbeat and `/metrics`.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -153,6 +154,8 @@ pub struct RelayStats {
     /// ([`crate::amqp::gate`]). Shared with the broker's gate.
     pub late_writes: Arc<AtomicU64>,
     published: AtomicU64,
+    /// Rows published by bucket (one lock per recorded batch).
+    by_bucket: Mutex<HashMap<String, u64>>,
     failed: AtomicU64,
     parked: AtomicU64,
     claimed: AtomicU64,
@@ -188,8 +191,24 @@ impl RelayStats {
         }
     }
 
-    pub fn add_published(&self, n: usize) {
+    /// Counts `n` rows of `bucket` published and recorded.
+    pub fn add_published(&self, bucket: &str, n: usize) {
         self.published.fetch_add(n as u64, Ordering::Relaxed);
+        let mut by_bucket = self.by_bucket.lock().unwrap_or_else(|e| e.into_inner());
+        match by_bucket.get_mut(bucket) {
+            Some(total) => *total += n as u64,
+            None => {
+                by_bucket.insert(bucket.to_string(), n as u64);
+            }
+        }
+    }
+
+    /// Rows published so far, by bucket (for the heartbeat's activity).
+    pub fn published_by_bucket(&self) -> HashMap<String, u64> {
+        self.by_bucket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn add_failed(&self, n: usize) {
@@ -232,5 +251,91 @@ impl StatsSnapshot {
             batches: self.batches - earlier.batches,
             fenced: self.fenced - earlier.fenced,
         }
+    }
+}
+
+/// What each bucket published over the last [`BucketActivity::WINDOW`],
+/// from snapshots of [`RelayStats::published_by_bucket`] taken at each
+/// heartbeat: the worker row's `bucket_activity`.
+#[derive(Debug)]
+pub struct BucketActivity {
+    snapshots: VecDeque<(Instant, HashMap<String, u64>)>,
+}
+
+impl BucketActivity {
+    /// How far back a bucket's rate looks.
+    pub const WINDOW: Duration = Duration::from_secs(10);
+
+    /// Starting now, from `totals`.
+    pub fn new(now: Instant, totals: HashMap<String, u64>) -> Self {
+        Self {
+            snapshots: VecDeque::from([(now, totals)]),
+        }
+    }
+
+    /// Takes `totals` at `now` and says each bucket that published since
+    /// the oldest snapshot still within the window (at least
+    /// [`BucketActivity::WINDOW`] ago when there is one): `p03=12.5
+    /// p07=0.4`, in rows a second, sorted; empty when none did.
+    pub fn sample(&mut self, now: Instant, totals: HashMap<String, u64>) -> String {
+        self.snapshots.push_back((now, totals));
+        while self.snapshots.len() > 2 && now.duration_since(self.snapshots[1].0) >= Self::WINDOW {
+            self.snapshots.pop_front();
+        }
+        let (since, base) = &self.snapshots[0];
+        let (_, last) = &self.snapshots[self.snapshots.len() - 1];
+        let seconds = now.duration_since(*since).as_secs_f64();
+        if seconds <= 0.0 {
+            return String::new();
+        }
+        let mut rates: Vec<(&String, f64)> = last
+            .iter()
+            .filter_map(|(bucket, total)| {
+                let delta = total - base.get(bucket).copied().unwrap_or(0);
+                (delta > 0).then(|| (bucket, (delta as f64 / seconds).max(0.01)))
+            })
+            .collect();
+        rates.sort_by(|a, b| a.0.cmp(b.0));
+        rates
+            .iter()
+            .map(|(bucket, rate)| format!("{bucket}={rate:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+#[cfg(test)]
+mod activity_tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_is_active_for_the_window_after_it_published() {
+        let t0 = Instant::now();
+        let totals = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(b, n)| (b.to_string(), *n))
+                .collect::<HashMap<_, _>>()
+        };
+        let mut a = BucketActivity::new(t0, HashMap::new());
+        let s = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(a.sample(s(3), totals(&[("p01", 30)])), "p01=10.00");
+        assert_eq!(
+            a.sample(s(6), totals(&[("p01", 30), ("p02", 6)])),
+            "p01=5.00 p02=1.00"
+        );
+        // p01 published last between 0 and 3 s: gone from the window once
+        // the snapshot at 3 s is ten seconds old.
+        assert_eq!(
+            a.sample(s(12), totals(&[("p01", 30), ("p02", 6)])),
+            "p01=2.50 p02=0.50"
+        );
+        assert_eq!(
+            a.sample(s(14), totals(&[("p01", 30), ("p02", 6)])),
+            "p02=0.55"
+        );
+        // p02's rows came by 6 s: out of the window ten seconds later.
+        assert_eq!(a.sample(s(16), totals(&[("p01", 30), ("p02", 6)])), "");
+        assert_eq!(a.sample(s(30), totals(&[("p01", 30), ("p02", 6)])), "");
     }
 }

@@ -61,6 +61,13 @@ pub struct BucketView {
     /// The head's last error while it keeps failing: the bucket is blocked.
     pub head_error: Option<String>,
     pub head_retry_at: Option<DateTime<Utc>>,
+    /// Rows a second it published over the last ten seconds (from its
+    /// owners' heartbeats; `crate::dashboard::states`).
+    #[sqlx(skip)]
+    pub rate: f64,
+    /// Its state in the shared vocabulary (`crate::dashboard::states`).
+    #[sqlx(skip)]
+    pub state: String,
 }
 
 /// One recorded lease change.

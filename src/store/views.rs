@@ -198,6 +198,8 @@ pub(crate) async fn overview<D: Driver>(
                 head_attempts: r.head_attempts,
                 head_error: r.head_error,
                 head_retry_at: r.head_retry_at,
+                rate: 0.0,
+                state: String::new(),
             }
         })
         .collect())

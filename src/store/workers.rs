@@ -98,14 +98,32 @@ pub struct WorkerView {
     pub broker_error: Option<String>,
     /// Why RabbitMQ blocked its connection (a resource alarm), while it does.
     pub broker_blocked: Option<String>,
+    /// The buckets it published from in the last ten seconds, with their
+    /// rates: `p03=12.5 p07=0.4` ([`bucket_rates`] reads it).
+    #[serde(skip)]
+    pub bucket_activity: Option<String>,
+    /// Its state, in the one vocabulary the page, the API, `outboxd
+    /// status` and the metrics share (`crate::dashboard::states`).
+    #[sqlx(skip)]
+    pub state: String,
 }
 
 /// What a heartbeat reports besides being alive.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerCounts {
     pub published_total: u64,
     pub failed_total: u64,
     pub published_rate: f64,
+    /// [`WorkerView::bucket_activity`]; empty when nothing was published.
+    pub bucket_activity: String,
+}
+
+/// The `(bucket, rows a second)` pairs of a [`WorkerView::bucket_activity`].
+pub fn bucket_rates(activity: &str) -> impl Iterator<Item = (&str, f64)> {
+    activity.split_whitespace().filter_map(|pair| {
+        let (bucket, rate) = pair.split_once('=')?;
+        Some((bucket, rate.parse().ok()?))
+    })
 }
 
 /// A worker's row, as it registers.
@@ -308,6 +326,7 @@ impl<D: Driver> WorkerStore for D {
             Arg::Int(counts.published_total as i64),
             Arg::Int(counts.failed_total as i64),
             Arg::Float(counts.published_rate),
+            Arg::Text((!counts.bucket_activity.is_empty()).then_some(&counts.bucket_activity)),
             Arg::Uuid(worker_id),
         ];
         let changed = self

@@ -94,6 +94,32 @@ try {
   for (const w of states) if (w.rate > 0) check(w.state === "publishing", `a worker at ${w.rate}/s is shown as ${w.state}`);
   seen.states = states;
 
+  // States come from the last ten seconds, not one instant: with traffic
+  // flowing, no bucket that published lately says idle, and every worker's
+  // word on the page is the API's (the one `outboxd status` prints), over
+  // several polls.
+  const api = new URL("api/summary", url).toString();
+  for (let poll = 0; poll < 5; poll++) {
+    await page.waitForTimeout(2100);
+    const shown = await page.evaluate(() => ({
+      buckets: Object.fromEntries([...document.querySelectorAll("#partitions tbody tr[data-bucket]")]
+        .map((tr) => [tr.dataset.bucket, tr.querySelector(".status").textContent.trim()])),
+      workers: Object.fromEntries([...document.querySelectorAll("#workers tbody tr[data-worker]")]
+        .map((tr) => [tr.dataset.worker, tr.querySelector(".state").textContent.trim()])),
+    }));
+    const summary = await page.evaluate((u) => fetch(u, { credentials: "same-origin" }).then((r) => r.json()), api);
+    for (const b of summary.partitions) {
+      if (b.rate > 0) check(!(shown.buckets[b.partition_key] || "").startsWith("idle"), `bucket ${b.partition_key} published ${b.rate}/s lately but says "${shown.buckets[b.partition_key]}"`);
+    }
+    for (const w of summary.workers) {
+      const word = shown.workers[w.worker_id];
+      if (word !== undefined) check(word === w.state || word.startsWith(`${w.state} ·`), `worker ${w.name}: the page says "${word}", the API "${w.state}"`);
+    }
+    const publishing = summary.partitions.filter((b) => b.state === "publishing").length;
+    seen.publishing_buckets = Math.max(seen.publishing_buckets || 0, publishing);
+  }
+  check(seen.publishing_buckets > 0, "no bucket was ever shown publishing while traffic flowed");
+
   // A worker stops: the survivors' acquisitions of its buckets appear on
   // the timeline without a reload.
   if (process.env.DASH_STOP_PID) {
