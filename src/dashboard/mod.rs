@@ -13,15 +13,31 @@
 //! - `<path>/api/…` the JSON API ([`api`]);
 //! - `GET /metrics` Prometheus text ([`metrics`]); `GET /healthz` whether
 //!   this process can serve the dashboard: `ok` (200) while the database
-//!   answers, 503 with the reason otherwise (always open).
+//!   answers, 503 otherwise — with the reason only for a caller with the
+//!   token, when one is set (always open);
+//! - `GET /favicon.ico`, `<path>/favicon.svg` the icon (open).
 //!
 //! With several `[[source]]`s, `outboxd ui` serves [`sources`]: an overview
 //! at `<path>/` and this dashboard per source at `<path>/s/<name>/`.
 //!
 //! Access control is [`auth`]; errors are [`error::ApiError`]; HTTPS on
-//! the dashboard's own listener is [`https`]. Every response carries a
-//! content security policy (no inline script or style, no framing), and
-//! `nosniff` / `no-referrer`; the API's answers are never cached.
+//! the dashboard's own listener is [`https`]; connections and their limits
+//! are [`server`]; the words for a worker's and a bucket's state are
+//! [`states`]. Every response carries a content security policy (no inline
+//! script or style, no framing), `nosniff` / `no-referrer`, and HSTS over
+//! HTTPS (tower-http's `SetResponseHeaderLayer`); the API's answers are
+//! never cached.
+//!
+//! What is written here rather than taken from a crate, and why: the
+//! connection limits ([`server`]: `axum::serve` sets no header deadline and
+//! caps nothing, and tower's limits act per request, after the header); the
+//! token check and sessions ([`auth`]: a token compared in time independent
+//! of its length, which `subtle` does not offer for slices of different
+//! lengths; sessions are a map of random ids with an expiry — a session
+//! crate would bring a store abstraction and signed cookies for what one
+//! `HashMap` does; the per-address and global guess limits count wrong
+//! tokens, not requests, which a request rate limiter such as `governor`
+//! does not).
 
 pub mod api;
 pub mod auth;
@@ -36,11 +52,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use tokio_util::sync::CancellationToken;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::relay::RelayStats;
 use crate::store::Store;
@@ -161,6 +178,7 @@ fn pages(state: Arc<DashboardState>) -> Router {
         .route("/lease-events", get(api::lease_events))
         .route("/requeue", post(api::requeue))
         .route("/head", post(api::head));
+    let api = api.layer(uncached_layer());
     let pages = Router::new()
         .route("/", get(index))
         .route(
@@ -183,11 +201,9 @@ fn pages(state: Arc<DashboardState>) -> Router {
 }
 
 /// `router` behind the access control of `home` (its token and session
-/// cookie) and the security headers every response carries.
+/// cookie).
 fn guarded(router: Router, home: Arc<DashboardState>) -> Router {
-    router
-        .layer(axum::middleware::from_fn_with_state(home, auth::guard))
-        .layer(axum::middleware::from_fn(security_headers))
+    router.layer(axum::middleware::from_fn_with_state(home, auth::guard))
 }
 
 /// The page's content security policy: its own script and style only (no
@@ -196,28 +212,30 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; st
      img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
      form-action 'self'";
 
-/// Headers on every response, refusals included: the CSP and the framing
-/// ban (clickjacking), no content sniffing, no referrer; the API's answers
-/// are never cached.
-async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let api = req.uri().path().contains("/api/");
-    let mut response = next.run(req).await;
-    let headers = response.headers_mut();
-    let set = |headers: &mut header::HeaderMap, name: header::HeaderName, value: &'static str| {
-        headers.insert(name, header::HeaderValue::from_static(value));
-    };
-    set(
-        headers,
-        header::CONTENT_SECURITY_POLICY,
-        CONTENT_SECURITY_POLICY,
-    );
-    set(headers, header::X_FRAME_OPTIONS, "DENY");
-    set(headers, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
-    set(headers, header::REFERRER_POLICY, "no-referrer");
-    if api {
-        set(headers, header::CACHE_CONTROL, "no-store");
+/// Headers on every response, refusals included (the host check's too):
+/// the CSP and the framing ban (clickjacking), no content sniffing, no
+/// referrer, and over HTTPS, HSTS.
+fn with_security_headers(app: Router, https: bool) -> Router {
+    let set =
+        |name, value| SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value));
+    let app = app
+        .layer(set(
+            header::CONTENT_SECURITY_POLICY,
+            CONTENT_SECURITY_POLICY,
+        ))
+        .layer(set(header::X_FRAME_OPTIONS, "DENY"))
+        .layer(set(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .layer(set(header::REFERRER_POLICY, "no-referrer"));
+    if https {
+        app.layer(set(header::STRICT_TRANSPORT_SECURITY, "max-age=31536000"))
+    } else {
+        app
     }
-    response
+}
+
+/// The API's answers are never cached.
+pub(crate) fn uncached_layer() -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))
 }
 
 /// How long `/healthz` waits for the database.
@@ -402,25 +420,12 @@ pub async fn serve_router(
         None => None,
         Some((cert, key)) => Some(https::server_config(cert, key).map_err(DashboardError::Tls)?),
     };
-    let hsts = tls.is_some();
-    let app = app
-        .layer(axum::middleware::from_fn_with_state(
-            hosts,
-            auth::host_guard,
-        ))
-        // Outside the host guard, so that its refusals carry them too.
-        .layer(axum::middleware::from_fn(security_headers))
-        .layer(axum::middleware::map_response(
-            move |mut r: Response| async move {
-                if hsts {
-                    r.headers_mut().insert(
-                        header::STRICT_TRANSPORT_SECURITY,
-                        header::HeaderValue::from_static("max-age=31536000"),
-                    );
-                }
-                r
-            },
-        ));
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        hosts,
+        auth::host_guard,
+    ));
+    // Outside the host guard, so that its refusals carry them too.
+    let app = with_security_headers(app, tls.is_some());
     server::serve(listener, app, tls, server::Limits::default(), cancel).await;
     Ok(())
 }

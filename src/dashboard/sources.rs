@@ -256,7 +256,10 @@ pub fn router(all: Arc<Sources>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(all_metrics))
         .route(&format!("{p}/"), get(overview))
-        .route(&format!("{p}/api/sources"), get(health_of_all))
+        .route(
+            &format!("{p}/api/sources"),
+            get(health_of_all).layer(super::uncached_layer()),
+        )
         .route(
             &format!("{p}/sources.js"),
             get(|| async { asset("text/javascript; charset=utf-8", SOURCES_JS) }),
