@@ -1240,3 +1240,90 @@ async fn the_favicon_is_served_without_a_token() {
     ui.signal("TERM");
     assert!(ui.wait(Duration::from_secs(10)).success());
 }
+
+/// A request from the loopback address `source`: (status, head and body).
+async fn request_from(source: &str, addr: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = connect_from(source, addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer).await;
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Five addresses guessing nine tokens each: the first 30 wrong tokens are
+/// answered 401, the rest 429; then an address that never logged in is
+/// refused even with the right token, one that did is not, and a session
+/// cookie another page set under a narrower path does not hide the real
+/// one. A lock-out's refusals are one log line per address, not one each.
+async fn guessing_from_many_addresses_is_limited_in_all_and_a_tossed_cookie_is_ignored() {
+    let env = TestEnv::new().await;
+    let (mut ui, base) = spawn_ui_with(&env, &format!("token = \"{TOKEN}\"\n"));
+    let addr = base.trim_start_matches("http://").to_string();
+    let bearer = |token: &str| {
+        format!(
+            "GET /outbox/api/summary HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    // 127.0.0.1 logs in first.
+    let login = format!(
+        "POST /outbox/login HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\ntoken={TOKEN}",
+        TOKEN.len() + 6
+    );
+    let (status, answer) = request_from("127.0.0.1", &addr, &login).await;
+    assert_eq!(status, 303, "{answer}");
+    let session = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_string();
+
+    let mut answers = Vec::new();
+    for a in 2..=6 {
+        for i in 0..9 {
+            let wrong = format!("wrong-token-{a}-{i:04}");
+            answers.push(
+                request_from(&format!("127.0.0.{a}"), &addr, &bearer(&wrong))
+                    .await
+                    .0,
+            );
+        }
+    }
+    let unauthorized = answers.iter().filter(|s| **s == 401).count();
+    let limited = answers.iter().filter(|s| **s == 429).count();
+    println!("45 wrong tokens from 5 addresses: {unauthorized} answered 401, {limited} 429");
+    assert_eq!((unauthorized, limited), (30, 15), "{answers:?}");
+    // The right token from an address that never logged in: refused too.
+    let (status, _) = request_from("127.0.0.7", &addr, &bearer(TOKEN)).await;
+    assert_eq!(status, 429);
+    // From the address that logged in: answered.
+    let (status, answer) = request_from("127.0.0.1", &addr, &bearer(TOKEN)).await;
+    assert_eq!(status, 200, "{answer}");
+    // A session cookie tossed under a narrower path comes first: ignored.
+    let page = format!(
+        "GET /outbox/ HTTP/1.1\r\nHost: {addr}\r\nCookie: outboxd_session=junk; {session}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, answer) = request_from("127.0.0.1", &addr, &page).await;
+    assert_eq!(status, 200, "{answer}");
+
+    ui.signal("TERM");
+    assert!(ui.wait(Duration::from_secs(10)).success());
+    let log = ui.log_text();
+    let refusal_lines = log
+        .lines()
+        .filter(|l| l.contains("refused a token"))
+        .count();
+    println!("{limited} refusals, {refusal_lines} log lines");
+    assert!(
+        (1..=4).contains(&refusal_lines),
+        "one line per refused address, not one per refusal:\n{log}"
+    );
+    assert!(!log.contains(TOKEN));
+}

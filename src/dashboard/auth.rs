@@ -49,7 +49,7 @@ const MAX_SESSIONS: usize = 10_000;
 pub const MAX_FAILURES: usize = 10;
 /// Wrong tokens all addresses together may send within [`FAILURE_WINDOW`]
 /// before addresses that have not logged in recently are refused too.
-pub const MAX_FAILURES_IN_ALL: usize = 100;
+pub const MAX_FAILURES_IN_ALL: usize = 30;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 const MAX_TRACKED_CLIENTS: usize = 10_000;
 
@@ -110,7 +110,8 @@ impl Auth {
     /// address that proved the token recently is spared the global limit,
     /// sessions are never affected, and every lock-out ends a minute after
     /// the last wrong token — while guessing from many addresses (an IPv6
-    /// /64) is held to 100 tokens a minute in all.
+    /// /64) is held to 30 wrong tokens a minute in all (three addresses'
+    /// worth).
     pub fn may_try(&self, client: IpAddr) -> Result<(), Refusal> {
         let refusal = {
             let mut failures = lock(&self.failures);
