@@ -86,9 +86,11 @@ mysql_cli=(mariadb --no-defaults -h 127.0.0.1 -P "${OUTBOXD_MYSQL_PORT:-53306}" 
 # SQLite test files of earlier runs (a failed test keeps its file).
 rm -rf "${TMPDIR:-/tmp}/outboxd-sqlite-tests"
 export RUST_BACKTRACE=${RUST_BACKTRACE:-0}
+# `--features services`: the tests that need the services started above
+# (without it they are listed as ignored: the contributor's `cargo test`).
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast --features services "$@"
 else
   # Without nextest, one test at a time: the fleet tests time heartbeats.
-  cargo test --workspace --no-fail-fast "$@" -- --test-threads=1
+  cargo test --workspace --no-fail-fast --features services "$@" -- --test-threads=1
 fi

@@ -50,6 +50,10 @@ fn temp_dir() -> std::path::PathBuf {
     d
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn bad_flags_give_one_line_and_exit_2() {
     let dir = temp_dir();
@@ -67,6 +71,10 @@ fn bad_flags_give_one_line_and_exit_2() {
     }
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn bad_configuration_names_the_key_and_exits_2() {
     let dir = temp_dir();
@@ -119,6 +127,10 @@ fn bad_configuration_names_the_key_and_exits_2() {
     assert_one_line_error(&out, "/nonexistent/outboxd.toml");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn environment_urls_are_validated_and_redacted() {
     let dir = temp_dir();
@@ -157,6 +169,10 @@ fn environment_urls_are_validated_and_redacted() {
     assert_one_line_error(&out, "database.url");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn secrets_come_from_files_and_an_unreadable_one_is_named() {
     let dir = temp_dir();
@@ -198,6 +214,10 @@ fn secrets_come_from_files_and_an_unreadable_one_is_named() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn every_key_comes_from_the_environment_and_config_says_from_where() {
     let dir = temp_dir();
@@ -268,6 +288,10 @@ fn every_key_comes_from_the_environment_and_config_says_from_where() {
     );
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn usage_errors_name_what_is_missing_suggest_and_exit_2() {
     let dir = temp_dir();
@@ -309,6 +333,10 @@ fn usage_errors_name_what_is_missing_suggest_and_exit_2() {
 /// A refused configuration is said in the log format asked for: with JSON
 /// logs, one JSON object, whether `log.format` comes from the environment
 /// or from the file.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn a_refused_configuration_is_one_json_line_when_json_logs_are_asked_for() {
     let dir = temp_dir();
@@ -350,6 +378,10 @@ fn a_refused_configuration_is_one_json_line_when_json_logs_are_asked_for() {
 
 /// A CA, certificate or key file a database URL names that cannot be read
 /// is one line naming the setting and the path, before any connection.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn an_unreadable_tls_file_of_the_database_names_its_setting_and_path() {
     let dir = temp_dir();
@@ -369,6 +401,10 @@ fn an_unreadable_tls_file_of_the_database_names_its_setting_and_path() {
     }
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn an_unreachable_database_is_one_line_without_the_password() {
     let dir = temp_dir();
@@ -391,6 +427,10 @@ fn an_unreachable_database_is_one_line_without_the_password() {
 
 /// Database refusals name their cause once, without PostgreSQL's source
 /// positions, and an unreachable server says "refused" at once.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn database_connection_errors_say_their_cause_once() {
     let dir = temp_dir();
@@ -563,6 +603,10 @@ async fn no_leasing_refuses_to_start_while_another_worker_is_live(db: Db) {
 /// into a worker that ignores SIGTERM. It did: tracing-subscriber reported
 /// the failed write with `eprintln!`, which panicked whichever task logged
 /// next — the signal task included.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn a_worker_whose_stderr_closes_still_stops_on_sigterm() {
     use std::io::{BufRead, BufReader};
@@ -603,6 +647,10 @@ async fn a_worker_whose_stderr_closes_still_stops_on_sigterm() {
 
 /// Without any database URL configured, the error says the built-in default
 /// was used and how to set one; a value that cannot hold a password is shown.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn errors_say_when_the_default_url_was_used_and_show_harmless_values() {
     let dir = temp_dir();
@@ -617,6 +665,10 @@ fn errors_say_when_the_default_url_was_used_and_show_harmless_values() {
 
 /// `outboxd config` prints the effective configuration as TOML that reads
 /// back as the same configuration, secrets redacted.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn config_prints_toml_that_reads_back_the_same() {
     let dir = temp_dir();

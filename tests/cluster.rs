@@ -123,6 +123,10 @@ async fn two_workers(
     (env, queue, reader, workers)
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away() {
     let lab = Lab::database_only(5);
@@ -237,6 +241,10 @@ async fn workers_move_to_a_live_node_when_theirs_is_killed_or_partitioned_away()
 /// certificate naming each node's address, from a private CA), the workers
 /// list the nodes as `amqps://` URLs; the node worker 1 is on is killed
 /// with SIGKILL mid-drain and it moves to a live node over TLS.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_amqps_workers_move_to_a_live_node_when_theirs_is_killed() {
     let lab = Lab::database_only(5);

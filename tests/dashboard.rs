@@ -561,6 +561,10 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
 /// the book's *Searching published messages by key* the Published view's
 /// search uses that index. Each answer is checked against the table, and
 /// each use of an index by its scan count (one per search).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn every_key_search_answers_and_uses_its_index() {
     let f = fixture(Db::Postgres).await;
@@ -659,6 +663,10 @@ async fn every_key_search_answers_and_uses_its_index() {
 /// With `outbox.keep_published = false` the Published view is empty by
 /// design, and its page says so (the page then explains it), while a
 /// message published through a worker is gone from the table.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn with_published_rows_deleted_the_published_view_says_so() {
     let env = TestEnv::with(Tuning {
@@ -689,6 +697,10 @@ async fn with_published_rows_deleted_the_published_view_says_so() {
 /// are not held up by it. (A lock held on the table stands in for a table
 /// too large to scan in time: the statement waits on it under the same
 /// bound.)
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn a_published_key_search_that_runs_too_long_is_stopped_and_says_why() {
     let f = fixture(Db::Postgres).await;
@@ -730,6 +742,10 @@ async fn a_published_key_search_that_runs_too_long_is_stopped_and_says_why() {
 /// ran out of its 2 s used to be stopped, dropping the connection it was
 /// opening: on a loaded machine, where opening one took longer, no source
 /// ever became healthy.)
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_whose_database_hangs_is_unhealthy_the_other_is_not_and_it_recovers() {
     let pg = PrivatePostgres::start();
@@ -836,6 +852,10 @@ fn spawn_ui_with(env: &TestEnv, dashboard: &str) -> (WorkerProcess, String) {
     spawn_ui(env, &config)
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_hosts_guessing_expired_sessions_and_misattributed_audits_are_refused() {
     let f = fixture(Db::Postgres).await;
@@ -967,6 +987,10 @@ async fn foreign_hosts_guessing_expired_sessions_and_misattributed_audits_are_re
     assert!(!log.contains(TOKEN), "the token leaked into the log");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_serves_https_with_its_own_certificate() {
     let env = TestEnv::new().await;
@@ -1069,6 +1093,10 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, limit: Duration) -> b
     tokio::time::timeout(limit, read).await.is_ok()
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Half-sent requests cannot take the dashboard down: one address holds at
 /// most 64 connections (the rest are closed at once), each for at most the
@@ -1134,6 +1162,10 @@ async fn slow_connections_are_capped_and_closed_and_others_are_served() {
     assert!(ui.wait(Duration::from_secs(10)).success());
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Every form of naming another host is refused (421), with the security
 /// headers and without repeating what was sent.
@@ -1186,6 +1218,10 @@ async fn every_form_of_a_foreign_host_is_refused() {
     assert!(ui.wait(Duration::from_secs(10)).success());
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// With a token, `/healthz` says only the status to a caller without it:
 /// the driver's error (which names the database's user, host and port)
@@ -1225,6 +1261,10 @@ async fn healthz_names_database_details_only_with_the_token() {
     assert!(ui.wait(Duration::from_secs(10)).success());
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// The icon is where browsers look for it, and needs no token (the login
 /// page shows it too).
@@ -1256,6 +1296,10 @@ async fn request_from(source: &str, addr: &str, request: &str) -> (u16, String) 
     (status, answer)
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 /// Five addresses guessing nine tokens each: the first 30 wrong tokens are
 /// answered 401, the rest 429; then an address that never logged in is

@@ -208,6 +208,10 @@ on_every_db!(the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message
 /// the blocked state and the database's retry time, the other "publishing";
 /// neither "idle". Last, the blocked head is parked with its bucket's Park
 /// button, audited.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
     let (chromium, _) = prerequisites();
@@ -375,6 +379,10 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
 /// too large to scan (as in tests/dashboard.rs): taken once the page is up
 /// and the key typed in (tests/browser/stopped_search.mjs waits for it),
 /// released once the browser is done.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_says_why_a_published_key_search_was_stopped() {
     let (chromium, _) = prerequisites();
@@ -461,6 +469,10 @@ async fn framing_page(target: String) -> String {
 /// violation, clean console), shows invisible characters of a key and its
 /// headers visibly, cannot be framed by another page, and an expired
 /// session is sent to the login form (tests/browser/hardening.mjs).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
     let (chromium, _) = prerequisites();
@@ -528,6 +540,10 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
 /// that server is stopped: its row turns unhealthy with the reason and the
 /// other two stay healthy, without a reload; each row leads to that
 /// source's own dashboard.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sources_overview_shows_a_stopped_source_unhealthy_and_the_others_healthy_live() {
     use std::io::{BufRead, BufReader};

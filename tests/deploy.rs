@@ -19,6 +19,10 @@ fn promtool(args: &[&str]) -> std::process::Output {
         })
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn the_alert_rules_are_valid_and_each_fires_on_its_test_series_only() {
     for args in [

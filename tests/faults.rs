@@ -107,6 +107,10 @@ async fn a_memory_alarm_blocks_publishing_and_the_backlog_drains_when_it_clears(
 /// equally blocked. Two workers, an alarm longer than `broker_grace`: no
 /// lease changes hands, nothing is published while it lasts, and the
 /// backlog drains once it clears, nothing lost, order kept.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_disk_alarm_blocks_every_worker_which_keep_their_leases_and_drain_after() {
     let broker = PrivateBroker::start();

@@ -195,16 +195,28 @@ async fn cut_host_2(link: Link, fault: Fault, reown_bound: Duration) {
     terminate_all(&mut workers);
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_whose_database_link_is_blackholed_loses_its_buckets_and_rejoins_after_the_heal() {
     cut_host_2(Link::Database, Fault::Blackhole, REOWN_AFTER_EXPIRY).await;
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_whose_database_link_is_reset_loses_its_buckets_and_rejoins_after_the_heal() {
     cut_host_2(Link::Database, Fault::Reset, REOWN_AFTER_EXPIRY).await;
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_that_loses_the_broker_hands_its_buckets_over_and_takes_its_share_back() {
     // Noticing the silent broker takes up to DEAD_PEER, then the grace.
@@ -216,6 +228,10 @@ async fn a_host_that_loses_the_broker_hands_its_buckets_over_and_takes_its_share
     .await;
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fully_isolated_host_loses_its_buckets_and_rejoins_after_the_heal() {
     cut_host_2(Link::All, Fault::Blackhole, REOWN_AFTER_EXPIRY).await;
@@ -224,6 +240,10 @@ async fn a_fully_isolated_host_loses_its_buckets_and_rejoins_after_the_heal() {
 /// 300 ms ± 100 ms and 5 % loss on host 2's database link, at the default
 /// lease settings: the fleet keeps publishing, host 2 included, and leases
 /// stay where they are.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_lossy_database_link_keeps_publishing_without_lease_flapping() {
     let lab = Lab::new(3);
@@ -313,6 +333,10 @@ async fn a_slow_lossy_database_link_keeps_publishing_without_lease_flapping() {
 
 /// A worker whose database is blackholed still stops on SIGTERM within
 /// shutdown_timeout + 5 s; its rows are published by the next worker.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_stops_a_worker_whose_database_is_blackholed_in_time() {
     let lab = Lab::new(1);
@@ -362,6 +386,10 @@ async fn sigterm_stops_a_worker_whose_database_is_blackholed_in_time() {
 /// bucket stays leased, no lease moves while the broker is away (no
 /// release/re-acquire loop), and when it is back the fleet takes every
 /// bucket again and delivers everything.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn when_every_worker_loses_the_broker_the_fleet_steps_aside_without_churn() {
     let lab = Lab::new(2);

@@ -580,6 +580,10 @@ async fn a_row_with_an_unknown_bucket_label_is_parked_visibly_and_requeue_relabe
 
 /// A purge that deleted many rows vacuums the table, so the pending index
 /// does not keep an entry for every purged row until autovacuum comes by.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn a_large_purge_vacuums_the_outbox_table() {
     let env = TestEnv::new().await;
@@ -661,6 +665,10 @@ on_every_db!(
 /// list`, nothing in it may move a terminal's cursor, start a new line or
 /// hide text — escape sequences, line breaks, bidi controls and the other
 /// default-ignorable characters are written as `\u{XXXX}`.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn hostile_keys_cannot_forge_or_hide_log_lines() {
     let env = TestEnv::new().await;

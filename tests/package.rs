@@ -35,6 +35,10 @@ impl Drop for Installed {
     }
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_debian_package_installs_runs_as_its_own_user_and_purges() {
     let env = TestEnv::new().await;
@@ -142,6 +146,10 @@ async fn the_debian_package_installs_runs_as_its_own_user_and_purges() {
 
 /// The manifests pass the schema validator, and a broken copy does not
 /// (so the validator really looks); the probes they use are the worker's.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
     let validate = |files: &[&Path]| {
@@ -219,6 +227,10 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
 /// from this build's binary): it runs as user 10001 with nothing but the
 /// binary, its libraries and CA certificates, says its version, and drains
 /// messages from inside against the test services.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_builds_runs_as_its_user_and_drains_from_inside() {
     let env = TestEnv::new().await;
@@ -303,6 +315,10 @@ async fn the_image_builds_runs_as_its_user_and_drains_from_inside() {
 /// worker's /readyz answers 200. The same Pod without the fsGroup and with
 /// the Secret at 0400 — what an earlier manifest shipped — cannot read its
 /// Secret and exits 2 (a crash loop in a cluster).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
     let env = TestEnv::with(Tuning {

@@ -75,6 +75,10 @@ async fn produce_through(
     n
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_thousand_messages_through_pgbouncer_in_transaction_mode_arrive_complete_and_in_order()
  {
@@ -107,6 +111,10 @@ async fn twenty_thousand_messages_through_pgbouncer_in_transaction_mode_arrive_c
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_behind_pgbouncer_scales_3_to_2_under_a_producer_without_loss() {
     // LISTEN on the direct listen_url, everything else through PgBouncer.
@@ -159,6 +167,10 @@ fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_status_failed_purge_repartition_and_the_dashboard_work_through_pgbouncer() {
     let env = TestEnv::with(Tuning::default().pgbouncer(false)).await;
@@ -255,6 +267,10 @@ async fn migrate_status_failed_purge_repartition_and_the_dashboard_work_through_
     assert!(!log.contains("ERROR"), "{log}");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_behind_a_transaction_pooler_is_noticed_and_the_worker_polls() {
     // listen_url wrongly points at the pooler: LISTEN "works" but the
@@ -422,6 +438,10 @@ async fn ids_on(url: &str) -> Vec<i64> {
         .unwrap()
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_switchover_behind_pgbouncer_under_load_loses_nothing_and_keeps_order() {
     let primary = PrivatePostgres::start();
@@ -505,6 +525,10 @@ impl Drop for Redirector {
     }
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_only_old_primary_makes_workers_reconnect_to_the_new_one() {
     // Direct connections through a name (a forwarder standing in for DNS):
@@ -575,6 +599,10 @@ async fn a_read_only_old_primary_makes_workers_reconnect_to_the_new_one() {
 /// server sessions one database's pool holds at most.
 const BOUNCER_POOL_SIZE: usize = 8;
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn named_statements_meeting_a_transaction_pooler_fail_with_one_line_naming_the_setting() {
     // Configured as if the database were direct: sqlx's named prepared

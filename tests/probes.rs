@@ -154,6 +154,10 @@ fn wait_for_probes_url(p: &WorkerProcess) -> String {
 /// worker's counters while the database is cut off. Then SIGTERM during a
 /// batch that cannot finish: `/readyz` says "shutting down" before the
 /// first lease is released.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readiness_follows_the_database_and_the_broker_while_liveness_holds() {
     let lab = Lab::new(1);
@@ -263,6 +267,10 @@ async fn readiness_follows_the_database_and_the_broker_while_liveness_holds() {
 /// A worker started while RabbitMQ is down takes no bucket (it would
 /// otherwise hold them until `broker_grace` ran out) and is not ready;
 /// once the broker is up it takes every bucket and is ready.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_that_never_reached_the_broker_takes_no_bucket_until_it_does() {
     let broker = PrivateBroker::start();
@@ -311,6 +319,10 @@ async fn a_worker_that_never_reached_the_broker_takes_no_bucket_until_it_does() 
 /// A broker that refuses the login (a wrong password) is loud: an ERROR
 /// line naming the refusal at once and again 10 s later (then 20, 40 and
 /// every 60 s), and the rate line says why nothing is published.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_broker_login_is_an_error_line_repeated_and_on_the_rate_line() {
     let mut url = url::Url::parse(&amqp_url()).unwrap();
@@ -360,6 +372,10 @@ async fn a_refused_broker_login_is_an_error_line_repeated_and_on_the_rate_line()
 /// With PostgreSQL stopped: the dashboard's `/healthz` answers 503 with
 /// the reason (200 again once it is back), its `/metrics` and the probes'
 /// still serve the worker's own counters, and `/readyz` says why.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() {
     let pg = PrivatePostgres::start();
@@ -435,6 +451,10 @@ async fn health_and_metrics_answer_from_real_state_while_the_database_is_down() 
 /// `/readyz` names each source's state and stays 200 while one source's
 /// database is stopped (the other is ready), `/livez` stays 200, and
 /// `/metrics` carries `outboxd_ready{source}` for each.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_several_sources_one_listener_says_each_sources_state() {
     let pg = PrivatePostgres::start();

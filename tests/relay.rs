@@ -499,6 +499,10 @@ async fn database_connections_killed_mid_drain_lose_nothing_and_keep_key_order(d
     assert!(worker.terminate(EXIT_WITHIN).success());
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_up_query_killed_mid_flight_is_tried_again() {
     let env = TestEnv::new().await;
@@ -645,6 +649,10 @@ async fn an_idle_worker_relays_a_trickle_within_milliseconds(db: Db) {
 /// an idle worker (doubling from `idle_backoff_ms`, 100 ms here, towards
 /// 30 s) — at a fixed 100 ms it would run 60 times in the 6 s measured —
 /// and one announced row brings its pace back.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_postgres_workers_safety_net_backs_off_and_an_announced_row_brings_it_back() {
     let env = TestEnv::with(Tuning {
@@ -710,6 +718,10 @@ async fn an_idle_postgres_workers_safety_net_backs_off_and_an_announced_row_brin
 /// a row was announced meanwhile: `relay::bucket`). Every row arrives, in
 /// order, none waits for a poll (the last one included), and the trickle
 /// costs about one claim per message, not two.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_trickle_into_one_key_arrives_in_order_at_about_one_claim_per_message() {
     let env = TestEnv::on(Db::Postgres).await;
@@ -768,6 +780,10 @@ async fn a_fast_trickle_into_one_key_arrives_in_order_at_about_one_claim_per_mes
 /// statements wait for the connection on its way back (sqlx pings each
 /// released connection) instead of opening another, so it opens next to
 /// none while it idles. Before, it settled at three.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_postgres_worker_settles_at_two_connections_and_keeps_them() {
     let env = TestEnv::on(Db::Postgres).await;
@@ -1011,6 +1027,10 @@ async fn a_worker_refused_more_connections_shares_the_ones_it_has_and_backs_off(
 /// stopped meanwhile, exits within its bound; once the server takes
 /// connections again, another worker drains the rest with nothing lost.
 /// Attempts are counted at a TCP proxy in front of the server.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_slow_to_take_connections_leaves_a_worker_publishing_and_able_to_stop() {
     let server = PrivatePostgres::start();
@@ -1091,6 +1111,10 @@ async fn postgres_slow_to_take_connections_leaves_a_worker_publishing_and_able_t
 /// enough for the polls to back off, a message must get out well before
 /// the next poll could find it; the same worker with the probe off is the
 /// control that shows the polls alone would not.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_mariadb_the_probe_relays_a_row_after_a_quiet_spell_before_the_next_poll() {
     let env = TestEnv::on(Db::MariaDb).await;
@@ -1201,6 +1225,10 @@ async fn once_json_prints_one_valid_json_report_and_exits_zero(db: Db) {
 /// lag read for it (the heads are read only for a line that is printed).
 /// Counted from the first line, so a start-up slowed by a loaded machine
 /// (the first line then covers more than one window) does not count.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_line_comes_once_per_window_with_the_lag() {
     let env = TestEnv::new().await;
@@ -1243,6 +1271,10 @@ async fn the_rate_line_comes_once_per_window_with_the_lag() {
 /// No configuration file at all: every setting from `OUTBOXD_` variables
 /// (and the URLs as `_FILE` secrets), in a directory without
 /// `config/outboxd.toml`.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_configured_only_by_the_environment_relays() {
     let env = TestEnv::new().await;
@@ -1289,6 +1321,10 @@ async fn a_worker_configured_only_by_the_environment_relays() {
 /// worker killed and its buckets taken over by a new one, the hand-over at
 /// SIGTERM — is one JSON object with timestamp, level, target and message,
 /// and from its registration on names the worker.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_are_one_object_per_line_with_the_named_fields() {
     let env = TestEnv::with(Tuning {
@@ -1395,6 +1431,10 @@ async fn sigterm_finishes_the_in_flight_batch_and_removes_the_worker_row(db: Db)
 /// report lines are dropped, with one warning, while it goes on relaying,
 /// and SIGTERM still stops it within its bound. Before, the report's write
 /// blocked for good once the pipe was full, and the exit with it.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_stdout_is_not_read_relays_and_stops_on_sigterm() {
     let env = TestEnv::new().await;

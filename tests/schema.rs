@@ -16,6 +16,10 @@ fn vectors() -> Vec<Value> {
         .collect()
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn rust_partitioner_matches_the_python_zlib_vectors() {
     let vs = vectors();
@@ -214,6 +218,10 @@ async fn plain_sql_producers_get_clear_refusals_for_bad_rows(db: Db) {
     assert_eq!(env.count("true").await, 0);
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_rows() {
     let env = TestEnv::new().await;
@@ -293,6 +301,10 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
 /// it — with 100,000 published rows in front (low ids), the read of 100
 /// rows of one bucket touches about 100 index entries, in id order, with no
 /// sort.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn the_claim_reads_a_slice_of_the_pending_index_on_mariadb() {
     let env = TestEnv::on(Db::MariaDb).await;
@@ -348,6 +360,10 @@ on_every_db!(
 /// not recorded: `outboxd migrate` must end with the index valid and as
 /// the migration defines it, and say that it rebuilt it; a second run has
 /// nothing to do.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn migrate_rebuilds_an_index_an_interrupted_concurrent_build_left_invalid() {
     let env = TestEnv::on(Db::Postgres).await;

@@ -54,6 +54,10 @@ fn command_lines(pids: &[String]) -> String {
         .join("\n")
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[test]
 fn services_down_leaves_no_process_of_its_own() {
     let ns = Namespace::new();
@@ -96,6 +100,10 @@ fn services_down_leaves_no_process_of_its_own() {
 
 /// The harness itself: a test that passes leaves neither its database nor
 /// its queues behind (tests/common/mod.rs, `impl Drop for TestEnv`).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn a_passing_test_leaves_neither_its_database_nor_its_queues() {
     let queue = unique("q");

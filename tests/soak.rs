@@ -398,6 +398,10 @@ impl Servers {
     }
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing() {
     let seed = Seeded::seed();

@@ -106,6 +106,10 @@ fn all_logs(workers: &[WorkerProcess]) -> String {
     logs.join("\n----\n")
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sources_two_workers_each_source_in_order_and_on_its_own_broker() {
     let vhost = Vhost::new();
@@ -203,6 +207,10 @@ async fn three_sources_two_workers_each_source_in_order_and_on_its_own_broker() 
 /// a wrong password: the good ones drain at once; each bad one is one line
 /// naming it (again after a growing pause); the unmigrated one, once
 /// migrated with `outboxd migrate --source`, is served without a restart.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_cannot_be_served_leaves_the_others_running() {
     let good = TestEnv::with(Tuning::fleet()).await;
@@ -322,6 +330,10 @@ async fn a_source_that_cannot_be_served_leaves_the_others_running() {
 /// source removed from one worker's file is left — its leases released and
 /// taken by the other worker, nothing lost — and a file that does not parse
 /// is one line while every source runs on.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_joins_added_sources_leaves_removed_ones_and_keeps_running_on_a_bad_file() {
     let a = TestEnv::with(Tuning::fleet()).await;
@@ -561,6 +573,10 @@ async fn served(
 /// catching up) is not taken for the relay's. After the server's restart and the heal, stock is served again
 /// and every source's checker is clean (nothing lost, per-key order kept),
 /// and nothing of shop's reached the broker's default vhost.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_sources_on_two_hosts_one_cut_off_then_stopped_leaves_the_others_at_their_rate() {
     let lab = Lab::new(2);
@@ -743,6 +759,10 @@ async fn three_sources_on_two_hosts_one_cut_off_then_stopped_leaves_the_others_a
 /// `worker.reload_on_change`: no signal — the file's new content is
 /// applied (a source added is joined and drained, a source removed is
 /// left), a file that does not parse is one line and everything runs on.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_reload_on_change_an_edited_file_is_applied_without_a_signal() {
     let a = TestEnv::with(Tuning::fleet()).await;

@@ -53,6 +53,10 @@ fn file_of(env: &TestEnv) -> String {
 /// wait for the change, then get labels of the new count from the
 /// trigger), and 3 workers with the new count deliver everything, in key
 /// order.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_python_producer_writes_with_plain_inserts_while_three_workers_drain_and_across_a_repartition()
  {
@@ -114,6 +118,10 @@ async fn a_python_producer_writes_with_plain_inserts_while_three_workers_drain_a
 /// retried), and afterwards no epoch went to two owners, every delivery
 /// was made under an epoch acquired exactly once, and nothing was lost,
 /// repeated out of order or invented.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_writer_holding_the_write_lock_for_3_s_delays_the_fleet_and_never_breaks_it() {
     let env = TestEnv::with(Tuning::fleet().on(Db::Sqlite)).await;
@@ -180,6 +188,10 @@ async fn a_writer_holding_the_write_lock_for_3_s_delays_the_fleet_and_never_brea
 /// a steady stream of records never allows, so without the worker's
 /// truncating checkpoint the file grew by about a page per message and
 /// stayed that large (840 MB after 200,000 rows).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn draining_a_backlog_keeps_the_wal_file_near_its_limit() {
     use outboxd::store::sqlite::pool::WAL_LIMIT;

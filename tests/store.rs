@@ -1126,7 +1126,7 @@ async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(
     assert!(acquisitions > 100, "too few hand-overs to prove anything");
 }
 
-on_every_db!(
+on_every_store!(
     claims_take_the_head_in_id_order_one_claim_at_a_time,
     a_held_claim_is_read_without_a_write_until_it_runs_low,
     a_failing_head_holds_back_only_its_own_bucket,

@@ -92,6 +92,10 @@ async fn relay_with_fleet(
     terminate_all(&mut fleet);
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_with_client_certificates_and_amqps_relay_5000_messages_with_a_fleet() {
     let pki = Pki::new();
@@ -119,6 +123,10 @@ async fn postgres_with_client_certificates_and_amqps_relay_5000_messages_with_a_
     assert_eq!(plain, 0);
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_requiring_secure_transport_relays_5000_messages_with_a_fleet() {
     let pki = Pki::new();
@@ -142,6 +150,10 @@ async fn mariadb_requiring_secure_transport_relays_5000_messages_with_a_fleet() 
     );
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbouncer_terminating_tls_relays_5000_messages() {
     let pki = Pki::new();
@@ -211,6 +223,10 @@ fn one_line(error: Option<String>) -> String {
     e
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_tls_failures_are_one_line_naming_the_host_and_the_fix() {
     let pki = Pki::new();
@@ -275,6 +291,10 @@ async fn postgres_tls_failures_are_one_line_naming_the_host_and_the_fix() {
     assert!(stderr.contains("expired on 2021-01-02"), "{stderr}");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_refuses_a_missing_or_foreign_client_certificate_in_one_line() {
     let pki = Pki::new();
@@ -293,6 +313,10 @@ async fn postgres_refuses_a_missing_or_foreign_client_certificate_in_one_line() 
     assert!(e.contains("client certificate"), "{e}");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_tls_failures_are_one_line() {
     let pki = Pki::new();
@@ -327,6 +351,10 @@ async fn broker_refusal(url: &str, tls_toml: &str) -> String {
     one_line(broker.connect_once().await.err().map(|e| e.to_string()))
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_failures_are_one_line_and_never_fall_back_to_plain() {
     let pki = Pki::new();
@@ -386,6 +414,10 @@ async fn amqps_failures_are_one_line_and_never_fall_back_to_plain() {
     assert!(e.contains("expired on 2021-01-02"), "{e}");
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_with_external_login_survives_rotated_certificates() {
     let pki = Pki::new();

@@ -36,6 +36,10 @@ fn buckets_per_worker(out: &str) -> Vec<(String, u32)> {
         .collect()
 }
 
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_getting_started_tour_runs_as_written() {
     let admin = Db::Postgres.admin_url();

@@ -272,6 +272,10 @@ on_every_db!(every_message_continues_its_producers_trace);
 
 /// Without an endpoint nothing is exported (and nothing is tried); a value
 /// outboxd cannot honour stops start-up with one line naming the variable.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
 #[tokio::test]
 async fn export_settings_that_cannot_be_honoured_stop_start_up_in_one_line() {
     let env = TestEnv::new().await;

@@ -99,9 +99,13 @@ impl Db {
 #[macro_export]
 macro_rules! on_every_db {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        $crate::on_every_db!(@ "needs RabbitMQ: scripts/test.sh runs it"; $($(#[$attr])* $name),*);
+    };
+    (@ $sqlite_needs:literal; $($(#[$attr:meta])* $name:ident),* $(,)?) => {
         mod postgres {
             $(
                 $(#[$attr])*
+                #[cfg_attr(not(feature = "services"), ignore = "needs PostgreSQL and RabbitMQ: scripts/test.sh runs it")]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name($crate::common::Db::Postgres).await
@@ -111,6 +115,47 @@ macro_rules! on_every_db {
         mod mariadb {
             $(
                 $(#[$attr])*
+                #[cfg_attr(not(feature = "services"), ignore = "needs MariaDB and RabbitMQ: scripts/test.sh runs it")]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Db::MariaDb).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                $(#[$attr])*
+                #[cfg_attr(not(feature = "services"), ignore = $sqlite_needs)]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Db::Sqlite).await
+                }
+            )*
+        }
+    };
+}
+
+/// [`on_every_db!`] for tests of the store alone: their SQLite variants
+/// need no service and run in the contributor's `cargo test` (the store's
+/// conformance suite on a temporary file); the server ones are ignored
+/// there, with how to run them.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                $(#[$attr])*
+                #[cfg_attr(not(feature = "services"), ignore = "needs PostgreSQL: scripts/test.sh runs it")]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::common::Db::Postgres).await
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                $(#[$attr])*
+                #[cfg_attr(not(feature = "services"), ignore = "needs MariaDB: scripts/test.sh runs it")]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name($crate::common::Db::MariaDb).await
@@ -140,6 +185,7 @@ macro_rules! on_server_dbs {
             mod postgres {
                 $(
                     $(#[$attr])*
+                    #[cfg_attr(not(feature = "services"), ignore = "needs PostgreSQL and RabbitMQ: scripts/test.sh runs it")]
                     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                     async fn $name() {
                         super::super::$name($crate::common::Db::Postgres).await
@@ -149,6 +195,7 @@ macro_rules! on_server_dbs {
             mod mariadb {
                 $(
                     $(#[$attr])*
+                    #[cfg_attr(not(feature = "services"), ignore = "needs MariaDB and RabbitMQ: scripts/test.sh runs it")]
                     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                     async fn $name() {
                         super::super::$name($crate::common::Db::MariaDb).await

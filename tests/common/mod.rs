@@ -53,7 +53,14 @@ fn env_or_explain(name: &str) -> String {
     })
 }
 
+/// RabbitMQ's URL. In a build without the `services` feature (the
+/// contributor's `cargo test`, where only tests that need no service run)
+/// a placeholder nothing listens on, for the configuration of tests that
+/// never connect to it.
 pub fn amqp_url() -> String {
+    if cfg!(not(feature = "services")) && std::env::var("AMQP_URL").is_err() {
+        return "amqp://guest:guest@127.0.0.1:1/%2f".into();
+    }
     env_or_explain("AMQP_URL")
 }
 
