@@ -475,11 +475,26 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
         "{cookie}"
     );
     let session = cookie.split(';').next().unwrap().to_string();
+    // The session's key comes once, in the redirect's fragment.
+    let key = r
+        .header("location")
+        .and_then(|l| l.split_once("#k="))
+        .map(|(_, k)| k.to_string())
+        .expect("the login's redirect carries the session's key");
 
+    // A cookie alone reads nothing; with its key it does.
     let r = http(
         "GET",
         &format!("{api}/summary"),
         &[("Cookie", &session)],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = http(
+        "GET",
+        &format!("{api}/summary"),
+        &[("Cookie", &session), ("X-Outboxd-Session", &key)],
         None,
     )
     .await;
@@ -501,6 +516,7 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
             ("Cookie", &session),
             ("Content-Type", "application/json"),
             ("X-Outboxd-Action", "1"),
+            ("X-Outboxd-Session", &key),
         ],
         Some(&body),
     )
@@ -543,7 +559,7 @@ async fn with_a_token_everything_but_healthz_is_refused_without_it(db: Db) {
     let r = http(
         "GET",
         &format!("{api}/summary"),
-        &[("Cookie", &session)],
+        &[("Cookie", &session), ("X-Outboxd-Session", &key)],
         None,
     )
     .await;

@@ -31,8 +31,19 @@ const secs = (s) => {
   return `${(s / 3600).toFixed(1)} h`;
 };
 
+// The session's key: given once at login (in the URL's fragment, which no
+// request carries) and kept in this origin's storage; every API request
+// sends it beside the cookie, so a cookie captured elsewhere (a page on
+// another port of the same host) reads nothing.
+const SESSION_KEY = "outboxd-session-key";
+if (location.hash.startsWith("#k=")) {
+  localStorage.setItem(SESSION_KEY, location.hash.slice(3));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
 async function api(path, options = {}) {
-  const res = await fetch(API + path, { credentials: "same-origin", ...options });
+  const headers = { "X-Outboxd-Session": localStorage.getItem(SESSION_KEY) || "", ...(options.headers || {}) };
+  const res = await fetch(API + path, { credentials: "same-origin", ...options, headers });
   if (res.status === 401) { location.href = BASE + "/login"; throw new Error("unauthorized"); }
   const body = await res.json().catch(() => ({}));
   if (!res.ok) throw new Error(body.error || res.statusText);

@@ -2,6 +2,13 @@
 // source, healthy or why not. No framework, no CDN.
 "use strict";
 
+// The session's key (see app.js): taken from the login's redirect.
+const SESSION_KEY = "outboxd-session-key";
+if (location.hash.startsWith("#k=")) {
+  localStorage.setItem(SESSION_KEY, location.hash.slice(3));
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
 const BASE = document.body.dataset.base;
 const POLL_MS = 2000;
 const $ = (sel) => document.querySelector(sel);
@@ -37,7 +44,10 @@ function row(s) {
 
 async function refresh() {
   try {
-    const res = await fetch(BASE + "/api/sources", { credentials: "same-origin" });
+    const res = await fetch(BASE + "/api/sources", {
+      credentials: "same-origin",
+      headers: { "X-Outboxd-Session": localStorage.getItem(SESSION_KEY) || "" },
+    });
     if (res.status === 401) { location.href = BASE + "/login"; return; }
     if (!res.ok) throw new Error(res.statusText);
     const sources = await res.json();

@@ -42,6 +42,8 @@ use super::DashboardState;
 
 /// The header dashboard actions must carry when not sent with a Bearer token.
 pub const ACTION_HEADER: &str = "x-outboxd-action";
+/// The header the page sends its session's key in.
+pub const SESSION_KEY_HEADER: &str = "x-outboxd-session";
 const COOKIE: &str = "outboxd_session";
 const SECURE_COOKIE: &str = "__Host-outboxd_session";
 const MAX_SESSIONS: usize = 10_000;
@@ -58,8 +60,8 @@ const MAX_TRACKED_CLIENTS: usize = 10_000;
 pub struct Auth {
     token: String,
     session_ttl: Duration,
-    /// Session id → when it expires.
-    sessions: Mutex<HashMap<String, Instant>>,
+    /// Session id → when it expires, and its key.
+    sessions: Mutex<HashMap<String, (Instant, String)>>,
     /// Client address → when its recent wrong tokens came.
     failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
     /// When the recent wrong tokens of every address came.
@@ -174,41 +176,53 @@ impl Auth {
         trusted.insert(client, Instant::now());
     }
 
-    /// A new session id for a successful login.
-    pub fn open_session(&self) -> String {
-        let id = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
+    /// A new session for a successful login: its id (the cookie) and its
+    /// key, which the page gets once, in the login's redirect, and sends
+    /// with every API request. A cookie alone — sent by the browser to
+    /// another port of the same host, which no cookie attribute prevents
+    /// on loopback — reads nothing.
+    pub fn open_session(&self) -> (String, String) {
+        let random = || {
+            format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+        };
+        let (id, key) = (random(), random());
         let mut sessions = lock(&self.sessions);
         if sessions.len() >= MAX_SESSIONS {
             let now = Instant::now();
-            sessions.retain(|_, expires| *expires > now);
+            sessions.retain(|_, (expires, _)| *expires > now);
             if sessions.len() >= MAX_SESSIONS {
                 sessions.clear();
             }
         }
-        sessions.insert(id.clone(), Instant::now() + self.session_ttl);
-        id
+        sessions.insert(id.clone(), (Instant::now() + self.session_ttl, key.clone()));
+        (id, key)
     }
 
     pub fn close_session(&self, id: &str) {
         lock(&self.sessions).remove(id);
     }
 
-    /// Whether `id` is a session that has not expired (an expired one is
-    /// forgotten).
-    fn session_valid(&self, id: &str) -> bool {
+    /// The key of `id` when it is a session that has not expired (an
+    /// expired one is forgotten).
+    fn session_key(&self, id: &str) -> Option<String> {
         let mut sessions = lock(&self.sessions);
         match sessions.get(id) {
-            Some(expires) if *expires > Instant::now() => true,
+            Some((expires, key)) if *expires > Instant::now() => Some(key.clone()),
             Some(_) => {
                 sessions.remove(id);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
+    }
+
+    /// Whether `id` is a session that has not expired.
+    fn session_valid(&self, id: &str) -> bool {
+        self.session_key(id).is_some()
     }
 }
 
@@ -402,6 +416,7 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
     {
         return next.run(req).await;
     }
+    let mut session_keys = Vec::new();
     let caller = match &state.auth {
         None => Caller::Anonymous,
         Some(auth) => {
@@ -421,10 +436,15 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
                     auth.succeeded(c);
                 }
                 Caller::Bearer
-            } else if session_cookies(req.headers(), state.tls.is_some())
-                .iter()
-                .any(|s| auth.session_valid(s))
+            } else if let Some(keys) = Some(
+                session_cookies(req.headers(), state.tls.is_some())
+                    .iter()
+                    .filter_map(|s| auth.session_key(s))
+                    .collect::<Vec<_>>(),
+            )
+            .filter(|keys| !keys.is_empty())
             {
+                session_keys = keys;
                 Caller::Session
             } else {
                 if bearer.is_some() {
@@ -457,6 +477,25 @@ pub async fn guard(State(state): State<Arc<DashboardState>>, req: Request, next:
         return (
             StatusCode::FORBIDDEN,
             format!("403 forbidden: actions need the {ACTION_HEADER} header (cross-site requests are refused)\n"),
+        )
+            .into_response();
+    }
+    // Data read with a session needs its key too (see `open_session`).
+    let reads_data = path.contains("/api/") || path == "/metrics";
+    let key = req
+        .headers()
+        .get(SESSION_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if caller == Caller::Session
+        && reads_data
+        && !session_keys
+            .iter()
+            .any(|k| constant_time_eq(k.as_bytes(), key.as_bytes()))
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            format!("401 unauthorized: this session's key is missing ({SESSION_KEY_HEADER}); log in again\n"),
         )
             .into_response();
     }
@@ -555,12 +594,12 @@ mod tests {
     #[test]
     fn sessions_come_go_and_expire() {
         let auth = Auth::new("a-long-enough-token", HOUR).unwrap();
-        let s = auth.open_session();
+        let (s, _) = auth.open_session();
         assert!(auth.session_valid(&s));
         auth.close_session(&s);
         assert!(!auth.session_valid(&s));
         let short = Auth::new("a-long-enough-token", Duration::from_millis(1)).unwrap();
-        let s = short.open_session();
+        let (s, _) = short.open_session();
         std::thread::sleep(Duration::from_millis(5));
         assert!(!short.session_valid(&s));
     }

@@ -348,7 +348,7 @@ async fn login(
         );
         return (StatusCode::UNAUTHORIZED, Html(page)).into_response();
     }
-    let session = auth.open_session();
+    let (session, key) = auth.open_session();
     tracing::info!(client = %client.map(|c| c.to_string()).unwrap_or_default(), "dashboard login");
     (
         StatusCode::SEE_OTHER,
@@ -357,7 +357,8 @@ async fn login(
                 header::SET_COOKIE,
                 auth::cookie_header(&session, &st.home, st.tls.is_some()),
             ),
-            (header::LOCATION, format!("{}/", st.home)),
+            // The key in the fragment: the page keeps it, no request carries it.
+            (header::LOCATION, format!("{}/#k={key}", st.home)),
         ],
     )
         .into_response()
