@@ -303,25 +303,11 @@ async fn each_worker_is_shown_by_its_name_and_what_it_is_doing() {
         "retryAt": retry_at.to_rfc3339(),
         "blockedBucket": blocked_bucket,
     });
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(&script)
-            .env("DASH_URL", format!("{base}/outbox/"))
-            .env("DASH_EXPECT", expect.to_string())
-            .env("CHROMIUM", &chromium)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("browser: {stdout}");
-    assert!(
-        out.status.success(),
-        "browser checks failed:\n{}\n{stdout}\nworker log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        workers[1].log_text()
-    );
+    let vars = vec![
+        ("DASH_URL", format!("{base}/outbox/")),
+        ("DASH_EXPECT", expect.to_string()),
+    ];
+    run_browser(script, chromium, vars, || workers[1].log_text()).await;
 
     // Parked from the page, audited as the page's.
     let parked: i64 = env
@@ -441,6 +427,37 @@ async fn the_page_says_why_a_published_key_search_was_stopped() {
     ui.wait(Duration::from_secs(10));
 }
 
+/// Runs the browser script `script` to its end with `vars` (and Chromium's
+/// path) in its environment, and asserts it passed, with `log` (the log of
+/// the process the page was served by) beside its output when not. Returns
+/// what it printed (one JSON line of observations).
+async fn run_browser(
+    script: std::path::PathBuf,
+    chromium: String,
+    vars: Vec<(&'static str, String)>,
+    log: impl FnOnce() -> String,
+) -> String {
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(&script)
+            .envs(vars)
+            .env("CHROMIUM", &chromium)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("browser: {stdout}");
+    assert!(
+        out.status.success(),
+        "browser checks failed:\n{}\n{stdout}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log()
+    );
+    stdout
+}
+
 /// A page on another port that frames `target`: what a clickjacking page
 /// would serve. Answers every request with it until the test ends.
 async fn framing_page(target: String) -> String {
@@ -507,27 +524,13 @@ async fn the_page_resists_framing_hidden_characters_and_stale_sessions() {
     let (mut ui, base) = spawn_ui(&env, &config);
     let page = format!("{base}/outbox/");
     let frame = framing_page(page.clone()).await;
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(&script)
-            .env("DASH_URL", &page)
-            .env("DASH_TOKEN", token)
-            .env("FRAME_URL", &frame)
-            .env("SESSION_TTL_MS", ttl_ms.to_string())
-            .env("CHROMIUM", &chromium)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("browser: {stdout}");
-    assert!(
-        out.status.success(),
-        "browser checks failed:\n{}\n{stdout}\ndashboard log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        ui.log_text()
-    );
+    let vars = vec![
+        ("DASH_URL", page),
+        ("DASH_TOKEN", token.to_string()),
+        ("FRAME_URL", frame),
+        ("SESSION_TTL_MS", ttl_ms.to_string()),
+    ];
+    run_browser(script, chromium, vars, || ui.log_text()).await;
     ui.signal("TERM");
     ui.wait(Duration::from_secs(10));
 }
@@ -750,26 +753,12 @@ async fn a_plain_http_page_can_neither_use_nor_shadow_the_https_session() {
     assert!(base.starts_with("https://127.0.0.1:"), "{base}");
     let (plain, heads) = recording_page().await;
     let page = format!("{base}/outbox/");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(&script)
-            .env("DASH_URL", &page)
-            .env("DASH_TOKEN", token)
-            .env("PLAIN_URL", &plain)
-            .env("CHROMIUM", &chromium)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("browser: {stdout}");
-    assert!(
-        out.status.success(),
-        "browser checks failed:\n{}\n{stdout}\ndashboard log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        ui.log_text()
-    );
+    let vars = vec![
+        ("DASH_URL", page),
+        ("DASH_TOKEN", token.to_string()),
+        ("PLAIN_URL", plain),
+    ];
+    run_browser(script, chromium, vars, || ui.log_text()).await;
     // Chromium counts loopback as a secure context: it does send the Secure
     // cookie to the plain page on another port (no cookie attribute stops
     // that). What the page captured reads nothing without the session's
