@@ -410,7 +410,7 @@ async fn dispatch(
         }
         Command::Ui { .. } => {
             let store = Store::connect(&config, "outboxd ui").await?;
-            schema::check(&store, Partitioner::new(config.outbox.partition_count)).await?;
+            schema::check(&*store, Partitioner::new(config.outbox.partition_count)).await?;
             let listener = crate::dashboard::bind(config.dashboard.listen).await?;
             let state = crate::dashboard::DashboardState::new(&config, store, None);
             crate::dashboard::serve(listener, state, shutdown_on_signals()).await?;

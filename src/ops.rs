@@ -252,7 +252,7 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
 /// one); the schema version does.
 pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
     let store = Store::connect(config, "outboxd repartition").await?;
-    schema::check_version(&store).await?;
+    schema::check_version(&*store).await?;
     let r = store.repartition(args.to, args.dry_run, &actor()).await?;
     if args.dry_run {
         say!(
@@ -283,7 +283,7 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
 async fn open(config: &Config, name: &str) -> anyhow::Result<(Store, Partitioner)> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, name).await?;
-    schema::check(&store, partitioner).await?;
+    schema::check(&*store, partitioner).await?;
     Ok((store, partitioner))
 }
 

@@ -54,17 +54,31 @@ use futures_util::future::BoxFuture;
 use crate::config::TablesConfig;
 pub use crate::otel::TraceContext;
 pub use crate::store::outbox::Message;
-use crate::store::{Bounds, Sql, StoreError};
+use crate::store::{Bounds, ErrorDialect, Sql, StoreError, StoreSettings, Tables};
 
 /// Enqueues messages into one deployment's outbox table, on PostgreSQL or
 /// MySQL/MariaDB: whichever database the executor it is given talks to.
 pub struct Producer {
-    postgres: Sql,
-    mysql: Sql,
-    sqlite: Sql,
-    /// Each enqueue fails after `database.query_timeout`'s default.
-    bounds: Bounds,
+    postgres: Enqueue,
+    mysql: Enqueue,
+    sqlite: Enqueue,
     trace_source: Option<TraceSource>,
+}
+
+/// One database's enqueue statement, and what bounds it: each enqueue
+/// fails after `database.query_timeout`'s default, its error read as that
+/// database's.
+#[derive(Debug)]
+struct Enqueue {
+    sql: Sql,
+    bounds: Bounds,
+}
+
+impl Enqueue {
+    fn new(sql: Sql, dialect: &'static ErrorDialect) -> Self {
+        let bounds = Bounds::new(StoreSettings::default_query_timeout(), dialect);
+        Self { sql, bounds }
+    }
 }
 
 /// Where a producer finds the current span's context.
@@ -73,9 +87,9 @@ type TraceSource = Arc<dyn Fn() -> Option<TraceContext> + Send + Sync>;
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
-            .field("postgres", &self.postgres)
-            .field("mysql", &self.mysql)
-            .field("sqlite", &self.sqlite)
+            .field("postgres", &self.postgres.sql)
+            .field("mysql", &self.mysql.sql)
+            .field("sqlite", &self.sqlite.sql)
             .field("trace_source", &self.trace_source.is_some())
             .finish()
     }
@@ -91,11 +105,15 @@ impl Default for Producer {
 impl Producer {
     /// A producer for the given table names.
     pub fn new(tables: &TablesConfig) -> Self {
+        use crate::store::{mysql, postgres, sqlite};
+        let tables = &Tables::from(tables);
         Self {
-            postgres: crate::store::postgres::outbox::enqueue_statement(tables),
-            mysql: crate::store::mysql::outbox::enqueue_statement(tables),
-            sqlite: crate::store::sqlite::outbox::enqueue_statement(tables),
-            bounds: Bounds::default(),
+            postgres: Enqueue::new(
+                postgres::outbox::enqueue_statement(tables),
+                &postgres::ERRORS,
+            ),
+            mysql: Enqueue::new(mysql::outbox::enqueue_statement(tables), &mysql::ERRORS),
+            sqlite: Enqueue::new(sqlite::outbox::enqueue_statement(tables), &sqlite::ERRORS),
             trace_source: None,
         }
     }
@@ -147,10 +165,10 @@ impl ProducerDatabase for sqlx::Postgres {
         exec: E,
         message: &'a Message,
     ) -> BoxFuture<'a, Result<i64, StoreError>> {
-        Box::pin(crate::store::postgres::outbox::enqueue(
-            &producer.postgres,
+        Box::pin(crate::store::drain::enqueue(
+            &producer.postgres.sql,
             exec,
-            &producer.bounds,
+            &producer.postgres.bounds,
             message,
         ))
     }
@@ -162,10 +180,10 @@ impl ProducerDatabase for sqlx::MySql {
         exec: E,
         message: &'a Message,
     ) -> BoxFuture<'a, Result<i64, StoreError>> {
-        Box::pin(crate::store::mysql::outbox::enqueue(
-            &producer.mysql,
+        Box::pin(crate::store::drain::enqueue(
+            &producer.mysql.sql,
             exec,
-            &producer.bounds,
+            &producer.mysql.bounds,
             message,
         ))
     }
@@ -177,10 +195,10 @@ impl ProducerDatabase for sqlx::Sqlite {
         exec: E,
         message: &'a Message,
     ) -> BoxFuture<'a, Result<i64, StoreError>> {
-        Box::pin(crate::store::sqlite::outbox::enqueue(
-            &producer.sqlite,
+        Box::pin(crate::store::drain::enqueue(
+            &producer.sqlite.sql,
             exec,
-            &producer.bounds,
+            &producer.sqlite.bounds,
             message,
         ))
     }

@@ -1620,8 +1620,9 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .await
                 .unwrap();
             // The read's parameters: token, time left (µs), owner, owner,
-            // epoch (whether the caller holds the claim), bucket, bucket.
-            let rows = sqlx::query(sqlx::AssertSqlSafe(format!("{read} ORDER BY id LIMIT 100")))
+            // epoch (whether the caller holds the claim), bucket, bucket,
+            // ids in flight, limit.
+            let rows = sqlx::query(sqlx::AssertSqlSafe(read))
                 .bind(token)
                 .bind(11_000_000i64)
                 .bind(None::<uuid::Uuid>)
@@ -1629,6 +1630,8 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .bind(None::<i64>)
                 .bind(bucket)
                 .bind(bucket)
+                .bind("[]")
+                .bind(100i64)
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();

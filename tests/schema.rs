@@ -319,17 +319,17 @@ async fn the_claim_reads_a_slice_of_the_pending_index_on_mariadb() {
     env.db.exec(&plain_insert(&keys, "q", 2000)).await;
     env.db.exec("ANALYZE TABLE outbox").await;
     // The read's parameters: token, time left (µs), owner, owner, epoch
-    // (whether the caller holds the claim), bucket, bucket.
-    let read = ["NULL", "11000000", "NULL", "NULL", "NULL", "'p03'", "'p03'"]
-        .iter()
-        .fold(
-            env.store.mysql().unwrap().claim_statement().to_string(),
-            |sql, value| sql.replacen('?', value, 1),
-        );
-    let plan: String = env
-        .db
-        .value(&format!("ANALYZE FORMAT=JSON {read} ORDER BY id LIMIT 100"))
-        .await;
+    // (whether the caller holds the claim), bucket, bucket, ids in flight,
+    // limit.
+    let read = [
+        "NULL", "11000000", "NULL", "NULL", "NULL", "'p03'", "'p03'", "'[]'", "100",
+    ]
+    .iter()
+    .fold(
+        env.store.mysql().unwrap().claim_statement().to_string(),
+        |sql, value| sql.replacen('?', value, 1),
+    );
+    let plan: String = env.db.value(&format!("ANALYZE FORMAT=JSON {read}")).await;
     println!("{plan}");
     let v: Value = serde_json::from_str(&plan).unwrap();
     let block = &v["query_block"];

@@ -155,7 +155,7 @@ impl Slot {
         };
         // A database without this binary's schema has nothing to show
         // (and its workers refuse it): say so, as they do.
-        let checked = tokio::time::timeout(SOURCE_WITHIN, schema::check_version(&store)).await;
+        let checked = tokio::time::timeout(SOURCE_WITHIN, schema::check_version(&*store)).await;
         let unready = match checked {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(format!(

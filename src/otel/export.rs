@@ -43,7 +43,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{ExportConfig, Signal};
 pub use super::span::PublishSpan;
-use crate::relay::stats::{COUNTERS, RelayStats};
 
 /// Export counters, for `/metrics`.
 #[derive(Debug, Default)]
@@ -56,6 +55,17 @@ pub struct TraceCounts {
     pub failed_exports: AtomicU64,
     /// Spans handed to the SDK and not yet through an export.
     queued: AtomicU64,
+}
+
+/// A cumulative counter the worker keeps, exported as an observable OTLP
+/// sum read at each export (the worker's `COUNTERS` table).
+pub struct Observed {
+    /// The OTLP metric (`outboxd.…`).
+    pub name: &'static str,
+    /// Its unit (UCUM annotation).
+    pub unit: &'static str,
+    pub help: &'static str,
+    pub read: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 /// Where the relay records spans; a disabled tracer (the default: no
@@ -167,10 +177,10 @@ pub struct Telemetry {
 pub async fn start(
     config: &ExportConfig,
     instance_id: String,
-    stats: Arc<RelayStats>,
+    counts: Arc<TraceCounts>,
+    counters: Vec<Observed>,
 ) -> Result<(Tracer, Telemetry), String> {
     let config = config.clone();
-    let counts = stats.traces.clone();
     tokio::task::spawn_blocking(move || {
         let resource = resource(&config, instance_id);
         let scope = InstrumentationScope::builder("outboxd")
@@ -219,7 +229,7 @@ pub async fn start(
                     .with_reader(PeriodicReader::builder(exporter).build())
                     .with_resource(resource)
                     .build();
-                instruments(&provider.meter_with_scope(scope), &stats);
+                instruments(&provider.meter_with_scope(scope), counters);
                 tracing::info!(endpoint = %signal.endpoint, "exporting the worker's counters as OTLP metrics");
                 Some(provider)
             }
@@ -278,19 +288,18 @@ fn client(signal: &Signal) -> Result<reqwest::blocking::Client, String> {
         .map_err(|e| format!("cannot build the OTLP client for {}: {e}", signal.endpoint))
 }
 
-/// The worker's counters ([`COUNTERS`]) as observable instruments, read
-/// at each export.
+/// The worker's counters as observable instruments, read at each export.
 /// The latency histograms stay on `/metrics` only: the SDK has no
 /// observable histogram, and recording into one would put a second
 /// histogram on the drain path.
-fn instruments(meter: &opentelemetry::metrics::Meter, stats: &Arc<RelayStats>) {
-    for c in &COUNTERS {
-        let (stats, read) = (stats.clone(), c.read);
+fn instruments(meter: &opentelemetry::metrics::Meter, counters: Vec<Observed>) {
+    for c in counters {
+        let read = c.read;
         meter
-            .u64_observable_counter(c.otlp)
+            .u64_observable_counter(c.name)
             .with_unit(c.unit)
             .with_description(c.help)
-            .with_callback(move |observer| observer.observe(read(&stats), &[]))
+            .with_callback(move |observer| observer.observe(read(), &[]))
             .build();
     }
 }

@@ -68,6 +68,22 @@ pub struct Counter {
     pub read: fn(&RelayStats) -> u64,
 }
 
+/// Every counter of `stats`, as OTLP exports them.
+pub fn observed(stats: &Arc<RelayStats>) -> Vec<crate::otel::export::Observed> {
+    COUNTERS
+        .iter()
+        .map(|c| {
+            let (stats, read) = (stats.clone(), c.read);
+            crate::otel::export::Observed {
+                name: c.otlp,
+                unit: c.unit,
+                help: c.help,
+                read: Box::new(move || read(&stats)),
+            }
+        })
+        .collect()
+}
+
 /// Every counter of a worker, in the order `/metrics` lists them.
 pub const COUNTERS: [Counter; 9] = [
     Counter {

@@ -9,17 +9,18 @@
 //! events. Each backend renders [`OutboxLookupsSql`] and
 //! [`PartitionLookupsSql`] in its own SQL; nothing here knows which.
 //!
-//! Reads run on [`Driver::reads`] (SQLite: its readers, never its one
-//! writer), writes on [`Driver::pool`].
+//! Reads run on [`Driver::reads`] (a backend with one writer keeps its
+//! readers apart), writes on [`Driver::pool`].
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::StoreError;
 use super::driver::{Arg, Driver, Statements};
+use super::error::StoreError;
 use super::outbox::{BucketHead, ClaimToken, Fence, MessageDetail, MessageSummary};
 use super::partitions::{LeaseEvent, LeaseRow};
+use super::sql::Sql;
 use super::statements::{BucketReadsSql, OutboxLookupsSql};
 use super::workers::LateWatch;
 
@@ -280,11 +281,11 @@ impl<D: Driver> PartitionLookups for D {
 
 /// Renders [`OutboxLookupsSql`] (but for `buckets`, which each backend
 /// writes in its own SQL) for a backend whose statements differ from
-/// the common text only in their placeholders: `?` (MySQL/MariaDB, SQLite)
-/// or, through `number`, `$1, $2, …` (PostgreSQL). `render` is the
+/// the common text only in their placeholders: `?`, or, through `number`,
+/// `$1, $2, …`. `render` is the
 /// backend's template renderer (table names, its time functions).
 pub(crate) fn statements(
-    render: impl Fn(&str) -> super::Sql,
+    render: impl Fn(&str) -> Sql,
     number: bool,
     buckets: BucketReadsSql,
 ) -> OutboxLookupsSql {
@@ -295,7 +296,7 @@ pub(crate) fn statements(
             template.to_string()
         })
     };
-    let summary = super::views::SUMMARY_COLUMNS;
+    let summary = super::statements::SUMMARY_COLUMNS;
     OutboxLookupsSql {
         newest_id: sql("SELECT COALESCE(MAX(id), 0) FROM {outbox}"),
         added_after: sql("SELECT id, partition_key FROM {outbox} WHERE id > ? ORDER BY id LIMIT ?"),

@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// What a notification is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

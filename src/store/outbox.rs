@@ -23,7 +23,17 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value as Json, json};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::error::StoreError;
+
+/// A claimed row as `ClaimSql::ReadThenTake`'s read returns it: with
+/// whether it is ready, and whether the reader held the bucket's claim.
+#[derive(sqlx::FromRow)]
+pub struct ClaimCandidate {
+    #[sqlx(flatten)]
+    pub(crate) row: ClaimedMessage,
+    pub(crate) not_ready: bool,
+    pub(crate) held: Option<bool>,
+}
 
 /// A message to enqueue.
 #[derive(Debug, Clone)]
@@ -305,16 +315,6 @@ pub trait OutboxStore {
         failure: Option<Failure<'_>>,
     ) -> Result<FailureRecord, StoreError>;
 
-    /// A page of messages in `state`, optionally of one key. `cursor` is the
-    /// last id of the previous page (pending pages go up, others down).
-    async fn list_messages(
-        &self,
-        state: MessageState,
-        message_key: Option<&str>,
-        cursor: Option<i64>,
-        limit: i64,
-    ) -> Result<Vec<MessageSummary>, StoreError>;
-
     /// Deletes up to `limit` rows published more than `older_than` ago,
     /// oldest first, unless another process holds the purge lock. Returns
     /// how many rows went.
@@ -324,6 +324,21 @@ pub trait OutboxStore {
     /// (PostgreSQL: `VACUUM (ANALYZE)`; MySQL: `ANALYZE TABLE`). Slow, and
     /// its failure is not fatal.
     async fn tidy_after_purge(&self) -> Result<(), StoreError>;
+}
+
+/// The dashboard's and `outboxd failed list`'s pages of messages, as every
+/// backend implements them.
+#[async_trait]
+pub trait MessageViews {
+    /// A page of messages in `state`, optionally of one key. `cursor` is the
+    /// last id of the previous page (pending pages go up, others down).
+    async fn list_messages(
+        &self,
+        state: MessageState,
+        message_key: Option<&str>,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
 }
 
 /// An operator's actions on parked messages, each audited, as every
@@ -392,10 +407,10 @@ impl HeadAction {
 /// A dropped row, as the audit record keeps it (the backends that read
 /// it back before the delete).
 #[derive(sqlx::FromRow)]
-pub(crate) struct Dropped {
+pub struct Dropped {
     pub id: i64,
     message_id: Uuid,
-    partition_key: String,
+    pub partition_key: String,
     message_key: String,
     exchange: String,
     routing_key: String,

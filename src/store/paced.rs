@@ -54,7 +54,10 @@ use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{Connection, Database, Either, Execute, Executor, Pool, SqlStr};
 
 use crate::stamp::Stamp;
-use crate::store::{Switchover, trim};
+use crate::store::error::StoreError;
+use crate::store::settings::{BackendKind, shown};
+use crate::store::switchover::Switchover;
+use crate::store::trim;
 
 /// How long an acquisition waits for a connection on its way back to the
 /// pool (the round trip of sqlx's release ping) before the pool opens
@@ -457,6 +460,30 @@ async fn probe<DB: Database>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     connect_once::<DB::Connection>(&pool.connect_options(), timeout)
         .await
         .map_err(|e| e.unwrap_or(sqlx::Error::PoolTimedOut))
+}
+
+/// A backend's first connection to `url` ([`connect_once`]), its failure
+/// said as the store says it: the cause, or no answer within `timeout`.
+pub(crate) async fn first_connection<C: Connection>(
+    options: &C::Options,
+    timeout: Duration,
+    backend: BackendKind,
+    url: &str,
+) -> Result<(), StoreError> {
+    connect_once::<C>(options, timeout)
+        .await
+        .map_err(|e| match e {
+            Some(cause) => StoreError::Connect {
+                backend,
+                url: shown(url),
+                cause,
+            },
+            None => StoreError::ConnectTimeout {
+                backend,
+                url: shown(url),
+                after: timeout,
+            },
+        })
 }
 
 /// One connection, opened by hand and closed at once: the pool's probe, and

@@ -21,10 +21,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// A lease this worker just acquired.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Acquired {
     pub partition_key: String,
     pub lease_epoch: i64,
@@ -42,7 +42,7 @@ pub struct LeaseRow {
 }
 
 /// One bucket as the dashboard shows it.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct BucketView {
     pub partition_key: String,
     pub lease_owner: Option<Uuid>,
@@ -63,10 +63,8 @@ pub struct BucketView {
     pub head_retry_at: Option<DateTime<Utc>>,
     /// Rows a second it published over the last ten seconds (from its
     /// owners' heartbeats; `crate::dashboard::states`).
-    #[sqlx(skip)]
     pub rate: f64,
     /// Its state in the shared vocabulary (`crate::dashboard::states`).
-    #[sqlx(skip)]
     pub state: String,
 }
 
@@ -150,4 +148,19 @@ pub trait PartitionStore {
 
     /// Every bucket with its lease, capped pending/parked counts and head.
     async fn overview(&self, cap: i64) -> Result<Vec<BucketView>, StoreError>;
+}
+
+/// A bucket's lease and head, before the counts are added: what a
+/// backend's overview lines statement returns (`store::views::overview`), one row per bucket.
+#[derive(sqlx::FromRow)]
+pub struct LeaseLine {
+    pub(crate) partition_key: String,
+    pub(crate) lease_owner: Option<uuid::Uuid>,
+    pub(crate) lease_epoch: i64,
+    pub(crate) lease_ttl_seconds: Option<f64>,
+    pub(crate) head_id: Option<i64>,
+    pub(crate) lag_seconds: f64,
+    pub(crate) head_attempts: Option<i32>,
+    pub(crate) head_error: Option<String>,
+    pub(crate) head_retry_at: Option<chrono::DateTime<chrono::Utc>>,
 }

@@ -19,9 +19,10 @@ use async_trait::async_trait;
 use sqlx::migrate::{Migration, Migrator};
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
-use super::{Store, StoreError, render};
-use crate::config::TablesConfig;
+use super::error::StoreError;
+use super::sql::render;
 use crate::partitioner::Partitioner;
+use crate::store::settings::Tables;
 
 /// What [`SchemaStore::migrate`] did.
 #[derive(Debug)]
@@ -39,6 +40,9 @@ pub struct MigrateReport {
 /// The schema, as every backend implements it.
 #[async_trait]
 pub trait SchemaStore {
+    /// The configured table names the statements were rendered with.
+    fn tables(&self) -> &Tables;
+
     /// Applies pending migrations, records `partition_count` on first run,
     /// and makes sure every bucket has its row in the partitions table.
     async fn migrate(&self, partitioner: Partitioner) -> Result<MigrateReport, StoreError>;
@@ -56,7 +60,7 @@ pub trait SchemaStore {
 
 /// A backend's embedded migrations rendered with the configured table
 /// names, tracked in [`migrations_table`].
-pub(crate) fn rendered_migrator(embedded: &Migrator, tables: &TablesConfig) -> Migrator {
+pub(crate) fn rendered_migrator(embedded: &Migrator, tables: &Tables) -> Migrator {
     let migrations = embedded
         .iter()
         .map(|m| {
@@ -75,7 +79,7 @@ pub(crate) fn rendered_migrator(embedded: &Migrator, tables: &TablesConfig) -> M
 }
 
 /// Where applied migrations are recorded: `<outbox>_schema_migrations`.
-pub(crate) fn migrations_table(tables: &TablesConfig) -> String {
+pub(crate) fn migrations_table(tables: &Tables) -> String {
     format!("{}_schema_migrations", tables.outbox)
 }
 
@@ -87,7 +91,10 @@ pub const MIGRATE_NEEDS_SESSION: &str = "outboxd migrate holds a lock for the le
 
 /// Refuses to run against a database that is not at exactly this binary's
 /// schema, or that was set up with another bucket count.
-pub async fn check(store: &Store, partitioner: Partitioner) -> Result<(), StoreError> {
+pub async fn check(
+    store: &(impl SchemaStore + ?Sized),
+    partitioner: Partitioner,
+) -> Result<(), StoreError> {
     check_version(store).await?;
     match store.partition_count().await? {
         None => Err(StoreError::Schema(
@@ -102,7 +109,7 @@ pub async fn check(store: &Store, partitioner: Partitioner) -> Result<(), StoreE
 
 /// Refuses a database that is not at exactly this binary's schema version
 /// (whatever its bucket count).
-pub async fn check_version(store: &Store) -> Result<(), StoreError> {
+pub async fn check_version(store: &(impl SchemaStore + ?Sized)) -> Result<(), StoreError> {
     let applied = store.applied_versions().await?;
     let known = store.known_versions();
     let latest = known.iter().copied().max().unwrap_or(0);

@@ -3,7 +3,10 @@
 //! (each field's doc names them), so the flows over them (`store::driver`)
 //! are written once.
 
-use super::Sql;
+use std::time::Duration;
+
+use super::settings::Tables;
+use super::sql::Sql;
 
 /// The `outbox_workers` statements, rendered by each backend. Parameters in
 /// order, as every backend binds them; durations as `Arg::Duration`.
@@ -122,8 +125,6 @@ pub struct PartitionLookupsSql {
 /// stand before their `SET`).
 #[derive(Debug)]
 pub struct LeaseStepsSql {
-    /// Inserts a row for every label that has none: labels.
-    pub ensure_rows: Sql,
     /// Of the listed buckets, the free ones and those whose lease ran out,
     /// locked (a row another transaction is changing is skipped), as
     /// (partition_key, lease_owner, lease_epoch) by label: labels.
@@ -162,8 +163,8 @@ pub struct OperatorStepsSql {
     /// Deletes the listed rows: ids.
     pub delete: Sql,
     /// The parked rows among the listed ids, in the listed buckets, or
-    /// all of them, locked, as (id, message_key, whether its bucket
-    /// exists) by id: ids, labels, all.
+    /// all of them, locked, as (id, message_key, partition_key, whether its
+    /// bucket exists) by id: ids, labels, all.
     pub requeueable: Sql,
     /// The table's `partition_count`. No parameters.
     pub partition_count: Sql,
@@ -181,6 +182,10 @@ pub struct OperatorStepsSql {
     pub park: Sql,
     /// Makes the listed rows ready now (their attempts kept): ids.
     pub retry: Sql,
+    /// Wakes the workers of the listed buckets when the transaction
+    /// commits, where the database notifies (PostgreSQL's `NOTIFY`; the
+    /// others' workers find the rows at their next poll): labels.
+    pub wake: Option<Sql>,
 }
 
 /// Where a backend's new labels are computed.
@@ -232,12 +237,246 @@ pub struct RepartitionSql {
     pub audit: Sql,
     /// Parks one row: error, id.
     pub park: Sql,
+    /// Every bucket label, in order. No parameters.
+    pub known: Sql,
+    /// The pending rows whose label is none of the known ones, as (id,
+    /// partition_key, message_key) by id, locked where the database locks
+    /// rows: a template whose `{gaps}` becomes the ranges of the pending
+    /// index between the known labels (literals). No parameters.
+    pub strays: Sql,
+}
+
+/// A drainer's statements on the `outbox` table and its bucket's row
+/// (`store::drain`), rendered by each backend. The fence every write
+/// carries — the bucket's claim is the caller's token and, in fleet mode,
+/// its lease — is written out in each as *held*: bucket, token, owner,
+/// owner, epoch (owner and epoch NULL without leasing).
+#[derive(Debug)]
+pub struct DrainSql {
+    /// Enqueues one message: message_key, exchange, routing_key, payload,
+    /// headers (JSON), content_type. Returns the new id as one row, unless
+    /// the driver reads it from the insert (`Binding::INSERT_RETURNS_ID`).
+    pub enqueue: Sql,
+    pub claim: ClaimSql,
+    /// Records a batch as published, the rows kept (`published_at` set):
+    /// ids, bucket, then held.
+    pub record_published: Sql,
+    /// The same, the rows deleted: ids, bucket, then held.
+    pub delete_published: Sql,
+    /// A failed attempt at one row: `attempts + 1`, `last_error`,
+    /// `available_at` pushed back by the backoff (the initial delay doubled
+    /// per earlier attempt, capped), parked when `may_park` and the
+    /// attempts reach `max_attempts` (0: never): backoff max (ms), backoff
+    /// initial (ms), may_park, max_attempts, max_attempts, error, id,
+    /// bucket, then held. Returns whether the row is parked now, as one
+    /// row, unless `parked` is there to read it.
+    pub record_failure: Sql,
+    /// Where an `UPDATE` cannot return its row (MySQL/MariaDB): whether the
+    /// row is parked, read after `record_failure` in its transaction: id.
+    pub parked: Option<Sql>,
+    /// Takes the purge lock for the transaction, where the delete does not
+    /// take it itself: one row when this worker may purge, none when
+    /// another is purging. No parameters.
+    pub purge_lock: Option<Sql>,
+    /// Deletes the oldest published rows: older than, limit.
+    pub purge: Sql,
+    /// What the database does after a purge (statistics, space), run
+    /// unprepared, perhaps several statements. No parameters.
+    pub tidy: Sql,
+}
+
+/// The plain `INSERT` every producer may use where the table's trigger
+/// computes the bucket label (MySQL/MariaDB, SQLite): the message id and
+/// the timestamps are the columns' defaults (`DrainSql::enqueue`).
+pub(crate) fn plain_enqueue(t: &Tables) -> Sql {
+    Sql::render(
+        t,
+        "INSERT INTO {outbox} (message_key, exchange, routing_key, payload, headers, content_type)
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+}
+
+/// How a claim is made: in one statement where the database can read and
+/// write in one (PostgreSQL's data-modifying `WITH`), else as a read and,
+/// only when the claim is not already held, a write.
+#[derive(Debug)]
+pub enum ClaimSql {
+    /// The ready prefix, the claim taken (or found held) in the same
+    /// statement, as `ClaimedMessage` rows in id order: bucket, limit,
+    /// token, claim TTL, owner, epoch, in-flight ids, the highest in-flight
+    /// id (`i64::MIN` when none), min_left.
+    OneStatement(Sql),
+    ReadThenTake {
+        /// The bucket's first unpublished, unparked rows in id order,
+        /// skipping the in-flight ones, as `ClaimedMessage` with
+        /// `not_ready` and `held` (the caller's token holds the claim with
+        /// at least min_left left, and in fleet mode under its valid
+        /// lease): token, min_left, owner, owner, epoch, bucket, bucket,
+        /// in-flight ids, limit.
+        read: Sql,
+        /// Takes (or renews) the bucket's claim, only if no other live
+        /// claim holds it and (fleet mode) the lease is the caller's and
+        /// valid; a claim lasting longer than the TTL was made by no worker
+        /// and is ignored: token, TTL, bucket, token, TTL, owner, owner,
+        /// epoch.
+        take: Sql,
+    },
+}
+
+impl ClaimSql {
+    /// The statement that reads the bucket's rows (for diagnostics:
+    /// `EXPLAIN`).
+    pub fn reading(&self) -> &Sql {
+        match self {
+            ClaimSql::OneStatement(sql) | ClaimSql::ReadThenTake { read: sql, .. } => sql,
+        }
+    }
+}
+
+/// The columns of a [`MessageSummary`], from the outbox aliased `o`.
+pub(crate) const SUMMARY_COLUMNS: &str =
+    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
+    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
+    LENGTH(o.payload) AS payload_bytes";
+
+/// How a backend reads the outbox through an index: `FROM` texts naming
+/// the table as `o`, as templates (`{outbox}`).
+#[derive(Debug, Clone, Copy)]
+pub struct Dialect {
+    /// Through the index of unpublished, unparked rows by bucket and id.
+    pub pending: &'static str,
+    /// Through an index holding the parked rows by bucket.
+    pub parked: &'static str,
+}
+
+impl Dialect {
+    /// `column` of the head of bucket `p.partition_key` (its oldest
+    /// unpublished, unparked row): one probe of the pending index, as a
+    /// template (`{outbox}`).
+    pub(crate) fn head(&self, column: &str) -> String {
+        format!(
+            "(SELECT o.{column} FROM {} WHERE o.partition_key = p.partition_key
+                AND o.published_at IS NULL AND o.failed_at IS NULL ORDER BY o.id LIMIT 1)",
+            self.pending
+        )
+    }
+}
+
+/// The statements of `MessageViews::list_messages` (`store::views`). Parameters: the
+/// key (in the `_key` statements), the cursor (the last id of the previous
+/// page: pending pages go up, the others down), the limit.
+#[derive(Debug)]
+pub struct MessagesSql {
+    pub pending: PendingPage,
+    pub pending_key: Sql,
+    pub published: Sql,
+    pub published_key: Sql,
+    pub failed: Sql,
+    pub failed_key: Sql,
+    /// A time limit the database itself enforces on the one page that may
+    /// read the whole table (published rows of one key, without the index
+    /// of the book's *Searching published messages by key*): a statement
+    /// run first in the page's transaction, and the limit it sets. `None`:
+    /// only `database.query_timeout` bounds it.
+    pub published_key_limit: Option<(Sql, Duration)>,
+}
+
+/// How the pending rows of every bucket are paged, oldest first: a merge
+/// of per-bucket range scans of the pending index (bounded by buckets ×
+/// limit rows whatever the table size).
+#[derive(Debug)]
+pub enum PendingPage {
+    /// One statement that joins every bucket's scan (`LATERAL`): cursor,
+    /// limit.
+    OneStatement(Sql),
+    /// Where the database has no `LATERAL`: a `UNION ALL` of one scan per
+    /// bucket, written per page with the buckets' labels, cursor and
+    /// limit as literals, through the dialect's pending index.
+    PerBucket(Dialect),
+}
+
+impl MessagesSql {
+    /// The statements in SQL that MySQL/MariaDB and SQLite both take, the
+    /// outbox read through `dialect`'s indexes.
+    pub(crate) fn common(t: &Tables, dialect: Dialect) -> Self {
+        let newest_first = |state: &str, key: &str| {
+            Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE {key}{state} AND o.id < ? ORDER BY o.id DESC LIMIT ?"
+                ),
+            )
+        };
+        let by_key = "o.message_key = ? AND ";
+        Self {
+            pending: PendingPage::PerBucket(dialect),
+            pending_key: Sql::render(
+                t,
+                &format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+                     WHERE {by_key}o.published_at IS NULL AND o.failed_at IS NULL AND o.id > ?
+                     ORDER BY o.id LIMIT ?"
+                ),
+            ),
+            published: newest_first("o.published_at IS NOT NULL", ""),
+            published_key: newest_first("o.published_at IS NOT NULL", by_key),
+            failed: newest_first("o.failed_at IS NOT NULL", ""),
+            failed_key: newest_first("o.failed_at IS NOT NULL", by_key),
+            published_key_limit: None,
+        }
+    }
+}
+
+/// The schema's statements (`store::migrate`), rendered by each backend.
+#[derive(Debug)]
+pub struct SchemaSql {
+    /// Whether the migrations table exists, as one count: its name.
+    pub has_migrations: Sql,
+    /// The versions of the migrations applied, ascending. No parameters.
+    pub applied: Sql,
+    /// Records the bucket count, unless one is recorded: count.
+    pub record_count: Sql,
+    /// The recorded bucket count, one row or none. No parameters.
+    pub count: Sql,
+    /// Inserts a row for every listed bucket that has none: labels.
+    pub ensure_rows: Sql,
+}
+
+impl SchemaSql {
+    /// The statements every backend writes alike, around its own
+    /// `has_migrations`, `record_count` and `ensure_rows`.
+    pub(crate) fn new(
+        t: &Tables,
+        has_migrations: Sql,
+        record_count: &str,
+        ensure_rows: Sql,
+    ) -> Self {
+        Self {
+            has_migrations,
+            applied: Sql::render(
+                t,
+                "SELECT version FROM {outbox}_schema_migrations WHERE success ORDER BY version",
+            ),
+            record_count: Sql::render(t, record_count),
+            count: Sql::render(t, "SELECT partition_count FROM {outbox}_settings"),
+            ensure_rows,
+        }
+    }
 }
 
 /// Every statement set of the contract, as one backend renders them for
 /// its table names.
 #[derive(Debug)]
 pub struct Rendered {
+    /// The table names they were rendered with.
+    pub tables: Tables,
+    /// The backend's migrations, embedded at build time (rendered when
+    /// they run).
+    pub migrations: &'static sqlx::migrate::Migrator,
+    pub schema: SchemaSql,
+    pub drain: DrainSql,
+    pub messages: MessagesSql,
     pub workers: WorkersSql,
     pub stats: StatsSql,
     pub lookups: OutboxLookupsSql,

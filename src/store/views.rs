@@ -1,141 +1,143 @@
-//! The dashboard's multi-bucket views — a page of messages across buckets
-//! and the bucket overview — written once for the backends that build them
-//! from several plain statements (MySQL/MariaDB and SQLite; PostgreSQL has
-//! one statement for each). A backend gives only its [`Dialect`]: how the
-//! outbox is read through an index.
+//! The dashboard's views of messages — a page of messages in one state
+//! ([`MessageViews`], written once over the driver for every backend) and
+//! the bucket overview (every bucket's lease and head, then its capped
+//! counts), written once over the driver for every backend. A backend
+//! gives its [`MessagesSql`] and its [`Dialect`]: how the outbox is read
+//! through an index.
 //!
 //! Both views cost a bounded amount of work whatever the table size: one
 //! range scan of an index per bucket, each with a `LIMIT`.
 
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::bounds::bounded_op;
 use super::driver::{Arg, Driver, Statements};
-use super::outbox::{MessageState, MessageSummary};
-use super::partitions::BucketView;
-use super::{Sql, StoreError, label_literal, render};
-use crate::config::TablesConfig;
+use super::error::StoreError;
+use super::outbox::{MessageState, MessageSummary, MessageViews};
+use super::partitions::{BucketView, LeaseLine};
+use super::sql::{Sql, label_literal, render};
+use super::statements::{Dialect, PendingPage, SUMMARY_COLUMNS};
+use crate::store::settings::Tables;
 
-/// The columns of a [`MessageSummary`], from the outbox aliased `o`.
-pub(crate) const SUMMARY_COLUMNS: &str =
-    "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
-    o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,
-    LENGTH(o.payload) AS payload_bytes";
+const LISTING: &str = "listing messages";
 
-/// How a backend reads the outbox through an index: `FROM` texts naming
-/// the table as `o`, as templates (`{outbox}`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Dialect {
-    /// Through the index of unpublished, unparked rows by bucket and id.
-    pub pending: &'static str,
-    /// Through an index holding the parked rows by bucket.
-    pub parked: &'static str,
-}
-
-impl Dialect {
-    /// `column` of the head of bucket `p.partition_key` (its oldest
-    /// unpublished, unparked row): one probe of the pending index, as a
-    /// template (`{outbox}`).
-    pub(crate) fn head(&self, column: &str) -> String {
-        format!(
-            "(SELECT o.{column} FROM {} WHERE o.partition_key = p.partition_key
-                AND o.published_at IS NULL AND o.failed_at IS NULL ORDER BY o.id LIMIT 1)",
-            self.pending
-        )
+#[async_trait]
+impl<D: Driver> MessageViews for D {
+    async fn list_messages(
+        &self,
+        state: MessageState,
+        message_key: Option<&str>,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let sql = &self.sql().messages;
+        let (statement, default_cursor) = match (state, message_key.is_some()) {
+            (MessageState::Pending, false) => match &sql.pending {
+                PendingPage::OneStatement(statement) => (statement, 0),
+                PendingPage::PerBucket(dialect) => {
+                    let cursor = cursor.unwrap_or(0);
+                    return pending_per_bucket(self, *dialect, cursor, limit).await;
+                }
+            },
+            (MessageState::Pending, true) => (&sql.pending_key, 0),
+            (MessageState::Published, false) => (&sql.published, i64::MAX),
+            (MessageState::Published, true) => (&sql.published_key, i64::MAX),
+            (MessageState::Failed, false) => (&sql.failed, i64::MAX),
+            (MessageState::Failed, true) => (&sql.failed_key, i64::MAX),
+        };
+        let args: Vec<Arg> = message_key
+            .map(|k| Arg::Text(Some(k)))
+            .into_iter()
+            .chain([Arg::Int(cursor.unwrap_or(default_cursor)), Arg::Int(limit)])
+            .collect();
+        match (&sql.published_key_limit, state, message_key) {
+            (Some((limit, after)), MessageState::Published, Some(_)) => {
+                published_of_key(self, statement, &args, limit, *after).await
+            }
+            _ => self.reads().fetch_all(statement, &args, LISTING).await,
+        }
     }
 }
 
-/// A page of messages in `state` (see `OutboxStore::list_messages`).
-pub(crate) async fn list_messages<D: Driver>(
+/// What the Published view's search by key says when it fails.
+const SEARCHING_PUBLISHED: &str = "searching published messages by key \
+     (a scan of the table without the index of docs/operations.md, \"Searching published messages by key\")";
+
+/// The Published view's search by key under the database's own time limit
+/// (set by `limit` for its transaction only, so it holds behind a
+/// transaction pooler too): the database stops it at `after` rather than
+/// let it load the primary for as long as the table is large.
+async fn published_of_key<D: Driver>(
     d: &D,
-    t: &TablesConfig,
+    statement: &Sql,
+    args: &[Arg<'_>],
+    limit: &Sql,
+    after: Duration,
+) -> Result<Vec<MessageSummary>, StoreError> {
+    bounded_op(d.bounds(), SEARCHING_PUBLISHED, async {
+        let mut tx = d.begin().await?;
+        tx.execute(limit, &[], SEARCHING_PUBLISHED).await?;
+        let rows = match tx.fetch_all(statement, args, SEARCHING_PUBLISHED).await {
+            Ok(rows) => rows,
+            Err(e) if e.is_cancelled() => {
+                return Err(StoreError::Timeout {
+                    doing: SEARCHING_PUBLISHED,
+                    after,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        D::commit(tx).await?;
+        Ok(rows)
+    })
+    .await
+}
+
+/// The pending rows of every bucket after `cursor`, oldest first
+/// ([`PendingPage::PerBucket`]).
+async fn pending_per_bucket<D: Driver>(
+    d: &D,
     dialect: Dialect,
-    state: MessageState,
-    message_key: Option<&str>,
-    cursor: Option<i64>,
+    cursor: i64,
     limit: i64,
 ) -> Result<Vec<MessageSummary>, StoreError> {
-    let key = if message_key.is_some() {
-        "o.message_key = ? AND "
-    } else {
-        ""
-    };
-    let sql = match state {
-        // Oldest first, across buckets: a merge of per-bucket range scans
-        // of the pending index (bounded by buckets × limit rows).
-        MessageState::Pending if message_key.is_none() => {
-            let parts: Vec<String> = bucket_literals(d, t)
-                .await?
-                .iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    format!(
-                        "SELECT * FROM (SELECT {SUMMARY_COLUMNS} FROM {pending}
-                          WHERE o.partition_key = {l} AND o.published_at IS NULL
-                            AND o.failed_at IS NULL AND o.id > {cursor}
-                          ORDER BY o.id LIMIT {limit}) AS b{i}",
-                        pending = dialect.pending,
-                        cursor = cursor.unwrap_or(0),
-                    )
-                })
-                .collect();
-            if parts.is_empty() {
-                return Ok(Vec::new());
-            }
+    let t = d.tables();
+    let parts: Vec<String> = bucket_literals(d, t)
+        .await?
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
             format!(
-                "SELECT * FROM ({}) AS m ORDER BY m.id LIMIT {limit}",
-                parts.join(" UNION ALL ")
+                "SELECT * FROM (SELECT {SUMMARY_COLUMNS} FROM {pending}
+                  WHERE o.partition_key = {l} AND o.published_at IS NULL
+                    AND o.failed_at IS NULL AND o.id > {cursor}
+                  ORDER BY o.id LIMIT {limit}) AS b{i}",
+                pending = dialect.pending,
             )
-        }
-        MessageState::Pending => format!(
-            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-             WHERE {key}o.published_at IS NULL AND o.failed_at IS NULL AND o.id > {}
-             ORDER BY o.id LIMIT {limit}",
-            cursor.unwrap_or(0)
-        ),
-        MessageState::Published | MessageState::Failed => {
-            let predicate = if state == MessageState::Published {
-                "o.published_at IS NOT NULL"
-            } else {
-                "o.failed_at IS NOT NULL"
-            };
-            format!(
-                "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
-                 WHERE {key}{predicate} AND o.id < {}
-                 ORDER BY o.id DESC LIMIT {limit}",
-                cursor.unwrap_or(i64::MAX)
-            )
-        }
-    };
-    // Cursor and limit are numbers, spliced as literals.
-    let args: Vec<Arg> = message_key
-        .map(|k| Arg::Text(Some(k)))
-        .into_iter()
+        })
         .collect();
+    if parts.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Cursor and limit are numbers, spliced as literals.
+    let sql = format!(
+        "SELECT * FROM ({}) AS m ORDER BY m.id LIMIT {limit}",
+        parts.join(" UNION ALL ")
+    );
     let sql = Sql::from_rendered(render(t, &sql));
-    d.reads().fetch_all(&sql, &args, "listing messages").await
+    d.reads().fetch_all(&sql, &[], LISTING).await
 }
 
 /// Every bucket's label as an SQL literal, in label order.
-async fn bucket_literals<D: Driver>(d: &D, t: &TablesConfig) -> Result<Vec<String>, StoreError> {
+async fn bucket_literals<D: Driver>(d: &D, t: &Tables) -> Result<Vec<String>, StoreError> {
     let sql = Sql::render(
         t,
         "SELECT partition_key FROM {partitions} ORDER BY partition_key",
     );
     let labels: Vec<(String,)> = d.reads().fetch_all(&sql, &[], "listing buckets").await?;
     Ok(labels.iter().filter_map(|(l,)| label_literal(l)).collect())
-}
-
-/// A bucket's lease and head, before the counts are added: what a
-/// backend's `lines` statement of [`overview`] returns, one row per bucket.
-#[derive(sqlx::FromRow)]
-pub(crate) struct LeaseLine {
-    partition_key: String,
-    lease_owner: Option<uuid::Uuid>,
-    lease_epoch: i64,
-    lease_ttl_seconds: Option<f64>,
-    head_id: Option<i64>,
-    lag_seconds: f64,
-    head_attempts: Option<i32>,
-    head_error: Option<String>,
-    head_retry_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The bucket overview: `lines` (the backend's statement for every
@@ -145,7 +147,7 @@ pub(crate) struct LeaseLine {
 /// size.
 pub(crate) async fn overview<D: Driver>(
     d: &D,
-    t: &TablesConfig,
+    t: &Tables,
     dialect: Dialect,
     lines: &Sql,
     cap: i64,

@@ -112,11 +112,16 @@ pub async fn run(
     let tracer = match &opts.telemetry {
         Some(export) => {
             let worker_id = started.membership.worker_id.to_string();
-            let (tracer, telemetry) = crate::otel::export::start(export, worker_id, stats.clone())
-                .await
-                .map_err(|e| {
-                    WorkError::Config(crate::config::ConfigError::Env(format!("telemetry: {e}")))
-                })?;
+            let counters = crate::relay::stats::observed(&stats);
+            let traces = stats.traces.clone();
+            let (tracer, telemetry) =
+                crate::otel::export::start(export, worker_id, traces, counters)
+                    .await
+                    .map_err(|e| {
+                        WorkError::Config(crate::config::ConfigError::Env(format!(
+                            "telemetry: {e}"
+                        )))
+                    })?;
             tasks.spawn("telemetry export", telemetry.run(tasks.token()));
             tracer
         }

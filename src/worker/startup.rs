@@ -37,7 +37,7 @@ pub(super) struct Started {
 pub(super) async fn start(config: &Config, opts: &WorkOptions) -> Result<Started, WorkError> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
     let store = Store::connect(config, "outboxd work").await?;
-    retry_lost_query(|| schema::check(&store, partitioner)).await?;
+    retry_lost_query(|| schema::check(&*store, partitioner)).await?;
 
     let dashboard = match opts.ui {
         true => Some(crate::dashboard::bind(config.dashboard.listen).await?),

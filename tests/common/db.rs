@@ -461,9 +461,8 @@ impl TestDb {
     ) -> Result<Vec<i64>, StoreError> {
         let producer = Producer::default();
         let mut ids = Vec::new();
-        let commit_err = |source| StoreError::Query {
-            doing: "committing",
-            source,
+        let commit_err = |source| {
+            StoreError::query(&outboxd::store::ErrorDialect::GENERIC, "committing", source)
         };
         match self {
             TestDb::Pg(p) => {

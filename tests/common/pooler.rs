@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use outboxd::config::{DatabaseConfig, Pooler};
+use outboxd::store::StoreSettings;
 use outboxd::store::postgres::DbPool;
 
 use super::{PrivatePostgres, repo_dir, unique};
@@ -130,7 +131,8 @@ pub async fn pooled(url: &str) -> DbPool {
         max_connections: 10,
         ..DatabaseConfig::default()
     };
-    outboxd::store::postgres::pool::connect(&db, "outboxd test producer")
+    let settings = StoreSettings::of(&db, &Default::default());
+    outboxd::store::postgres::pool::connect(&settings, "outboxd test producer")
         .await
         .expect("connect through the pooler")
 }

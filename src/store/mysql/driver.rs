@@ -3,16 +3,18 @@
 //! `INTERVAL ? MICROSECOND`), statements run on the pool or in one of its
 //! transactions.
 
+use super::ERRORS;
 use sqlx::error::BoxDynError;
-use sqlx::mysql::{MySqlArguments, MySqlQueryResult, MySqlRow};
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
 use sqlx::{Arguments, Executor, MySql};
 
 use super::pool::MyPool;
 use super::{MySqlBackend, micros};
 
-use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Record, Runs, json_list};
+use crate::store::bounds::{Bounds, QueryContext};
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Runs, arguments};
+use crate::store::error::StoreError;
 use crate::store::statements::Rendered;
-use crate::store::{Bounds, QueryContext, StoreError};
 
 /// A transaction on MySQL/MariaDB.
 pub type Tx = BoundTx<MySql>;
@@ -21,29 +23,21 @@ impl Binding for MySql {
     type Args = MySqlArguments;
 
     fn arguments(args: &[Arg<'_>]) -> Result<MySqlArguments, BoxDynError> {
-        let mut bound = MySqlArguments::default();
-        for arg in args {
-            match *arg {
-                Arg::Uuid(v) => bound.add(v)?,
-                Arg::Int(v) => bound.add(v)?,
-                Arg::Float(v) => bound.add(v)?,
-                Arg::Bool(v) => bound.add(v)?,
-                Arg::Text(v) => bound.add(v)?,
-                Arg::Duration(d) => bound.add(micros(d))?,
-                Arg::Ids(v) => bound.add(json_list(v))?,
-                Arg::Labels(v) => bound.add(json_list(v))?,
-                Arg::Pairs(v) => bound.add(json_list(v))?,
-            }
-        }
-        Ok(bound)
-    }
-
-    fn decode<T: Record>(row: &MySqlRow) -> Result<T, sqlx::Error> {
-        T::from_row(row)
+        // Durations in microseconds, for `INTERVAL ? MICROSECOND`.
+        arguments(args, |bound: &mut MySqlArguments, arg| match arg {
+            Arg::Duration(d) => bound.add(micros(d)).map(|()| true),
+            _ => Ok(false),
+        })
     }
 
     fn rows_affected(done: &MySqlQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    const INSERT_RETURNS_ID: bool = false;
+
+    fn last_insert_id(done: &MySqlQueryResult) -> i64 {
+        done.last_insert_id() as i64
     }
 }
 
@@ -59,18 +53,6 @@ impl Runs for OnPool<'_, MyPool> {
     }
 }
 
-impl Runs for Tx {
-    type Db = MySql;
-
-    fn on(&mut self) -> impl Executor<'_, Database = MySql> {
-        &mut **self
-    }
-
-    fn bounds(&self) -> &Bounds {
-        BoundTx::bounds(self)
-    }
-}
-
 impl Driver for MySqlBackend {
     type Pool<'a> = OnPool<'a, MyPool>;
     type Tx = Tx;
@@ -83,20 +65,20 @@ impl Driver for MySqlBackend {
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {
-        let tx = self.pool.begin().await.doing("starting a transaction")?;
+        let tx = self
+            .pool
+            .begin()
+            .await
+            .doing(&ERRORS, "starting a transaction")?;
         Ok(BoundTx::lent(tx, &self.bounds))
-    }
-
-    async fn commit(tx: Tx) -> Result<(), StoreError> {
-        tx.commit().await.doing("committing")
-    }
-
-    async fn rollback(tx: Tx) -> Result<(), StoreError> {
-        tx.rollback().await.doing("rolling back")
     }
 
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    async fn run_migrations(&self) -> Result<Vec<String>, StoreError> {
+        self.run_migrations().await
     }
 
     fn bounds(&self) -> &Bounds {

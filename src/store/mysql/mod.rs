@@ -1,5 +1,5 @@
 //! The MySQL/MariaDB backend: one module per table, each with its
-//! statements and its [`super::Backend`] trait implementation, plus the
+//! statements and its [`crate::store::backend::Backend`] trait implementation, plus the
 //! pool ([`pool`]).
 //!
 //! What differs from PostgreSQL, and how the guarantees are kept:
@@ -55,20 +55,25 @@ pub mod workers;
 use futures_util::future::BoxFuture;
 use sqlx::MySqlPool;
 use sqlx::error::DatabaseError;
+
+use crate::store::error::ErrorDialect;
 use sqlx::mysql::MySqlDatabaseError;
 
 use pool::MyPool;
 
-use super::{Backend, BackendKind, Bounds, Sql, StoreError};
-use crate::config::{DatabaseConfig, TablesConfig};
+use crate::store::backend::Backend;
+use crate::store::bounds::Bounds;
+use crate::store::error::StoreError;
+use crate::store::settings::BackendKind;
+use crate::store::settings::{StoreSettings, Tables};
+use crate::store::sql::Sql;
 
 /// A store on MySQL or MariaDB.
 #[derive(Debug)]
 pub struct MySqlBackend {
     pool: MyPool,
     bounds: Bounds,
-    tables: TablesConfig,
-    outbox: outbox::OutboxSql,
+    tables: Tables,
     partitions: partitions::PartitionsSql,
     sql: crate::store::statements::Rendered,
     steps: crate::store::statements::StepsSql,
@@ -77,20 +82,21 @@ pub struct MySqlBackend {
 impl MySqlBackend {
     /// Connects to `db.url` (one connection first, to report why it fails)
     /// and renders every statement for `tables`.
-    pub async fn connect(
-        db: &DatabaseConfig,
-        tables: &TablesConfig,
-        application_name: &str,
-    ) -> Result<Self, StoreError> {
-        let bounds = Bounds::new(db);
+    pub async fn connect(db: &StoreSettings, application_name: &str) -> Result<Self, StoreError> {
+        let tables = &db.tables;
+        let bounds = Bounds::new(db.query_timeout, &ERRORS);
         let pool = pool::connect(db, &bounds, application_name).await?;
         Ok(Self {
             pool,
             bounds,
             tables: tables.clone(),
-            outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
             sql: crate::store::statements::Rendered {
+                tables: tables.clone(),
+                migrations: schema::embedded(),
+                schema: schema::statements(tables),
+                drain: outbox::drain(tables),
+                messages: crate::store::statements::MessagesSql::common(tables, VIEWS),
                 workers: workers::statements(tables),
                 stats: stats::statements(tables),
                 lookups: crate::store::lookups::statements(
@@ -114,9 +120,9 @@ impl MySqlBackend {
     }
 
     /// The claim's read of a bucket's first rows, for diagnostics
-    /// (`EXPLAIN`). Parameters: bucket, limit.
+    /// (`EXPLAIN`); its parameters are `ClaimSql::ReadThenTake`'s.
     pub fn claim_statement(&self) -> &str {
-        self.outbox.claim_statement()
+        self.sql.drain.claim.reading().as_str()
     }
 }
 
@@ -125,25 +131,21 @@ impl Backend for MySqlBackend {
         BackendKind::MySql
     }
 
-    fn tables(&self) -> &TablesConfig {
-        &self.tables
-    }
-
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        use super::Bounded;
-        Box::pin(async move {
-            sqlx::query("SELECT 1")
-                .execute(&self.pool)
-                .bounded(&self.bounds, "checking that the database answers")
-                .await
-                .map(|_| ())
-        })
+        Box::pin(crate::store::driver::Driver::answers(self))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }
 }
+
+/// How this database's errors read (see `crate::store::error`).
+pub static ERRORS: ErrorDialect = ErrorDialect {
+    transient: is_transient_error,
+    cancelled: |_| false,
+    hint,
+};
 
 /// True for a MySQL/MariaDB error that retrying later may get past.
 pub(crate) fn is_transient_error(db: &dyn DatabaseError) -> bool {
@@ -170,25 +172,9 @@ pub(crate) fn hint(db: &dyn DatabaseError) -> Option<&'static str> {
     (my.number() == 1114).then_some(" (is the database server's disk full?)")
 }
 
-/// `?, ?, …` for `n` parameters (`NULL` when there are none, so that `x IN
-/// (…)` stays valid and matches nothing).
-pub(crate) fn placeholders(n: usize) -> String {
-    if n == 0 {
-        return "NULL".into();
-    }
-    let mut s = String::with_capacity(n * 3);
-    for i in 0..n {
-        if i > 0 {
-            s.push_str(", ");
-        }
-        s.push('?');
-    }
-    s
-}
-
 /// How MySQL reads the outbox through its pending index (which holds the
 /// parked rows too: `(partition_key, published_at, failed_at, id)`).
-pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dialect {
+pub(crate) const VIEWS: crate::store::statements::Dialect = crate::store::statements::Dialect {
     pending: "{outbox} o FORCE INDEX ({outbox}_pending_idx)",
     parked: "{outbox} o FORCE INDEX ({outbox}_pending_idx)",
 };
@@ -196,13 +182,4 @@ pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dial
 /// Microseconds of a duration, for `INTERVAL ? MICROSECOND`.
 pub(crate) fn micros(d: std::time::Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn placeholders() {
-        assert_eq!(super::placeholders(0), "NULL");
-        assert_eq!(super::placeholders(3), "?, ?, ?");
-    }
 }

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::MySqlBackend;
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::notify::{Channel, Listener, NotifyStore};
 
 #[async_trait]

@@ -9,8 +9,8 @@
 //! lines and the partitions table's reads.
 
 use super::VIEWS;
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::PartitionLookupsSql;
 
 /// The rendered statements of this module.
@@ -21,7 +21,7 @@ pub struct PartitionsSql {
 }
 
 impl PartitionsSql {
-    pub fn new(t: &TablesConfig) -> Self {
+    pub fn new(t: &Tables) -> Self {
         Self {
             overview_lines: Sql::render(
                 t,
@@ -44,7 +44,7 @@ impl PartitionsSql {
 }
 
 /// The partitions table's reads (`store::lookups`), in this backend's SQL.
-pub(crate) fn lookups(t: &TablesConfig) -> PartitionLookupsSql {
+pub(crate) fn lookups(t: &Tables) -> PartitionLookupsSql {
     PartitionLookupsSql {
         leases: Sql::render(
             t,

@@ -20,10 +20,12 @@
 use sqlx::MySql;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 
-use crate::config::DatabaseConfig;
 use crate::stamp::Stamp;
+use crate::store::bounds::Bounds;
+use crate::store::error::StoreError;
 use crate::store::paced::{self, PacedPool};
-use crate::store::{BackendKind, Bounds, StoreError, shown};
+use crate::store::settings::StoreSettings;
+use crate::store::settings::{BackendKind, shown};
 
 /// The store's pool on MySQL/MariaDB: a sqlx executor like `&MySqlPool`
 /// whose statements take their connections from a [`PacedPool`].
@@ -31,7 +33,7 @@ pub type MyPool = PacedPool<MySql>;
 
 /// Opens a pool for a worker or a command on `db.url`.
 pub async fn connect(
-    db: &DatabaseConfig,
+    db: &StoreSettings,
     bounds: &Bounds,
     _application_name: &str,
 ) -> Result<MyPool, StoreError> {
@@ -50,16 +52,13 @@ pub async fn connect(
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
     let session = session_settings(db);
     // One connection first, by hand, for the cause of a failure.
-    paced::connect_once::<MySqlConnection>(&options, db.connect_timeout)
-        .await
-        .map_err(|e| match e {
-            Some(cause) => connect_err(cause),
-            None => StoreError::ConnectTimeout {
-                backend: BackendKind::MySql,
-                url: shown(url),
-                after: db.connect_timeout,
-            },
-        })?;
+    paced::first_connection::<MySqlConnection>(
+        &options,
+        db.connect_timeout,
+        BackendKind::MySql,
+        url,
+    )
+    .await?;
     let opened = Stamp::default();
     let opening = opened.clone();
     let switchover = bounds.switchover();
@@ -84,7 +83,7 @@ pub async fn connect(
 }
 
 /// What every connection sets for its session.
-fn session_settings(db: &DatabaseConfig) -> String {
+fn session_settings(db: &StoreSettings) -> String {
     // A lock wait gives up on the server when the client has (the store
     // bounds every statement by query_timeout), so an abandoned statement
     // does not go on holding or waiting for locks.

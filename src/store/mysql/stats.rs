@@ -2,13 +2,13 @@
 //! [`crate::store::stats`] for the flows that run them). Each tick's counts
 //! go to the two tables in two statements.
 
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::StatsSql;
 
 /// The statements, in MySQL. `UTC_TIMESTAMP()` without a precision is
 /// whole seconds.
-pub fn statements(t: &TablesConfig) -> StatsSql {
+pub fn statements(t: &Tables) -> StatsSql {
     StatsSql {
         record: vec![
             Sql::render(

@@ -6,13 +6,13 @@
 //! columns are, so the join can use their index.
 
 use super::{MySqlBackend, VIEWS};
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::{LeaseStepsSql, OperatorStepsSql, StepsSql};
 use crate::store::stepwise::{Stepwise, Views};
 
 /// The listed ids (one JSON argument), as rows `j.v`.
-const IDS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v BIGINT PATH '$')) j";
+pub(crate) const IDS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v BIGINT PATH '$')) j";
 
 /// The listed labels (one JSON argument), as rows `j.v`.
 pub(crate) const LABELS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$')) j";
@@ -21,7 +21,7 @@ pub(crate) const LABELS: &str = "JSON_TABLE(?, '$[*]' COLUMNS (v VARCHAR(64) CHA
 const HELD: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
         k VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$[0]', e BIGINT PATH '$[1]')) j";
 
-fn sql(t: &TablesConfig, template: &str) -> Sql {
+fn sql(t: &Tables, template: &str) -> Sql {
     let template = template
         .replace("{ids}", IDS)
         .replace("{labels}", LABELS)
@@ -29,12 +29,8 @@ fn sql(t: &TablesConfig, template: &str) -> Sql {
     Sql::render(t, &template)
 }
 
-pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
+pub(crate) fn lease_steps(t: &Tables) -> LeaseStepsSql {
     LeaseStepsSql {
-        ensure_rows: sql(
-            t,
-            "INSERT IGNORE INTO {partitions} (partition_key) SELECT j.v FROM {labels}",
-        ),
         // Rows another worker is changing right now are skipped: it is
         // someone else's move.
         acquirable: sql(
@@ -101,7 +97,7 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
     }
 }
 
-pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
+pub(crate) fn operator_steps(t: &Tables) -> OperatorStepsSql {
     OperatorStepsSql {
         droppable: sql(
             t,
@@ -119,7 +115,7 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
         ),
         requeueable: sql(
             t,
-            "SELECT o.id, o.message_key,
+            "SELECT o.id, o.message_key, o.partition_key,
                     EXISTS (SELECT 1 FROM {partitions} p
                             WHERE p.partition_key = o.partition_key) AS known
              FROM {outbox} o
@@ -159,6 +155,7 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
             "UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
              SET o.available_at = UTC_TIMESTAMP(6)",
         ),
+        wake: None,
     }
 }
 

@@ -4,15 +4,15 @@
 //! `<outbox>_locks`, locked `FOR UPDATE` for the length of the registering
 //! transaction.
 
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::WorkersSql;
 
 /// The lock row serialising registrations (and repartitioning).
 pub(crate) const REGISTRATION_LOCK: &str = "registration";
 
 /// The statements, in MySQL (parameters as [`WorkersSql`] orders them).
-pub fn statements(t: &TablesConfig) -> WorkersSql {
+pub fn statements(t: &Tables) -> WorkersSql {
     WorkersSql {
     lock_registrations: Sql::render(
             t,

@@ -3,14 +3,16 @@
 //! `$n::float8 / 1000` seconds), statements run on the [`DbPool`] (so a
 //! transaction pooler's rules hold) or in one of its transactions.
 
+use super::ERRORS;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
+use sqlx::postgres::{PgArguments, PgQueryResult};
 use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
-use crate::store::driver::{Arg, Binding, Driver, Record, Runs, json_list};
+use crate::store::bounds::{Bounds, QueryContext};
+use crate::store::driver::{Arg, Binding, Driver, Runs, Transaction, arguments};
+use crate::store::error::StoreError;
 use crate::store::statements::Rendered;
-use crate::store::{Bounds, QueryContext, StoreError};
 
 /// Milliseconds of a duration, as PostgreSQL's statements take them
 /// (`make_interval(secs => $n::float8 / 1000)`).
@@ -22,29 +24,24 @@ impl Binding for Postgres {
     type Args = PgArguments;
 
     fn arguments(args: &[Arg<'_>]) -> Result<PgArguments, BoxDynError> {
-        let mut bound = PgArguments::default();
-        for arg in args {
-            match *arg {
-                Arg::Uuid(v) => bound.add(v)?,
-                Arg::Int(v) => bound.add(v)?,
-                Arg::Float(v) => bound.add(v)?,
-                Arg::Bool(v) => bound.add(v)?,
-                Arg::Text(v) => bound.add(v)?,
-                Arg::Duration(d) => bound.add(millis(d))?,
-                Arg::Ids(v) => bound.add(v)?,
-                Arg::Labels(v) => bound.add(v)?,
-                Arg::Pairs(v) => bound.add(json_list(v))?,
-            }
-        }
-        Ok(bound)
-    }
-
-    fn decode<T: Record>(row: &PgRow) -> Result<T, sqlx::Error> {
-        T::from_row(row)
+        // Durations in milliseconds as a float (`$n::float8 / 1000`), ids
+        // and labels as arrays (`= ANY($n)`).
+        arguments(args, |bound: &mut PgArguments, arg| match arg {
+            Arg::Duration(d) => bound.add(millis(d)).map(|()| true),
+            Arg::Ids(v) => bound.add(v).map(|()| true),
+            Arg::Labels(v) => bound.add(v).map(|()| true),
+            _ => Ok(false),
+        })
     }
 
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    const INSERT_RETURNS_ID: bool = true;
+
+    fn last_insert_id(_done: &PgQueryResult) -> i64 {
+        unreachable!("PostgreSQL returns the id as a row")
     }
 }
 
@@ -72,6 +69,16 @@ impl Runs for Tx {
     }
 }
 
+impl Transaction for Tx {
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        Tx::commit(self).await
+    }
+
+    async fn rollback(self) -> Result<(), sqlx::Error> {
+        Tx::rollback(self).await
+    }
+}
+
 impl Driver for PgBackend {
     type Pool<'a> = &'a DbPool;
     type Tx = Tx;
@@ -81,19 +88,18 @@ impl Driver for PgBackend {
     }
 
     async fn begin(&self) -> Result<Tx, StoreError> {
-        self.pool.begin().await.doing("starting a transaction")
-    }
-
-    async fn commit(tx: Tx) -> Result<(), StoreError> {
-        tx.commit().await.doing("committing")
-    }
-
-    async fn rollback(tx: Tx) -> Result<(), StoreError> {
-        tx.rollback().await.doing("rolling back")
+        self.pool
+            .begin()
+            .await
+            .doing(&ERRORS, "starting a transaction")
     }
 
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    async fn run_migrations(&self) -> Result<Vec<String>, StoreError> {
+        self.run_migrations().await
     }
 
     fn bounds(&self) -> &Bounds {

@@ -7,10 +7,12 @@ use sqlx::postgres::PgListener;
 
 use super::PgBackend;
 use super::pool::{DbPool, connect_to};
-use crate::config::{Pooler, Redacted};
+use crate::config::Redacted;
+use crate::store::bounds::Bounded;
+use crate::store::error::StoreError;
 use crate::store::notify::{Channel, Listener, Notification, NotifyStore};
 use crate::store::paced::Lent;
-use crate::store::{Bounded, StoreError};
+use crate::store::settings::Pooler;
 
 impl PgBackend {
     fn channel_name(&self, channel: Channel) -> String {
@@ -45,7 +47,7 @@ impl NotifyStore for PgBackend {
                 connect_to(&self.db, url, Pooler::None, 2, "outboxd listen").await?
             }
         };
-        let query_error = |doing| move |source| StoreError::Query { doing, source };
+        let query_error = |doing| move |source| StoreError::query(&super::ERRORS, doing, source);
         let mut listener = PgListener::connect_with(pool.sqlx())
             .await
             .map_err(query_error("connecting to LISTEN"))?;
@@ -81,14 +83,9 @@ struct PgNotifications {
 #[async_trait]
 impl Listener for PgNotifications {
     async fn recv(&mut self) -> Result<Option<Notification>, StoreError> {
-        let next = self
-            .listener
-            .try_recv()
-            .await
-            .map_err(|source| StoreError::Query {
-                doing: "listening for notifications",
-                source,
-            })?;
+        let next = self.listener.try_recv().await.map_err(|source| {
+            StoreError::query(&super::ERRORS, "listening for notifications", source)
+        })?;
         Ok(next.map(|n| Notification {
             channel: if n.channel() == self.fleet {
                 Channel::Fleet

@@ -1,5 +1,5 @@
 //! The PostgreSQL backend: one module per table, each with its rendered
-//! statements and their [`super::Backend`] trait implementation, plus the
+//! statements and their [`crate::store::backend::Backend`] trait implementation, plus the
 //! pool ([`pool`]: transaction poolers, switchovers) and `LISTEN`
 //! ([`listen`]).
 //!
@@ -16,44 +16,51 @@ pub mod pool;
 pub mod repartition;
 pub mod schema;
 pub mod stats;
+mod steps;
 pub mod workers;
 
 use futures_util::future::BoxFuture;
 use sqlx::error::DatabaseError;
+
+use crate::store::error::ErrorDialect;
 use sqlx::postgres::PgDatabaseError;
 
 pub use pool::{DbPool, Tx};
 
-use super::{Backend, BackendKind, Sql, StoreError};
-use crate::config::{DatabaseConfig, TablesConfig};
+use crate::store::backend::Backend;
+use crate::store::error::StoreError;
+use crate::store::settings::BackendKind;
+use crate::store::settings::{StoreSettings, Tables};
+use crate::store::sql::Sql;
 
 /// A store on PostgreSQL.
 #[derive(Debug)]
 pub struct PgBackend {
     pool: DbPool,
-    db: DatabaseConfig,
-    tables: TablesConfig,
-    outbox: outbox::OutboxSql,
+    db: StoreSettings,
+    tables: Tables,
     partitions: partitions::PartitionsSql,
     sql: crate::store::statements::Rendered,
+    steps: crate::store::statements::StepsSql,
 }
 
 impl PgBackend {
     /// Connects to `db.url` (one connection first, to report why it fails)
     /// and renders every statement for `tables`.
-    pub async fn connect(
-        db: &DatabaseConfig,
-        tables: &TablesConfig,
-        application_name: &str,
-    ) -> Result<Self, StoreError> {
+    pub async fn connect(db: &StoreSettings, application_name: &str) -> Result<Self, StoreError> {
+        let tables = &db.tables;
         let pool = pool::connect(db, application_name).await?;
         Ok(Self {
             pool,
             db: db.clone(),
             tables: tables.clone(),
-            outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
             sql: crate::store::statements::Rendered {
+                tables: tables.clone(),
+                migrations: schema::embedded(),
+                schema: schema::statements(tables),
+                drain: outbox::drain(tables),
+                messages: outbox::messages(tables),
                 workers: workers::statements(tables),
                 stats: stats::statements(tables),
                 lookups: crate::store::lookups::statements(
@@ -64,6 +71,10 @@ impl PgBackend {
                 partition_lookups: partitions::lookups(tables),
                 repartition: repartition::statements(tables),
             },
+            steps: crate::store::statements::StepsSql {
+                leases: steps::lease_steps(tables),
+                operator: steps::operator_steps(tables),
+            },
         })
     }
 
@@ -72,11 +83,10 @@ impl PgBackend {
         &self.pool
     }
 
-    /// The claim statement's text, for diagnostics (`EXPLAIN`). Parameters:
-    /// bucket, limit, token, claim TTL in ms, lease owner, lease epoch,
-    /// ids in flight.
+    /// The claim statement's text, for diagnostics (`EXPLAIN`); its
+    /// parameters are `ClaimSql::OneStatement`'s.
     pub fn claim_statement(&self) -> &str {
-        self.outbox.claim_statement()
+        self.sql.drain.claim.reading().as_str()
     }
 }
 
@@ -85,25 +95,23 @@ impl Backend for PgBackend {
         BackendKind::Postgres
     }
 
-    fn tables(&self) -> &TablesConfig {
-        &self.tables
-    }
-
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        use super::Bounded;
-        Box::pin(async move {
-            sqlx::query("SELECT 1")
-                .execute(self.pool.sqlx())
-                .bounded(self.pool.bounds(), "checking that the database answers")
-                .await
-                .map(|_| ())
-        })
+        Box::pin(crate::store::driver::Driver::answers(self))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.pool.close())
     }
 }
+
+/// How this database's errors read (see `crate::store::error`).
+pub static ERRORS: ErrorDialect = ErrorDialect {
+    transient: is_transient_error,
+    // 57014: its `statement_timeout` ran out, or it was cancelled by
+    // request.
+    cancelled: |db| db.code().as_deref() == Some("57014"),
+    hint,
+};
 
 /// What to add to a PostgreSQL error's message, if anything.
 pub(crate) fn hint(db: &dyn DatabaseError) -> Option<&'static str> {
@@ -114,12 +122,6 @@ pub(crate) fn hint(db: &dyn DatabaseError) -> Option<&'static str> {
         " (is the database reached through a pooler in transaction mode? \
          set database.pooler = \"transaction\")",
     )
-}
-
-/// True when PostgreSQL cancelled the statement (57014: its
-/// `statement_timeout` ran out, or it was cancelled by request).
-pub(crate) fn is_cancelled(e: &sqlx::Error) -> bool {
-    e.as_database_error().and_then(|db| db.code()).as_deref() == Some("57014")
 }
 
 /// True for a PostgreSQL error that retrying later may get past.

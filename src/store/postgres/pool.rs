@@ -45,10 +45,13 @@ use sqlx::postgres::{
 };
 use sqlx::{Either, Execute, Executor, Postgres, SqlStr};
 
-use crate::config::{DatabaseConfig, Pooler};
 use crate::stamp::Stamp;
+use crate::store::bounds::Bounds;
+use crate::store::error::StoreError;
 use crate::store::paced::{self, Lent, PacedPool};
-use crate::store::{BackendKind, Bounds, StoreError, Switchover, shown};
+use crate::store::settings::{BackendKind, shown};
+use crate::store::settings::{Pooler, StoreSettings};
+use crate::store::switchover::Switchover;
 
 /// A pool of database connections that knows what sits in front of the
 /// database (see the module docs). Cheap to clone.
@@ -132,14 +135,14 @@ impl Tx {
 }
 
 /// Opens a pool for a worker or a command, on `db.url`.
-pub async fn connect(db: &DatabaseConfig, application_name: &str) -> Result<DbPool, StoreError> {
+pub async fn connect(db: &StoreSettings, application_name: &str) -> Result<DbPool, StoreError> {
     connect_to(db, &db.url, db.pooler, db.max_connections, application_name).await
 }
 
 /// Opens a pool on `url` (`db.url`, or the direct `db.listen_url`) with
 /// `db`'s timeouts.
 pub async fn connect_to(
-    db: &DatabaseConfig,
+    db: &StoreSettings,
     url: &str,
     pooler: Pooler,
     max_connections: u32,
@@ -162,19 +165,16 @@ pub async fn connect_to(
     }
     let (port, dead_after) = (options.get_port(), db.dead_peer_timeout);
     // One connection first, by hand, for the cause of a failure.
-    paced::connect_once::<PgConnection>(&options, db.connect_timeout)
-        .await
-        .map_err(|e| match e {
-            Some(cause) => connect_err(cause),
-            None => StoreError::ConnectTimeout {
-                backend: BackendKind::Postgres,
-                url: shown(url),
-                after: db.connect_timeout,
-            },
-        })?;
+    paced::first_connection::<PgConnection>(
+        &options,
+        db.connect_timeout,
+        BackendKind::Postgres,
+        url,
+    )
+    .await?;
     let opened = Stamp::default();
     let opening = opened.clone();
-    let bounds = Bounds::new(db);
+    let bounds = Bounds::new(db.query_timeout, &super::ERRORS);
     let switchover = bounds.switchover();
     let inner = PgPoolOptions::new()
         .max_connections(max_connections)

@@ -3,20 +3,11 @@
 //! is locked against inserts with `LOCK TABLE … IN SHARE ROW EXCLUSIVE
 //! MODE`; `<outbox>_enqueue()` and the insert trigger take their `ROW
 //! EXCLUSIVE` lock before they read the bucket count. The flow is
-//! [`crate::store::repartition::flow`]; here are its statements, and the
-//! search for unknown labels.
+//! [`crate::store::repartition::flow`]; here are its statements.
 
-use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
-
-use super::PgBackend;
-use crate::config::TablesConfig;
-use crate::store::repartition::flow;
-use crate::store::repartition::{
-    ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
-};
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::{Relabel, RepartitionSql};
-use crate::store::{QueryContext, Sql, StoreError, render};
 
 /// Labels are computed once per distinct key, not once per row: the CRC
 /// in SQL is the expensive part.
@@ -25,7 +16,7 @@ const KEYS: &str = "WITH keys AS (
     FROM (SELECT DISTINCT message_key FROM {outbox} WHERE published_at IS NULL) k
 )";
 
-pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
+pub(crate) fn statements(t: &Tables) -> RepartitionSql {
     let sql = |s: &str| Sql::render(t, s);
     RepartitionSql {
         settings: sql("SELECT partition_count FROM {outbox}_settings FOR UPDATE"),
@@ -57,67 +48,10 @@ pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
              ON CONFLICT (partition_key) DO NOTHING"),
         audit: sql("INSERT INTO {outbox}_audit (actor, action, detail)
              VALUES ($1, 'repartition', $2::jsonb)"),
+        known: sql("SELECT partition_key FROM {partitions} ORDER BY partition_key"),
+        strays: sql("SELECT id, partition_key, message_key FROM {outbox}
+             WHERE ({gaps}) AND published_at IS NULL AND failed_at IS NULL
+             ORDER BY id FOR UPDATE"),
         park: sql("UPDATE {outbox} SET failed_at = now(), last_error = $1 WHERE id = $2"),
-    }
-}
-
-#[async_trait]
-impl RepartitionStore for PgBackend {
-    async fn repartition(
-        &self,
-        to: u32,
-        dry_run: bool,
-        actor: &str,
-    ) -> Result<RepartitionReport, RepartitionError> {
-        flow::repartition(self, to, dry_run, actor).await
-    }
-
-    async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {
-        // In a transaction: its two statements stay on one server session
-        // behind a transaction pooler.
-        let mut tx = self.pool.begin().await.doing("starting a transaction")?;
-        // Two statements: with the UPDATE in the same statement the planner
-        // cannot know the list is (almost always) empty and scans the table.
-        let unknown: Vec<String> = sqlx::query_scalar(AssertSqlSafe(render(
-            &self.tables,
-            "WITH RECURSIVE labels(l) AS (
-                 SELECT min(partition_key) FROM {outbox}
-                 WHERE published_at IS NULL AND failed_at IS NULL
-               UNION ALL
-                 SELECT (SELECT min(partition_key) FROM {outbox}
-                         WHERE published_at IS NULL AND failed_at IS NULL AND partition_key > l)
-                 FROM labels WHERE l IS NOT NULL
-             )
-             SELECT l FROM labels
-             WHERE l IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM {partitions} p WHERE p.partition_key = l)",
-        )))
-        .fetch_all(&mut tx)
-        .await
-        .doing("looking for unknown bucket labels")?;
-        if unknown.is_empty() {
-            return Ok(Vec::new());
-        }
-        let parked = sqlx::query_as(AssertSqlSafe(render(
-            &self.tables,
-            "UPDATE {outbox} o
-             SET failed_at = now(),
-                 last_error = format('unknown bucket label %s: this deployment has %s buckets, '
-                                     'and key %L belongs to bucket %s; requeue it to re-label it',
-                                     o.partition_key, s.partition_count, o.message_key,
-                                     {outbox}_partition_for(o.message_key))
-             FROM {outbox}_settings s
-             WHERE o.partition_key = ANY($1::text[])
-               AND o.published_at IS NULL AND o.failed_at IS NULL
-             RETURNING o.id, o.partition_key",
-        )))
-        .bind(&unknown)
-        .fetch_all(&mut tx)
-        .await
-        .doing("parking rows with unknown bucket labels")?;
-        tx.commit()
-            .await
-            .doing("committing the maintenance transaction")?;
-        Ok(parked)
     }
 }

@@ -2,39 +2,46 @@
 //! and rendered with the configured table names) and the deployment
 //! settings (see [`crate::store::schema`]).
 
-use async_trait::async_trait;
+use super::ERRORS;
 use sqlx::migrate::Migrator;
-use sqlx::{AssertSqlSafe, PgConnection, PgExecutor};
+use sqlx::{AssertSqlSafe, PgConnection};
 
 use super::PgBackend;
-use crate::config::{Pooler, TablesConfig};
-use crate::partitioner::Partitioner;
-use crate::store::schema::{
-    MIGRATE_NEEDS_SESSION, MigrateReport, SchemaStore, migrations_table, partition_count_mismatch,
-    rendered_migrator,
-};
-use crate::store::{QueryContext, StoreError, render};
+use crate::store::bounds::QueryContext;
+use crate::store::error::StoreError;
+use crate::store::schema::{MIGRATE_NEEDS_SESSION, rendered_migrator};
+use crate::store::settings::{Pooler, Tables};
+use crate::store::sql::Sql;
+use crate::store::statements::SchemaSql;
 
 static EMBEDDED: Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// The migrator for these table names.
-pub fn migrator(tables: &TablesConfig) -> Migrator {
+pub fn migrator(tables: &Tables) -> Migrator {
     rendered_migrator(&EMBEDDED, tables)
 }
 
-/// The bucket count the database was set up with, if recorded.
-pub(crate) async fn partition_count<'e, E: PgExecutor<'e>>(
-    exec: E,
-    tables: &TablesConfig,
-) -> Result<Option<u32>, StoreError> {
-    let n: Option<i32> = sqlx::query_scalar(AssertSqlSafe(render(
-        tables,
-        "SELECT partition_count FROM {outbox}_settings",
-    )))
-    .fetch_optional(exec)
-    .await
-    .doing("reading partition_count")?;
-    Ok(n.map(|n| n as u32))
+/// The embedded migrations.
+pub(crate) fn embedded() -> &'static Migrator {
+    &EMBEDDED
+}
+
+/// The schema's statements ([`SchemaSql`]), in PostgreSQL's SQL.
+pub(crate) fn statements(t: &Tables) -> SchemaSql {
+    SchemaSql::new(
+        t,
+        Sql::render(
+            t,
+            "SELECT count(*) FROM (SELECT to_regclass($1) AS r) t WHERE r IS NOT NULL",
+        ),
+        "INSERT INTO {outbox}_settings (partition_count) VALUES ($1)
+         ON CONFLICT (singleton) DO NOTHING",
+        Sql::render(
+            t,
+            "INSERT INTO {partitions} (partition_key) SELECT unnest($1::text[])
+             ON CONFLICT (partition_key) DO NOTHING",
+        ),
+    )
 }
 
 /// The indexes migrations build `CONCURRENTLY`: each index's name and the
@@ -56,6 +63,21 @@ fn concurrent_builds(migrator: &Migrator) -> Vec<(String, &str)> {
 }
 
 impl PgBackend {
+    /// Runs the migrations on a session of their own — refused behind a
+    /// transaction pooler, which keeps no session — and builds again the
+    /// indexes an interrupted build left invalid.
+    pub(crate) async fn run_migrations(&self) -> Result<Vec<String>, StoreError> {
+        if self.pool.pooler() == Pooler::Transaction {
+            return Err(StoreError::Schema(MIGRATE_NEEDS_SESSION.into()));
+        }
+        let migrator = migrator(&self.tables);
+        migrator
+            .run(self.pool.sqlx())
+            .await
+            .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
+        self.rebuild_invalid_indexes(&migrator).await
+    }
+
     /// A concurrent build that was interrupted (`outboxd migrate` stopped,
     /// its connection lost, the build failing) leaves its index behind,
     /// marked invalid: no query uses it, and the migration's `IF NOT
@@ -71,13 +93,13 @@ impl PgBackend {
             .sqlx()
             .acquire()
             .await
-            .doing("connecting to check the indexes")?;
+            .doing(&ERRORS, "connecting to check the indexes")?;
         let lock = format!("outboxd migrate {}", self.tables.outbox);
         sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
             .bind(&lock)
             .execute(&mut *conn)
             .await
-            .doing("taking the index rebuild lock")?;
+            .doing(&ERRORS, "taking the index rebuild lock")?;
         let mut rebuilt = Vec::new();
         let mut result = Ok(());
         for (name, build) in concurrent_builds(migrator) {
@@ -104,7 +126,7 @@ async fn index_valid(conn: &mut PgConnection, name: &str) -> Result<Option<bool>
         .bind(name)
         .fetch_optional(conn)
         .await
-        .doing("checking an index")
+        .doing(&ERRORS, "checking an index")
 }
 
 /// Drops and builds again (with its migration's statement) the index
@@ -142,95 +164,15 @@ async fn rebuild_if_invalid(
     Ok(true)
 }
 
-#[async_trait]
-impl SchemaStore for PgBackend {
-    async fn migrate(&self, partitioner: Partitioner) -> Result<MigrateReport, StoreError> {
-        if self.pool.pooler() == Pooler::Transaction {
-            return Err(StoreError::Schema(MIGRATE_NEEDS_SESSION.into()));
-        }
-        let before = self.applied_versions().await?;
-        let migrator = migrator(&self.tables);
-        migrator
-            .run(self.pool.sqlx())
-            .await
-            .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
-        let after = self.applied_versions().await?;
-        let rebuilt = self.rebuild_invalid_indexes(&migrator).await?;
-
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .doing("starting the settings transaction")?;
-        let inserted = sqlx::query(AssertSqlSafe(render(
-            &self.tables,
-            "INSERT INTO {outbox}_settings (partition_count) VALUES ($1) ON CONFLICT (singleton) DO NOTHING",
-        )))
-        .bind(partitioner.count() as i32)
-        .execute(&mut tx)
-        .await
-        .doing("recording partition_count")?
-        .rows_affected();
-        let recorded = partition_count(&mut tx, &self.tables)
-            .await?
-            .unwrap_or(partitioner.count());
-        if recorded != partitioner.count() {
-            return Err(partition_count_mismatch(recorded, partitioner.count()));
-        }
-        super::partitions::ensure_rows(
-            &mut tx,
-            self.pool.bounds(),
-            &self.tables,
-            &partitioner.labels(),
-        )
-        .await?;
-        tx.commit()
-            .await
-            .doing("committing the settings transaction")?;
-        Ok(MigrateReport {
-            applied: after.len().saturating_sub(before.len()),
-            version: after.last().copied().unwrap_or(0),
-            partition_count_recorded: inserted == 1,
-            rebuilt,
-        })
-    }
-
-    async fn applied_versions(&self) -> Result<Vec<i64>, StoreError> {
-        let table = migrations_table(&self.tables);
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&table)
-            .fetch_one(&self.pool)
-            .await
-            .doing("looking for the migrations table")?;
-        if !exists {
-            return Ok(Vec::new());
-        }
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {table} WHERE success ORDER BY version"
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .doing("reading applied migrations")
-    }
-
-    fn known_versions(&self) -> Vec<i64> {
-        EMBEDDED.iter().map(|m| m.version).collect()
-    }
-
-    async fn partition_count(&self) -> Result<Option<u32>, StoreError> {
-        partition_count(&self.pool, &self.tables).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_indexes_built_concurrently_are_found_with_their_migrations() {
-        let tables = TablesConfig {
+        let tables = Tables {
             outbox: "events".into(),
-            ..TablesConfig::default()
+            ..Tables::default()
         };
         let migrator = migrator(&tables);
         let builds = concurrent_builds(&migrator);

@@ -2,12 +2,12 @@
 //! [`crate::store::stats`] for the flows that run them). Each tick's counts
 //! go to both tables in one statement.
 
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::StatsSql;
 
 /// The statements, in PostgreSQL.
-pub fn statements(t: &TablesConfig) -> StatsSql {
+pub fn statements(t: &Tables) -> StatsSql {
     StatsSql {
         record: vec![Sql::render(
             t,

@@ -3,15 +3,15 @@
 //! them). Registrations are serialised by a transaction-scoped advisory
 //! lock.
 
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::WorkersSql;
 
 /// Advisory lock key serialising registrations (fixed; "outboxd" in ASCII).
 pub const REGISTRATION_LOCK: i64 = 0x006f_7574_626f_7864;
 
 /// The statements, in PostgreSQL (parameters as [`WorkersSql`] orders them).
-pub fn statements(t: &TablesConfig) -> WorkersSql {
+pub fn statements(t: &Tables) -> WorkersSql {
     WorkersSql {
         lock_registrations: Sql::render(
             t,

@@ -7,17 +7,65 @@
 //! insert trigger reads, a table lock, or the file's one write lock) and
 //! where labels are computed ([`Relabel`]).
 //!
-//! Also here: parking rows whose label is no bucket, once a backend has
-//! found them.
+//! Also here: parking rows whose label is no bucket.
 
+use async_trait::async_trait;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{ParkedUnknown, RepartitionError, RepartitionReport, unknown_label_error};
+use super::{
+    ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore, unknown_label_error,
+};
 use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Driver, Statements};
+use crate::store::error::StoreError;
+use crate::store::membership;
+use crate::store::sql::{Sql, label_literal};
 use crate::store::statements::{Relabel, RepartitionSql};
-use crate::store::{Sql, StoreError, workers};
+
+#[async_trait]
+impl<D: Driver> RepartitionStore for D {
+    async fn repartition(
+        &self,
+        to: u32,
+        dry_run: bool,
+        actor: &str,
+    ) -> Result<RepartitionReport, RepartitionError> {
+        repartition(self, to, dry_run, actor).await
+    }
+
+    async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {
+        let sql = &self.sql().repartition;
+        let doing = "looking for unknown bucket labels";
+        let mut tx = self.begin().await?;
+        let known: Vec<(String,)> = tx.fetch_all(&sql.known, &[], doing).await?;
+        // The pending index between (and around) the known labels holds
+        // only rows of unknown labels: a range scan of those gaps, however
+        // many rows the known buckets hold.
+        let literals: Vec<String> = known.iter().filter_map(|(l,)| label_literal(l)).collect();
+        let gaps =
+            match (literals.first(), literals.last()) {
+                (Some(first), Some(last)) => {
+                    let mut gaps = vec![format!("partition_key < {first}")];
+                    gaps.extend(literals.windows(2).map(|w| {
+                        format!("(partition_key > {} AND partition_key < {})", w[0], w[1])
+                    }));
+                    gaps.push(format!("partition_key > {last}"));
+                    gaps.join(" OR ")
+                }
+                _ => "1 = 1".to_string(),
+            };
+        let strays = Sql::from_rendered(sql.strays.as_str().replace("{gaps}", &gaps));
+        let strays: Vec<(i64, String, String)> = tx.fetch_all(&strays, &[], doing).await?;
+        if strays.is_empty() {
+            D::rollback(tx).await?;
+            return Ok(Vec::new());
+        }
+        let parked = park(self, &mut tx, strays).await?;
+        D::commit(tx).await?;
+        Ok(parked)
+    }
+}
 
 /// Changes the bucket count to `to` (see [`super::RepartitionStore`]).
 pub(crate) async fn repartition<D: Driver>(
@@ -31,7 +79,7 @@ pub(crate) async fn repartition<D: Driver>(
     let w = &d.sql().workers;
     tx.execute(&w.lock_registrations, &[], "taking the registration lock")
         .await?;
-    let live = workers::live_others(w, &mut tx, Uuid::nil()).await?;
+    let live = membership::live_others(w, &mut tx, Uuid::nil()).await?;
     if !live.is_empty() {
         return Err(RepartitionError::WorkersLive(live));
     }

@@ -33,8 +33,8 @@ pub(crate) mod flow;
 
 use async_trait::async_trait;
 
-use super::StoreError;
 use super::workers::LiveWorker;
+use crate::store::error::StoreError;
 
 /// What a repartition did, or (dry run) would do.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -74,7 +74,7 @@ fn describe(live: &[LiveWorker]) -> String {
 }
 
 /// A row parked because its bucket does not exist in this deployment.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ParkedUnknown {
     pub id: i64,
     pub partition_key: String,
@@ -112,7 +112,8 @@ pub trait RepartitionStore {
     /// or wrote one by hand): no worker would ever drain it, so it is made
     /// visible instead, with an error that says what is wrong and what the
     /// label should be. `outboxd failed requeue` re-labels such a row.
-    /// Finding the labels costs one probe of the pending index per distinct
-    /// pending label, whatever the number of rows.
+    /// Finding them costs a range scan of the pending index between the
+    /// known labels, which holds only such rows, whatever the number of
+    /// rows in the buckets.
     async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError>;
 }

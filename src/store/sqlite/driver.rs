@@ -4,49 +4,34 @@
 //! (`BEGIN IMMEDIATE`, see [`super`]).
 
 use sqlx::error::BoxDynError;
-use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult, SqliteRow};
-use sqlx::{Arguments, Executor, Sqlite};
+use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult};
+use sqlx::{Executor, Sqlite};
 
 use super::SqliteBackend;
-use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Record, Runs, json_list};
+use crate::store::bounds::Bounds;
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Runs, arguments};
+use crate::store::error::StoreError;
 use crate::store::statements::Rendered;
-use crate::store::{Bounds, QueryContext, StoreError};
 
 /// A transaction on SQLite.
 pub type Tx = BoundTx<Sqlite>;
-
-/// Milliseconds of a duration, for `{now+?}`.
-pub(crate) fn millis(d: std::time::Duration) -> i64 {
-    d.as_millis().min(i64::MAX as u128) as i64
-}
 
 impl Binding for Sqlite {
     type Args = SqliteArguments;
 
     fn arguments(args: &[Arg<'_>]) -> Result<SqliteArguments, BoxDynError> {
-        let mut bound = SqliteArguments::default();
-        for arg in args {
-            match *arg {
-                Arg::Uuid(v) => bound.add(v)?,
-                Arg::Int(v) => bound.add(v)?,
-                Arg::Float(v) => bound.add(v)?,
-                Arg::Bool(v) => bound.add(v)?,
-                Arg::Text(v) => bound.add(v.map(str::to_string))?,
-                Arg::Duration(d) => bound.add(millis(d))?,
-                Arg::Ids(v) => bound.add(json_list(v))?,
-                Arg::Labels(v) => bound.add(json_list(v))?,
-                Arg::Pairs(v) => bound.add(json_list(v))?,
-            }
-        }
-        Ok(bound)
-    }
-
-    fn decode<T: Record>(row: &SqliteRow) -> Result<T, sqlx::Error> {
-        T::from_row(row)
+        // Durations in milliseconds, lists as JSON: the common binding.
+        arguments(args, |_: &mut SqliteArguments, _| Ok(false))
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    const INSERT_RETURNS_ID: bool = false;
+
+    fn last_insert_id(done: &SqliteQueryResult) -> i64 {
+        done.last_insert_rowid()
     }
 }
 
@@ -59,18 +44,6 @@ impl Runs for OnPool<'_, SqlitePool> {
 
     fn bounds(&self) -> &Bounds {
         self.bounds
-    }
-}
-
-impl Runs for Tx {
-    type Db = Sqlite;
-
-    fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
-        &mut **self
-    }
-
-    fn bounds(&self) -> &Bounds {
-        BoundTx::bounds(self)
     }
 }
 
@@ -98,16 +71,12 @@ impl Driver for SqliteBackend {
         self.write().await
     }
 
-    async fn commit(tx: Tx) -> Result<(), StoreError> {
-        tx.commit().await.doing("committing")
-    }
-
-    async fn rollback(tx: Tx) -> Result<(), StoreError> {
-        tx.rollback().await.doing("rolling back")
-    }
-
     fn sql(&self) -> &Rendered {
         &self.sql
+    }
+
+    async fn run_migrations(&self) -> Result<Vec<String>, StoreError> {
+        self.run_migrations().await
     }
 
     fn bounds(&self) -> &Bounds {

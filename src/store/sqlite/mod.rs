@@ -1,5 +1,5 @@
 //! The SQLite backend: one module per table, each with its statements and
-//! its [`super::Backend`] trait implementation, plus the pool ([`pool`]).
+//! its [`crate::store::backend::Backend`] trait implementation, plus the pool ([`pool`]).
 //!
 //! SQLite is one file on one host, written by one writer at a time. What
 //! differs from the server databases, and how the guarantees are kept:
@@ -51,10 +51,16 @@ pub mod workers;
 use futures_util::future::BoxFuture;
 use sqlx::SqlitePool;
 use sqlx::error::DatabaseError;
+
+use crate::store::error::ErrorDialect;
 use sqlx::sqlite::SqliteError;
 
-use super::{Backend, BackendKind, Sql, StoreError};
-use crate::config::{DatabaseConfig, TablesConfig};
+use crate::store::backend::Backend;
+use crate::store::bounds::Bounds;
+use crate::store::error::StoreError;
+use crate::store::settings::BackendKind;
+use crate::store::settings::{StoreSettings, Tables};
+use crate::store::sql::Sql;
 
 /// The database's time now, as every column holds it.
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
@@ -64,15 +70,15 @@ const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 const NOW_PLUS: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('%+.3f seconds', ? / 1000.0))";
 
 /// Renders a statement template: the table names (as
-/// [`super::render`]), `{now}` and `{now+?}` (a duration parameter).
-pub(crate) fn render(t: &TablesConfig, template: &str) -> String {
-    super::render(t, template)
+/// [`crate::store::sql::render`]), `{now}` and `{now+?}` (a duration parameter).
+pub(crate) fn render(t: &Tables, template: &str) -> String {
+    crate::store::sql::render(t, template)
         .replace("{now+?}", NOW_PLUS)
         .replace("{now}", NOW)
 }
 
 /// [`render`], as a statement.
-pub(crate) fn sql(t: &TablesConfig, template: &str) -> Sql {
+pub(crate) fn sql(t: &Tables, template: &str) -> Sql {
     Sql::from_rendered(render(t, template))
 }
 
@@ -82,12 +88,10 @@ pub(crate) fn seconds_between(from: &str, to: &str) -> String {
 }
 
 /// How SQLite reads the outbox through its partial indexes.
-pub(crate) const VIEWS: crate::store::views::Dialect = crate::store::views::Dialect {
+pub(crate) const VIEWS: crate::store::statements::Dialect = crate::store::statements::Dialect {
     pending: "{outbox} o INDEXED BY {outbox}_pending_idx",
     parked: "{outbox} o INDEXED BY {outbox}_failed_idx",
 };
-
-pub(crate) use crate::store::driver::json_list;
 
 /// A store on SQLite.
 #[derive(Debug)]
@@ -99,13 +103,12 @@ pub struct SqliteBackend {
     /// SQLite's busy handler (which sleeps 1, 2, 5, 10… ms between tries
     /// and made a trickle's p99 hundreds of ms with 16 drainers).
     writer: SqlitePool,
-    bounds: super::Bounds,
+    bounds: Bounds,
     /// The database file (for the change watch).
     file: std::path::PathBuf,
     /// Raised on every change of the file, once a poller asked.
     changes: std::sync::OnceLock<Option<std::sync::Arc<tokio::sync::Notify>>>,
-    tables: TablesConfig,
-    outbox: outbox::OutboxSql,
+    tables: Tables,
     partitions: partitions::PartitionsSql,
     sql: crate::store::statements::Rendered,
     steps: crate::store::statements::StepsSql,
@@ -114,22 +117,23 @@ pub struct SqliteBackend {
 impl SqliteBackend {
     /// Opens `db.url` (the file, created when missing) and renders every
     /// statement for `tables`.
-    pub async fn connect(
-        db: &DatabaseConfig,
-        tables: &TablesConfig,
-        _application_name: &str,
-    ) -> Result<Self, StoreError> {
+    pub async fn connect(db: &StoreSettings, _application_name: &str) -> Result<Self, StoreError> {
+        let tables = &db.tables;
         let (pool, writer, file) = pool::connect(db).await?;
         Ok(Self {
             pool,
             writer,
-            bounds: super::Bounds::new(db),
+            bounds: Bounds::new(db.query_timeout, &ERRORS),
             file,
             changes: std::sync::OnceLock::new(),
             tables: tables.clone(),
-            outbox: outbox::OutboxSql::new(tables),
             partitions: partitions::PartitionsSql::new(tables),
             sql: crate::store::statements::Rendered {
+                tables: tables.clone(),
+                migrations: schema::embedded(),
+                schema: schema::statements(tables),
+                drain: outbox::drain(tables),
+                messages: crate::store::statements::MessagesSql::common(tables, VIEWS),
                 workers: workers::statements(tables),
                 stats: stats::statements(tables),
                 lookups: crate::store::lookups::statements(
@@ -154,12 +158,12 @@ impl SqliteBackend {
 
     /// A write transaction: `BEGIN IMMEDIATE` (see the module docs).
     pub(crate) async fn write(&self) -> Result<driver::Tx, StoreError> {
-        use super::QueryContext;
+        use crate::store::bounds::QueryContext;
         let tx = self
             .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .doing("starting a write transaction")?;
+            .doing(&ERRORS, "starting a write transaction")?;
         Ok(crate::store::driver::BoundTx::new(tx, &self.bounds))
     }
 }
@@ -169,19 +173,8 @@ impl Backend for SqliteBackend {
         BackendKind::Sqlite
     }
 
-    fn tables(&self) -> &TablesConfig {
-        &self.tables
-    }
-
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        use super::Bounded;
-        Box::pin(async move {
-            sqlx::query("SELECT 1")
-                .execute(&self.pool)
-                .bounded(&self.bounds, "checking that the database answers")
-                .await
-                .map(|_| ())
-        })
+        Box::pin(crate::store::driver::Driver::answers(self))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {
@@ -191,6 +184,13 @@ impl Backend for SqliteBackend {
         })
     }
 }
+
+/// How this database's errors read (see `crate::store::error`).
+pub static ERRORS: ErrorDialect = ErrorDialect {
+    transient: is_transient_error,
+    cancelled: |_| false,
+    hint: |_| None,
+};
 
 /// True for an SQLite error that retrying later may get past: the file is
 /// locked by another writer (`SQLITE_BUSY`, 5, with its extended codes) or
@@ -210,13 +210,14 @@ mod tests {
 
     #[test]
     fn templates_render_times_and_tables() {
-        let t = TablesConfig::default();
+        let t = Tables::default();
         let s = render(&t, "UPDATE {partitions} SET a = {now}, b = {now+?}");
         assert!(
             s.starts_with("UPDATE outbox_partitions SET a = strftime("),
             "{s}"
         );
         assert!(s.contains("printf('%+.3f seconds', ? / 1000.0)"), "{s}");
+        use crate::store::driver::json_list;
         assert_eq!(json_list(&["p01", "p02"]), r#"["p01","p02"]"#);
         assert_eq!(json_list::<i64>(&[]), "[]");
     }

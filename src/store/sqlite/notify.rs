@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::SqliteBackend;
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 use crate::store::notify::{Channel, Listener, NotifyStore};
 
 #[async_trait]

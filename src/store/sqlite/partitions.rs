@@ -8,8 +8,8 @@
 //! the bucket overview's lines and the partitions table's reads.
 
 use super::{VIEWS, seconds_between, sql};
-use crate::config::TablesConfig;
-use crate::store::Sql;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 use crate::store::statements::PartitionLookupsSql;
 
 /// The rendered statements of this module.
@@ -20,7 +20,7 @@ pub struct PartitionsSql {
 }
 
 impl PartitionsSql {
-    pub fn new(t: &TablesConfig) -> Self {
+    pub fn new(t: &Tables) -> Self {
         Self {
             overview_lines: sql(
                 t,
@@ -45,7 +45,7 @@ impl PartitionsSql {
 }
 
 /// The partitions table's reads (`store::lookups`), in this backend's SQL.
-pub(crate) fn lookups(t: &TablesConfig) -> PartitionLookupsSql {
+pub(crate) fn lookups(t: &Tables) -> PartitionLookupsSql {
     PartitionLookupsSql {
         leases: sql(
             t,

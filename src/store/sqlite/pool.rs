@@ -17,14 +17,15 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection};
 
-use crate::config::DatabaseConfig;
-use crate::store::{BackendKind, StoreError, shown};
+use crate::store::error::StoreError;
+use crate::store::settings::StoreSettings;
+use crate::store::settings::{BackendKind, shown};
 
 /// Opens the pools on the file `db.url` names (`sqlite://path`): readers
 /// (up to `database.max_connections`) and the writer (one connection).
 /// Also returns the database file's path, absolute.
 pub async fn connect(
-    db: &DatabaseConfig,
+    db: &StoreSettings,
 ) -> Result<(SqlitePool, SqlitePool, std::path::PathBuf), StoreError> {
     let url = db.url.as_str();
     let connect_err = |cause| StoreError::Connect {

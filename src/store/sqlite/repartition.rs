@@ -6,22 +6,13 @@
 //! transactions in flight have committed, and new inserts wait for it
 //! (their busy timeout). New labels are computed by the Rust partitioner,
 //! the same function as the insert trigger's SQL. The flow is
-//! [`crate::store::repartition::flow`]; here are its statements, and the
-//! search for unknown labels.
+//! [`crate::store::repartition::flow`]; here are its statements.
 
-use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
-
-use super::{SqliteBackend, render, sql};
-use crate::config::TablesConfig;
-use crate::store::repartition::flow;
-use crate::store::repartition::{
-    ParkedUnknown, RepartitionError, RepartitionReport, RepartitionStore,
-};
+use super::sql;
+use crate::store::settings::Tables;
 use crate::store::statements::{Relabel, RepartitionSql};
-use crate::store::{QueryContext, StoreError};
 
-pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
+pub(crate) fn statements(t: &Tables) -> RepartitionSql {
     let sql = |s: &str| sql(t, s);
     RepartitionSql {
         settings: sql("SELECT partition_count FROM {outbox}_settings"),
@@ -53,40 +44,12 @@ pub(crate) fn statements(t: &TablesConfig) -> RepartitionSql {
         audit: sql(
             "INSERT INTO {outbox}_audit (actor, action, detail) VALUES (?, 'repartition', ?)",
         ),
-        park: sql("UPDATE {outbox} SET failed_at = {now}, last_error = ? WHERE id = ?"),
-    }
-}
-
-#[async_trait]
-impl RepartitionStore for SqliteBackend {
-    async fn repartition(
-        &self,
-        to: u32,
-        dry_run: bool,
-        actor: &str,
-    ) -> Result<RepartitionReport, RepartitionError> {
-        flow::repartition(self, to, dry_run, actor).await
-    }
-
-    async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {
-        let sql = |template: &str| AssertSqlSafe(render(&self.tables, template));
-        let mut tx = self.write().await?;
-        let strays: Vec<(i64, String, String)> = sqlx::query_as(sql(
+        known: sql("SELECT partition_key FROM {partitions} ORDER BY partition_key"),
+        strays: sql(
             "SELECT id, partition_key, message_key FROM {outbox} INDEXED BY {outbox}_pending_idx
-             WHERE published_at IS NULL AND failed_at IS NULL
-               AND partition_key NOT IN (SELECT partition_key FROM {partitions})
+             WHERE ({gaps}) AND published_at IS NULL AND failed_at IS NULL
              ORDER BY id",
-        ))
-        .fetch_all(&mut *tx)
-        .await
-        .doing("looking for unknown bucket labels")?;
-        if strays.is_empty() {
-            return Ok(Vec::new());
-        }
-        let parked = flow::park(self, &mut tx, strays).await?;
-        tx.commit()
-            .await
-            .doing("committing the maintenance transaction")?;
-        Ok(parked)
+        ),
+        park: sql("UPDATE {outbox} SET failed_at = {now}, last_error = ? WHERE id = ?"),
     }
 }

@@ -2,89 +2,50 @@
 //! rendered with the configured table names) and the deployment settings
 //! (see [`crate::store::schema`]).
 
-use async_trait::async_trait;
-use sqlx::AssertSqlSafe;
 use sqlx::migrate::Migrator;
 
-use super::{SqliteBackend, render};
-use crate::config::TablesConfig;
-use crate::partitioner::Partitioner;
-use crate::store::schema::{
-    MigrateReport, SchemaStore, migrations_table, partition_count_mismatch, rendered_migrator,
-};
-use crate::store::{PartitionStore, QueryContext, StoreError};
+use super::SqliteBackend;
+use crate::store::error::StoreError;
+use crate::store::schema::rendered_migrator;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
+use crate::store::statements::SchemaSql;
 
 static EMBEDDED: Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// The migrator for these table names.
-pub fn migrator(tables: &TablesConfig) -> Migrator {
+pub fn migrator(tables: &Tables) -> Migrator {
     rendered_migrator(&EMBEDDED, tables)
 }
 
-#[async_trait]
-impl SchemaStore for SqliteBackend {
-    async fn migrate(&self, partitioner: Partitioner) -> Result<MigrateReport, StoreError> {
-        let before = self.applied_versions().await?;
+/// The embedded migrations.
+pub(crate) fn embedded() -> &'static Migrator {
+    &EMBEDDED
+}
+
+/// The schema's statements ([`SchemaSql`]), in SQLite's SQL.
+pub(crate) fn statements(t: &Tables) -> SchemaSql {
+    SchemaSql::new(
+        t,
+        Sql::render(
+            t,
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+        ),
+        "INSERT OR IGNORE INTO {outbox}_settings (singleton, partition_count) VALUES (1, ?)",
+        Sql::render(
+            t,
+            "INSERT OR IGNORE INTO {partitions} (partition_key) SELECT value FROM json_each(?)",
+        ),
+    )
+}
+
+impl SqliteBackend {
+    /// Runs the migrations.
+    pub(crate) async fn run_migrations(&self) -> Result<Vec<String>, StoreError> {
         migrator(&self.tables)
             .run(&self.pool)
             .await
             .map_err(|e| StoreError::Schema(format!("migration failed: {e}")))?;
-        let after = self.applied_versions().await?;
-
-        let inserted = sqlx::query(AssertSqlSafe(render(
-            &self.tables,
-            "INSERT OR IGNORE INTO {outbox}_settings (singleton, partition_count) VALUES (1, ?)",
-        )))
-        .bind(partitioner.count() as i32)
-        .execute(&self.writer)
-        .await
-        .doing("recording partition_count")?
-        .rows_affected();
-        let recorded = self.partition_count().await?.unwrap_or(partitioner.count());
-        if recorded != partitioner.count() {
-            return Err(partition_count_mismatch(recorded, partitioner.count()));
-        }
-        self.ensure_bucket_rows(&partitioner.labels()).await?;
-        Ok(MigrateReport {
-            applied: after.len().saturating_sub(before.len()),
-            version: after.last().copied().unwrap_or(0),
-            partition_count_recorded: inserted == 1,
-            rebuilt: Vec::new(),
-        })
-    }
-
-    async fn applied_versions(&self) -> Result<Vec<i64>, StoreError> {
-        let table = migrations_table(&self.tables);
-        let exists: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
-        )
-        .bind(&table)
-        .fetch_one(&self.pool)
-        .await
-        .doing("looking for the migrations table")?;
-        if exists == 0 {
-            return Ok(Vec::new());
-        }
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {table} WHERE success ORDER BY version"
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .doing("reading applied migrations")
-    }
-
-    fn known_versions(&self) -> Vec<i64> {
-        EMBEDDED.iter().map(|m| m.version).collect()
-    }
-
-    async fn partition_count(&self) -> Result<Option<u32>, StoreError> {
-        let n: Option<i32> = sqlx::query_scalar(AssertSqlSafe(render(
-            &self.tables,
-            "SELECT partition_count FROM {outbox}_settings",
-        )))
-        .fetch_optional(&self.pool)
-        .await
-        .doing("reading partition_count")?;
-        Ok(n.map(|n| n as u32))
+        Ok(Vec::new())
     }
 }

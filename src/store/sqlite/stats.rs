@@ -3,11 +3,11 @@
 //! in two statements; a second or a minute is the text of its start.
 
 use super::sql;
-use crate::config::TablesConfig;
+use crate::store::settings::Tables;
 use crate::store::statements::StatsSql;
 
 /// The statements, in SQLite.
-pub fn statements(t: &TablesConfig) -> StatsSql {
+pub fn statements(t: &Tables) -> StatsSql {
     StatsSql {
         record: vec![
             sql(

@@ -5,7 +5,7 @@
 //! rows read are the rows written.
 
 use super::{SqliteBackend, VIEWS, sql};
-use crate::config::TablesConfig;
+use crate::store::settings::Tables;
 use crate::store::statements::{LeaseStepsSql, OperatorStepsSql, StepsSql};
 use crate::store::stepwise::{Stepwise, Views};
 
@@ -16,12 +16,8 @@ const HELD: &str = "WITH h(k, e) AS (
 /// The list of the first parameter, as rows `l(v)`.
 const LIST: &str = "WITH l(v) AS (SELECT value FROM json_each(?))";
 
-pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
+pub(crate) fn lease_steps(t: &Tables) -> LeaseStepsSql {
     LeaseStepsSql {
-        ensure_rows: sql(
-            t,
-            "INSERT OR IGNORE INTO {partitions} (partition_key) SELECT value FROM json_each(?)",
-        ),
         acquirable: sql(
             t,
             "SELECT partition_key, lease_owner, lease_epoch FROM {partitions}
@@ -76,7 +72,7 @@ pub(crate) fn lease_steps(t: &TablesConfig) -> LeaseStepsSql {
     }
 }
 
-pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
+pub(crate) fn operator_steps(t: &Tables) -> OperatorStepsSql {
     OperatorStepsSql {
         droppable: sql(
             t,
@@ -93,7 +89,7 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
         ),
         requeueable: sql(
             t,
-            "SELECT o.id, o.message_key,
+            "SELECT o.id, o.message_key, o.partition_key,
                     EXISTS (SELECT 1 FROM {partitions} p
                             WHERE p.partition_key = o.partition_key) AS known
              FROM {outbox} o
@@ -134,6 +130,7 @@ pub(crate) fn operator_steps(t: &TablesConfig) -> OperatorStepsSql {
             t,
             "UPDATE {outbox} SET available_at = {now} WHERE id IN (SELECT value FROM json_each(?))",
         ),
+        wake: None,
     }
 }
 

@@ -5,11 +5,11 @@
 //! one writer at a time.
 
 use super::{seconds_between, sql};
-use crate::config::TablesConfig;
+use crate::store::settings::Tables;
 use crate::store::statements::WorkersSql;
 
 /// The statements, in SQLite (parameters as [`WorkersSql`] orders them).
-pub fn statements(t: &TablesConfig) -> WorkersSql {
+pub fn statements(t: &Tables) -> WorkersSql {
     WorkersSql {
         // The write transaction already holds the file's write lock.
         lock_registrations: sql(t, "SELECT 1"),

@@ -2,8 +2,8 @@
 //! goes to one owner): read the rows to change (locked), change them, write
 //! one lease event per bucket, commit.
 //!
-//! Every list is bound **in label order**: MySQL locks the listed rows in
-//! the order of the list (it is joined first), so two transactions given
+//! Every list is bound **in label order**: a database that joins the list
+//! first locks the listed rows in the order of the list, so two transactions given
 //! the same buckets in different orders could each hold one the other
 //! waits for — a deadlock (seen in the lease race of the conformance suite
 //! before the lists were sorted). In one order, they queue instead.
@@ -14,10 +14,12 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::Stepwise;
+use crate::store::bounds::bounded_op;
 use crate::store::driver::{Arg, Statements};
+use crate::store::error::StoreError;
 use crate::store::partitions::{Acquired, BucketView, PartitionStore, acquire_reason};
+use crate::store::sql::Sql;
 use crate::store::views;
-use crate::store::{Sql, StoreError, bounded_op};
 
 /// A lease change to record in `<outbox>_lease_events`.
 struct Event<'a> {
@@ -41,7 +43,7 @@ async fn log_events<D: Stepwise>(
             Arg::Text(Some(e.partition_key)),
             Arg::Text(Some(e.action)),
             Arg::Uuid(worker),
-            e.old_owner.map_or(Arg::Text(None), Arg::Uuid),
+            Arg::OptUuid(e.old_owner),
             Arg::Int(e.old_epoch),
             Arg::Int(e.new_epoch),
             Arg::Text(Some(e.reason)),
@@ -52,7 +54,7 @@ async fn log_events<D: Stepwise>(
     Ok(())
 }
 
-/// `items` sorted: the order in which MySQL locks the rows they name (see
+/// `items` sorted: the order in which the rows they name are locked (see
 /// the module docs).
 fn in_order<T: Ord + Clone>(items: &[T]) -> Vec<T> {
     let mut sorted = items.to_vec();
@@ -65,7 +67,7 @@ pub async fn ensure_bucket_rows<D: Stepwise>(d: &D, labels: &[String]) -> Result
     if labels.is_empty() {
         return Ok(0);
     }
-    let sql = &d.steps().leases.ensure_rows;
+    let sql = &d.sql().schema.ensure_rows;
     d.pool()
         .execute(sql, &[Arg::Labels(labels)], "creating bucket rows")
         .await
@@ -230,7 +232,7 @@ async fn release<D: Stepwise>(
     d: &D,
     me: Uuid,
     reason: &str,
-    find: &crate::store::Sql,
+    find: &crate::store::sql::Sql,
     args: &[Arg<'_>],
 ) -> Result<Vec<String>, StoreError> {
     bounded_op(d.bounds(), "releasing leases", async {

@@ -1,13 +1,11 @@
 //! Flows that change several rows as steps of one transaction, written once
-//! over the driver contract ([`super::driver`]) for the backends that have
-//! no data-modifying `WITH` (MySQL/MariaDB, SQLite); PostgreSQL makes each
-//! of these changes one statement (its own modules).
+//! over the driver contract ([`super::driver`]) for every backend.
 //!
 //! - [`leases`]: acquiring, renewing and releasing bucket leases, with
 //!   their lease events. Why no epoch goes to two owners: the rows a change
-//!   reads are the rows it writes, with nobody writing between — MySQL
-//!   locks them (`FOR UPDATE`), SQLite's transaction holds the file's only
-//!   write lock (`BEGIN IMMEDIATE`).
+//!   reads are the rows it writes, with nobody writing between: the
+//!   backend's read locks them (`FOR UPDATE`), or its transaction holds
+//!   the database's only write lock.
 //! - [`operator`]: dropping and requeueing parked messages, each with its
 //!   audit record.
 //!
@@ -18,15 +16,15 @@
 pub mod leases;
 pub mod operator;
 
-use super::Sql;
 use super::driver::Driver;
+use super::statements::Dialect;
 use super::statements::StepsSql;
-use super::views::Dialect;
-use crate::config::TablesConfig;
+use crate::store::settings::Tables;
+use crate::store::sql::Sql;
 
 /// What the multi-bucket views ([`super::views`]) need of a backend.
 pub(crate) struct Views<'a> {
-    pub tables: &'a TablesConfig,
+    pub tables: &'a Tables,
     /// How it reads the outbox through an index.
     pub(crate) dialect: Dialect,
     /// Every bucket's lease and head, as `views::LeaseLine`.

@@ -11,10 +11,12 @@ use serde_json::{Value as Json, json};
 
 use super::Stepwise;
 use crate::partitioner::Partitioner;
+use crate::store::bounds::bounded_op;
 use crate::store::driver::{Arg, Statements};
+use crate::store::error::StoreError;
 use crate::store::outbox::{Dropped, HeadAction, ParkedStore};
 use crate::store::repartition::flow::partition_count;
-use crate::store::{Sql, StoreError, bounded_op};
+use crate::store::sql::Sql;
 
 /// Writes an operator action to `<outbox>_audit` (in its transaction).
 async fn audit<D: Stepwise>(
@@ -32,6 +34,23 @@ async fn audit<D: Stepwise>(
     ];
     let sql = &d.steps().operator.audit;
     tx.execute(sql, &args, "writing the audit record").await?;
+    Ok(())
+}
+
+/// Wakes the workers of `buckets` at commit, where the backend notifies
+/// (`OperatorStepsSql::wake`): the rows changed there are ready now.
+async fn wake<D: Stepwise>(
+    d: &D,
+    tx: &mut D::Tx,
+    mut buckets: Vec<String>,
+) -> Result<(), StoreError> {
+    let Some(sql) = &d.steps().operator.wake else {
+        return Ok(());
+    };
+    buckets.sort_unstable();
+    buckets.dedup();
+    tx.execute(sql, &[Arg::Labels(&buckets)], "waking the buckets' workers")
+        .await?;
     Ok(())
 }
 
@@ -76,7 +95,7 @@ pub async fn requeue<D: Stepwise>(
     bounded_op(d.bounds(), "requeueing messages", async {
         let mut tx = d.begin().await?;
         let args = [Arg::Ids(ids), Arg::Labels(buckets), Arg::Bool(all)];
-        let rows: Vec<(i64, String, bool)> = tx
+        let rows: Vec<(i64, String, String, bool)> = tx
             .fetch_all(&sql.requeueable, &args, "requeueing messages")
             .await?;
         if rows.is_empty() {
@@ -86,8 +105,10 @@ pub async fn requeue<D: Stepwise>(
         let partitioner = Partitioner::new(count);
         // Rows by their new bucket (None: their own), one statement each.
         let mut moves: BTreeMap<Option<String>, Vec<i64>> = BTreeMap::new();
-        for (id, key, known) in &rows {
+        let mut woken = Vec::new();
+        for (id, key, bucket, known) in &rows {
             let to = (!known).then(|| partitioner.label_for(key));
+            woken.push(to.clone().unwrap_or_else(|| bucket.clone()));
             moves.entry(to).or_default().push(*id);
         }
         for (to, ids) in &moves {
@@ -98,6 +119,7 @@ pub async fn requeue<D: Stepwise>(
         let requeued: Vec<i64> = rows.iter().map(|r| r.0).collect();
         let detail = json!({ "ids": requeued, "buckets": buckets, "all": all });
         audit(d, &mut tx, actor, "requeue", &detail).await?;
+        wake(d, &mut tx, woken).await?;
         D::commit(tx).await?;
         Ok(requeued)
     })
@@ -144,7 +166,7 @@ struct Audit<'a> {
 
 /// One transaction: the listed rows that `select` takes (locked, as
 /// `Dropped`), `change` applied to them, the audit record of them;
-/// returns their ids. In id order: MySQL locks the listed rows in the
+/// returns their ids. In id order: the listed rows are locked in the
 /// list's order.
 async fn change_listed<D: Stepwise>(
     d: &D,
@@ -173,6 +195,12 @@ async fn change_listed<D: Stepwise>(
             "messages": rows.iter().map(Dropped::to_json).collect::<Vec<_>>(),
         });
         audit(d, &mut tx, who.actor, who.action, &detail).await?;
+        wake(
+            d,
+            &mut tx,
+            rows.iter().map(|m| m.partition_key.clone()).collect(),
+        )
+        .await?;
         D::commit(tx).await?;
         Ok(changed)
     })
