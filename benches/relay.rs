@@ -360,7 +360,12 @@ impl Bench {
         let path = self.dir.join(format!("{name}-{}.toml", on.name()));
         std::fs::write(&path, &toml).unwrap();
         let config = Config::from_toml(&toml).unwrap();
-        let store = Store::connect(&config, "outboxd bench").await.unwrap();
+        let store = Store::connect(
+            &outboxd::store::StoreSettings::from_config(&config),
+            "outboxd bench",
+        )
+        .await
+        .unwrap();
         store.migrate(Partitioner::new(buckets)).await.unwrap();
         if on == Backend::Postgres && self.published_key_index {
             for statement in readme::published_key_index() {

@@ -409,7 +409,11 @@ async fn dispatch(
             Ok(())
         }
         Command::Ui { .. } => {
-            let store = Store::connect(&config, "outboxd ui").await?;
+            let store = Store::connect(
+                &crate::store::StoreSettings::from_config(&config),
+                "outboxd ui",
+            )
+            .await?;
             schema::check(&*store, Partitioner::new(config.outbox.partition_count)).await?;
             let listener = crate::dashboard::bind(config.dashboard.listen).await?;
             let state = crate::dashboard::DashboardState::new(&config, store, None);
@@ -547,7 +551,11 @@ fn unread(failed: &[String]) -> anyhow::Result<()> {
 /// `outboxd migrate` of one source's database.
 async fn migrate(config: &Config) -> anyhow::Result<()> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
-    let store = Store::connect_for_session(config, "outboxd migrate").await?;
+    let store = Store::connect_for_session(
+        &crate::store::StoreSettings::from_config(config),
+        "outboxd migrate",
+    )
+    .await?;
     let report = store.migrate(partitioner).await?;
     for index in &report.rebuilt {
         crate::say!("rebuilt index {index}, which an interrupted build had left invalid");

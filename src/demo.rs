@@ -61,7 +61,11 @@ pub async fn produce(
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     declare_queue(&config.amqp.url, &args.queue).await?;
-    let store = Store::connect(config, "outboxd produce").await?;
+    let store = Store::connect(
+        &crate::store::StoreSettings::from_config(config),
+        "outboxd produce",
+    )
+    .await?;
     let written = Arc::new(AtomicU64::new(0));
     let tasks = args.tasks.clamp(1, args.keys.max(1));
     let mut handles = Vec::new();

@@ -251,7 +251,11 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
 /// configured count does not matter here (it is usually already the new
 /// one); the schema version does.
 pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
-    let store = Store::connect(config, "outboxd repartition").await?;
+    let store = Store::connect(
+        &crate::store::StoreSettings::from_config(config),
+        "outboxd repartition",
+    )
+    .await?;
     schema::check_version(&*store).await?;
     let r = store.repartition(args.to, args.dry_run, &actor()).await?;
     if args.dry_run {
@@ -282,7 +286,7 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
 
 async fn open(config: &Config, name: &str) -> anyhow::Result<(Store, Partitioner)> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
-    let store = Store::connect(config, name).await?;
+    let store = Store::connect(&crate::store::StoreSettings::from_config(config), name).await?;
     schema::check(&*store, partitioner).await?;
     Ok((store, partitioner))
 }

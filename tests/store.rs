@@ -1052,9 +1052,12 @@ async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(
     let until = Instant::now() + Duration::from_secs(6);
     let mut tasks = Vec::new();
     for w in 0..6u64 {
-        let store = outboxd::store::Store::connect(&direct, "outboxd test")
-            .await
-            .unwrap();
+        let store = outboxd::store::Store::connect(
+            &outboxd::store::StoreSettings::from_config(&direct),
+            "outboxd test",
+        )
+        .await
+        .unwrap();
         let labels = labels.clone();
         tasks.push(tokio::spawn(async move {
             let me = Uuid::new_v4();

@@ -196,11 +196,14 @@ async fn pgbouncer_terminating_tls_relays_5000_messages() {
         &format!("postgres://outboxd:outboxd@127.0.0.1:{port}/?sslmode=disable"),
         &env.db_name,
     );
-    let e = Store::connect(&plain, "tls test")
-        .await
-        .err()
-        .unwrap_or_else(|| panic!("refused"))
-        .to_string();
+    let e = Store::connect(
+        &outboxd::store::StoreSettings::from_config(&plain),
+        "tls test",
+    )
+    .await
+    .err()
+    .unwrap_or_else(|| panic!("refused"))
+    .to_string();
     println!("plain client against PgBouncer: {e}");
     assert!(!e.contains('\n'), "{e}");
     run("stop");
@@ -211,7 +214,9 @@ async fn pgbouncer_terminating_tls_relays_5000_messages() {
 async fn db_refusal(config: &Config, url: &str) -> String {
     let mut c = config.clone();
     c.database.url = url.to_string();
-    let e = Store::connect(&c, "tls test").await.err();
+    let e = Store::connect(&outboxd::store::StoreSettings::from_config(&c), "tls test")
+        .await
+        .err();
     one_line(e.map(|e| e.to_string()))
 }
 
@@ -264,7 +269,7 @@ async fn postgres_tls_failures_are_one_line_naming_the_host_and_the_fix() {
     // verify-ca does not check the name.
     let mut c = config.clone();
     c.database.url = pg_tls_url(&base, "verify-ca", &pki, None);
-    Store::connect(&c, "tls test")
+    Store::connect(&outboxd::store::StoreSettings::from_config(&c), "tls test")
         .await
         .expect("verify-ca skips the name");
 

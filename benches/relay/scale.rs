@@ -332,7 +332,12 @@ impl Bench {
         let config = Config::from_toml(&toml).unwrap();
         let since = Instant::now();
         loop {
-            match Store::connect(&config, "outboxd bench").await {
+            match Store::connect(
+                &outboxd::store::StoreSettings::from_config(&config),
+                "outboxd bench",
+            )
+            .await
+            {
                 Ok(store) => return store,
                 Err(e) if since.elapsed() < Duration::from_secs(60) => {
                     println!("  (the harness could not connect yet: {e})");

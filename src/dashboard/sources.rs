@@ -145,7 +145,10 @@ impl Slot {
     async fn try_connect(&self) -> bool {
         let connected = tokio::time::timeout(
             self.config.database.connect_timeout + SOURCE_WITHIN,
-            Store::connect(&self.config, "outboxd ui"),
+            Store::connect(
+                &crate::store::StoreSettings::from_config(&self.config),
+                "outboxd ui",
+            ),
         )
         .await;
         let store = match connected {

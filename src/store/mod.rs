@@ -79,8 +79,6 @@ pub use stats::StatsStore;
 pub use switchover::Switchover;
 pub use workers::WorkerStore;
 
-use crate::config::Config;
-
 /// A handle on the database: what every component that talks to it holds.
 /// Cheap to clone; dereferences to the [`Backend`] interface.
 #[derive(Debug, Clone)]
@@ -95,13 +93,8 @@ impl std::ops::Deref for Store {
 }
 
 impl Store {
-    /// Connects to the database `config.database.url` names, by its scheme.
-    pub async fn connect(config: &Config, application_name: &str) -> Result<Self, StoreError> {
-        Self::connect_with(&StoreSettings::from_config(config), application_name).await
-    }
-
     /// Connects to the database `settings.url` names, by its scheme.
-    pub async fn connect_with(
+    pub async fn connect(
         settings: &StoreSettings,
         application_name: &str,
     ) -> Result<Self, StoreError> {
@@ -135,10 +128,9 @@ impl Store {
     /// migrate`): behind a PostgreSQL transaction pooler, on the direct
     /// `database.listen_url` when there is one (else the command refuses).
     pub async fn connect_for_session(
-        config: &Config,
+        settings: &StoreSettings,
         application_name: &str,
     ) -> Result<Self, StoreError> {
-        let settings = StoreSettings::from_config(config);
         match (settings.pooler, settings.listen_url()) {
             (Pooler::Transaction, Some(direct)) => {
                 tracing::info!(
@@ -151,9 +143,9 @@ impl Store {
                     max_connections: 2,
                     ..settings.clone()
                 };
-                Self::connect_with(&direct, application_name).await
+                Self::connect(&direct, application_name).await
             }
-            _ => Self::connect_with(&settings, application_name).await,
+            _ => Self::connect(settings, application_name).await,
         }
     }
 

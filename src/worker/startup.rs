@@ -36,7 +36,11 @@ pub(super) struct Started {
 /// Starts a worker (see the module docs).
 pub(super) async fn start(config: &Config, opts: &WorkOptions) -> Result<Started, WorkError> {
     let partitioner = Partitioner::new(config.outbox.partition_count);
-    let store = Store::connect(config, "outboxd work").await?;
+    let store = Store::connect(
+        &crate::store::StoreSettings::from_config(config),
+        "outboxd work",
+    )
+    .await?;
     retry_lost_query(|| schema::check(&*store, partitioner)).await?;
 
     let dashboard = match opts.ui {

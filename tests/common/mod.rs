@@ -321,9 +321,12 @@ impl TestEnv {
         let mut direct = config.clone();
         direct.database.url = db_url.clone();
         direct.database.pooler = Default::default();
-        let store = Store::connect(&direct, "outboxd test")
-            .await
-            .expect("connect to test db");
+        let store = Store::connect(
+            &outboxd::store::StoreSettings::from_config(&direct),
+            "outboxd test",
+        )
+        .await
+        .expect("connect to test db");
         if t.migrate {
             store
                 .migrate(Partitioner::new(t.partition_count))

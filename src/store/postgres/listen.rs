@@ -7,7 +7,6 @@ use sqlx::postgres::PgListener;
 
 use super::PgBackend;
 use super::pool::{DbPool, connect_to};
-use crate::config::Redacted;
 use crate::store::bounds::Bounded;
 use crate::store::error::StoreError;
 use crate::store::notify::{Channel, Listener, Notification, NotifyStore};
@@ -43,7 +42,7 @@ impl NotifyStore for PgBackend {
         let pool = match direct_url {
             None => self.pool.clone(),
             Some(url) => {
-                tracing::debug!(url = %Redacted(url), "connecting to LISTEN");
+                tracing::debug!(url = %crate::store::settings::redacted(url), "connecting to LISTEN");
                 connect_to(&self.db, url, Pooler::None, 2, "outboxd listen").await?
             }
         };
