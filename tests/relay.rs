@@ -1621,7 +1621,7 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .unwrap();
             // The read's parameters: token, time left (µs), owner, owner,
             // epoch (whether the caller holds the claim), bucket, bucket,
-            // ids in flight, limit.
+            // the highest id in flight, ids in flight, limit.
             let rows = sqlx::query(sqlx::AssertSqlSafe(read))
                 .bind(token)
                 .bind(11_000_000i64)
@@ -1630,6 +1630,7 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .bind(None::<i64>)
                 .bind(bucket)
                 .bind(bucket)
+                .bind(i64::MIN)
                 .bind("[]")
                 .bind(100i64)
                 .fetch_all(&mut *tx)

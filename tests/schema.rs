@@ -319,10 +319,19 @@ async fn the_claim_reads_a_slice_of_the_pending_index_on_mariadb() {
     env.db.exec(&plain_insert(&keys, "q", 2000)).await;
     env.db.exec("ANALYZE TABLE outbox").await;
     // The read's parameters: token, time left (µs), owner, owner, epoch
-    // (whether the caller holds the claim), bucket, bucket, ids in flight,
-    // limit.
+    // (whether the caller holds the claim), bucket, bucket, the highest id
+    // in flight, ids in flight, limit.
     let read = [
-        "NULL", "11000000", "NULL", "NULL", "NULL", "'p03'", "'p03'", "'[]'", "100",
+        "NULL",
+        "11000000",
+        "NULL",
+        "NULL",
+        "NULL",
+        "'p03'",
+        "'p03'",
+        "-9223372036854775808",
+        "'[]'",
+        "100",
     ]
     .iter()
     .fold(

@@ -1,7 +1,7 @@
 //! The store's conformance suite: what every backend promises at the level
 //! of the `Store` interface — claims, fences, lease races, records,
-//! parking, lease events, membership, repartitioning — written once and run
-//! against each backend (`on_every_db!`). A new backend is done when this
+//! parking, lease events, membership, repartitioning, how its errors read —
+//! written once and run against each backend (`on_every_store!`). A new backend is done when this
 //! suite passes on it, before any process-level test runs.
 //!
 //! The tests call the store directly (no worker process), on a fresh
@@ -1129,6 +1129,97 @@ async fn concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners(
     assert!(acquisitions > 100, "too few hand-overs to prove anything");
 }
 
+/// Each backend reads its own errors (its `ErrorDialect`), shown here on
+/// real errors of the real database: a statement on a table that is gone
+/// is refused for good and says what was being done; an answer retrying
+/// may get past — a read-only transaction (a standby, a switchover) on
+/// PostgreSQL, a lock wait that ran out on MariaDB, a busy file on SQLite
+/// — is transient; PostgreSQL's own statement time limit is a
+/// cancellation, not a transient error.
+async fn errors_read_as_their_database_says(db: Db) {
+    use outboxd::store::{ErrorDialect, StoreError};
+    let env = TestEnv::on(db).await;
+    env.db.exec("DROP TABLE outbox_settings").await;
+    let e = env
+        .store
+        .partition_count()
+        .await
+        .expect_err("no settings table");
+    assert!(!e.is_transient() && !e.is_permanent(), "{e}");
+    assert!(e.to_string().contains("reading partition_count"), "{e}");
+
+    let refused = |dialect: &'static ErrorDialect, source: sqlx::Error| {
+        StoreError::query(dialect, "testing", source)
+    };
+    let update =
+        "UPDATE outbox_partitions SET lease_epoch = lease_epoch WHERE partition_key = 'p00'";
+    let transient = match &env.db {
+        TestDb::Pg(pool) => {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SET TRANSACTION READ ONLY")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let source = sqlx::query(update)
+                .execute(&mut *tx)
+                .await
+                .expect_err("read only");
+            tx.rollback().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SET LOCAL statement_timeout = 50")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let slow = sqlx::query("SELECT pg_sleep(2)").execute(&mut *tx).await;
+            let cancelled = refused(&outboxd::store::postgres::ERRORS, slow.expect_err("limit"));
+            assert!(
+                cancelled.is_cancelled() && !cancelled.is_transient(),
+                "{cancelled}"
+            );
+            refused(&outboxd::store::postgres::ERRORS, source)
+        }
+        TestDb::My(pool) => {
+            let mut holder = pool.begin().await.unwrap();
+            sqlx::query(update).execute(&mut *holder).await.unwrap();
+            let mut waiter = pool.acquire().await.unwrap();
+            sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+                .execute(&mut *waiter)
+                .await
+                .unwrap();
+            let source = sqlx::query(update)
+                .execute(&mut *waiter)
+                .await
+                .expect_err("lock wait");
+            holder.rollback().await.unwrap();
+            refused(&outboxd::store::mysql::ERRORS, source)
+        }
+        TestDb::Lite(pool) => {
+            let mut holder = pool.acquire().await.unwrap();
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut *holder)
+                .await
+                .unwrap();
+            let impatient = {
+                use std::str::FromStr;
+                sqlx::sqlite::SqliteConnectOptions::from_str(&env.db_url)
+                    .unwrap()
+                    .busy_timeout(Duration::ZERO)
+            };
+            let mut other = sqlx::ConnectOptions::connect(&impatient).await.unwrap();
+            let source = sqlx::query(update)
+                .execute(&mut other)
+                .await
+                .expect_err("busy");
+            sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+            refused(&outboxd::store::sqlite::ERRORS, source)
+        }
+    };
+    assert!(
+        transient.is_transient() && !transient.is_cancelled(),
+        "{transient}"
+    );
+}
+
 on_every_store!(
     claims_take_the_head_in_id_order_one_claim_at_a_time,
     a_held_claim_is_read_without_a_write_until_it_runs_low,
@@ -1140,4 +1231,5 @@ on_every_store!(
     repartitioning_relabels_by_key_and_unknown_labels_are_parked,
     writes_under_a_superseded_lease_match_zero_rows,
     concurrent_lease_takes_and_renewals_never_give_one_epoch_to_two_owners,
+    errors_read_as_their_database_says,
 );

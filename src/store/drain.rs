@@ -91,9 +91,9 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
     let token = Arg::Uuid(h.token.0);
     let limit = Arg::Int(i64::from(c.limit));
     let in_flight = Arg::Ids(c.in_flight);
+    let highest = Arg::Int(c.in_flight.iter().copied().max().unwrap_or(i64::MIN));
     let (read, take) = match &d.sql().drain.claim {
         ClaimSql::OneStatement(sql) => {
-            let highest = c.in_flight.iter().copied().max().unwrap_or(i64::MIN);
             let args = [
                 key,
                 limit,
@@ -102,7 +102,7 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
                 Arg::OptUuid(owner),
                 Arg::OptInt(epoch),
                 in_flight,
-                Arg::Int(highest),
+                highest,
                 Arg::Duration(c.min_left),
             ];
             return d.pool().fetch_all(sql, &args, CLAIMING).await;
@@ -117,6 +117,7 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
         Arg::OptInt(epoch),
         key,
         key,
+        highest,
         in_flight,
         limit,
     ];

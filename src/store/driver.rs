@@ -52,7 +52,7 @@ use uuid::Uuid;
 
 use super::bounds::{Bounded, Bounds};
 use super::error::StoreError;
-use super::paced::Lent;
+use super::paced::{Lent, PacedPool};
 use super::rows::{Decodes, Rows};
 use super::settings::Tables;
 use super::sql::Sql;
@@ -245,6 +245,34 @@ pub trait Transaction: Runs + Sized {
 pub struct OnPool<'a, P> {
     pub pool: &'a P,
     pub bounds: &'a Bounds,
+}
+
+/// A pool a backend runs single statements on: sqlx's, or a paced one.
+pub trait Pooled: Sync {
+    type Db: Binding;
+}
+
+impl<DB: Binding> Pooled for sqlx::Pool<DB> {
+    type Db = DB;
+}
+
+impl<DB: Binding> Pooled for PacedPool<DB> {
+    type Db = DB;
+}
+
+impl<P: Pooled> Runs for OnPool<'_, P>
+where
+    for<'c> &'c P: Executor<'c, Database = P::Db>,
+{
+    type Db = P::Db;
+
+    fn on(&mut self) -> impl Executor<'_, Database = P::Db> {
+        self.pool
+    }
+
+    fn bounds(&self) -> &Bounds {
+        self.bounds
+    }
 }
 
 /// A sqlx transaction with its store's [`Bounds`] (MySQL/MariaDB and

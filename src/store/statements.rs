@@ -312,7 +312,8 @@ pub enum ClaimSql {
         /// `not_ready` and `held` (the caller's token holds the claim with
         /// at least min_left left, and in fleet mode under its valid
         /// lease): token, min_left, owner, owner, epoch, bucket, bucket,
-        /// in-flight ids, limit.
+        /// the highest in-flight id (`i64::MIN` when none: a row above it
+        /// needs no look at the list), in-flight ids, limit.
         read: Sql,
         /// Takes (or renews) the bucket's claim, only if no other live
         /// claim holds it and (fleet mode) the lease is the caller's and

@@ -6,13 +6,13 @@
 use super::ERRORS;
 use sqlx::error::BoxDynError;
 use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
-use sqlx::{Arguments, Executor, MySql};
+use sqlx::{Arguments, MySql};
 
 use super::pool::MyPool;
 use super::{MySqlBackend, micros};
 
 use crate::store::bounds::{Bounds, QueryContext};
-use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Runs, arguments};
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, arguments};
 use crate::store::error::StoreError;
 use crate::store::statements::Rendered;
 
@@ -38,18 +38,6 @@ impl Binding for MySql {
 
     fn last_insert_id(done: &MySqlQueryResult) -> i64 {
         done.last_insert_id() as i64
-    }
-}
-
-impl Runs for OnPool<'_, MyPool> {
-    type Db = MySql;
-
-    fn on(&mut self) -> impl Executor<'_, Database = MySql> {
-        self.pool
-    }
-
-    fn bounds(&self) -> &Bounds {
-        self.bounds
     }
 }
 

@@ -64,7 +64,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                          FROM {partitions} p WHERE p.partition_key = ?) AS held
                  FROM {outbox} FORCE INDEX ({outbox}_pending_idx)
                  WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL
-                   AND id NOT IN (SELECT j.v FROM {ids})
+                   AND (id > ? OR id NOT IN (SELECT j.v FROM {ids}))
                  ORDER BY id LIMIT ?",
             ),
             take: sql(

@@ -3,13 +3,13 @@
 //! `{now+?}`), statements run on the pool or in a write transaction
 //! (`BEGIN IMMEDIATE`, see [`super`]).
 
+use sqlx::Sqlite;
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::{SqliteArguments, SqlitePool, SqliteQueryResult};
-use sqlx::{Executor, Sqlite};
 
 use super::SqliteBackend;
 use crate::store::bounds::Bounds;
-use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, Runs, arguments};
+use crate::store::driver::{Arg, Binding, BoundTx, Driver, OnPool, arguments};
 use crate::store::error::StoreError;
 use crate::store::statements::Rendered;
 
@@ -32,18 +32,6 @@ impl Binding for Sqlite {
 
     fn last_insert_id(done: &SqliteQueryResult) -> i64 {
         done.last_insert_rowid()
-    }
-}
-
-impl Runs for OnPool<'_, SqlitePool> {
-    type Db = Sqlite;
-
-    fn on(&mut self) -> impl Executor<'_, Database = Sqlite> {
-        self.pool
-    }
-
-    fn bounds(&self) -> &Bounds {
-        self.bounds
     }
 }
 

@@ -56,7 +56,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                          FROM {partitions} p WHERE p.partition_key = ?) AS held
                  FROM {outbox} INDEXED BY {outbox}_pending_idx
                  WHERE partition_key = ? AND published_at IS NULL AND failed_at IS NULL
-                   AND id NOT IN (SELECT value FROM json_each(?))
+                   AND (id > ? OR id NOT IN (SELECT value FROM json_each(?)))
                  ORDER BY id LIMIT ?",
             ),
             take: sql(
