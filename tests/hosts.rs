@@ -276,7 +276,12 @@ async fn a_slow_lossy_database_link_keeps_publishing_without_lease_flapping() {
             env.spawn_worker_on(Some(&lab.netns(h)), config, &[])
         })
         .collect();
-    wait_converged(&env, 3, Duration::from_secs(30)).await;
+    // Host 2 starts through the slow link: some twenty statements before
+    // it holds its buckets (migrations checked, registration, the first
+    // lease change), each ~1.1 s there — 23–24 s in all.
+    let starting = Instant::now();
+    wait_converged(&env, 3, Duration::from_secs(60)).await;
+    let converged_in = starting.elapsed();
     let slow_id = worker_id_of(&env, &workers[1]).await;
     // Host 2 reaches the database only through the proxy.
     lab.fault_ports(2, &proxy.addr.port().to_string(), Fault::Loss(5));
@@ -314,8 +319,8 @@ async fn a_slow_lossy_database_link_keeps_publishing_without_lease_flapping() {
     let slow_published = published_by_slow(&env).await;
     let held_after = held_by(&env, slow_id).await;
     println!(
-        "slow link (300 ms ± 100 ms, 5 % loss) on host 2 for {window:?}: {total} messages; \
-         lease acquisitions during the window: {changes}; host 2 published {slow_published}, \
+        "slow link (300 ms ± 100 ms, 5 % loss) on host 2 for {window:?}: \
+         converged in {converged_in:.1?} before the loss; {total} messages; lease acquisitions during the window: {changes}; host 2 published {slow_published}, \
          held {} buckets before and {} after; {}",
         held_before.len(),
         held_after.len(),

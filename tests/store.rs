@@ -436,6 +436,28 @@ async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
         .map(|a| (a.partition_key.clone(), a.lease_epoch))
         .collect();
     assert_eq!(epochs.len(), 2);
+    // One event per bucket taken, in label order, saying who took it from
+    // whom and at which epochs.
+    let taken = store.events_since(0, 10).await.unwrap();
+    let seen: Vec<_> = taken
+        .iter()
+        .map(|e| {
+            let epochs = (e.old_epoch, e.new_epoch);
+            (
+                e.partition_key.as_str(),
+                e.action.as_str(),
+                e.worker_id,
+                e.old_owner,
+                epochs,
+            )
+        })
+        .collect();
+    let took = |bucket: &'static str| {
+        let epochs = (epochs[bucket] - 1, epochs[bucket]);
+        (bucket, "acquire", me, None, epochs)
+    };
+    assert_eq!(seen, [took("p01"), took("p02")]);
+    assert_eq!(taken[0].reason, "free: test");
     assert!(
         store
             .acquire(other, &both, LEASE_TTL, "test")

@@ -116,13 +116,11 @@ pub struct PartitionLookupsSql {
 }
 
 /// The partitions table's changes as steps of one transaction
-/// (`store::stepwise`), rendered by the backends without data-modifying
-/// `WITH` (MySQL/MariaDB, SQLite; PostgreSQL makes each change one
-/// statement). A read said to *lock* locks the rows it returns until the
-/// transaction ends where the database locks rows (MySQL); on SQLite the
-/// transaction already holds the file's only write lock. A list comes
-/// first in each statement that takes one (MySQL's `JSON_TABLE` joins
-/// stand before their `SET`).
+/// (`store::stepwise`). A read said to *lock* locks the rows it returns
+/// until the transaction ends where the database locks rows; on SQLite
+/// the transaction already holds the file's only write lock. A list
+/// comes first in each statement that takes one (MySQL's `JSON_TABLE`
+/// joins stand before their `SET`).
 #[derive(Debug)]
 pub struct LeaseStepsSql {
     /// Of the listed buckets, the free ones and those whose lease ran out,
@@ -148,9 +146,33 @@ pub struct LeaseStepsSql {
     pub owned: Sql,
     /// Frees the owner's listed buckets: labels, owner.
     pub free: Sql,
-    /// One lease event: partition_key, action, worker_id, old_owner,
-    /// old_epoch, new_epoch, reason.
-    pub log_event: Sql,
+    /// The lease events of one change, written in the order listed: one
+    /// JSON array of events, each an array of partition_key, action,
+    /// worker_id, old_owner (UUIDs as 32 hex digits; old_owner may be
+    /// null), old_epoch, new_epoch, reason.
+    pub log_events: Sql,
+    /// The changes that take several steps above as one statement each,
+    /// where one statement can change two tables; `None` where it cannot
+    /// (no data-modifying `WITH`: MySQL/MariaDB, SQLite).
+    pub at_once: Option<LeasesAtOnceSql>,
+}
+
+/// Lease changes that write their events in the same statement: one round
+/// trip for the five of the steps (begin, read, change, events, commit),
+/// which a worker on a slow database link waits through at every start
+/// and every rebalance. Each returns what its steps return.
+#[derive(Debug)]
+pub struct LeasesAtOnceSql {
+    /// The listed buckets that are free or whose lease ran out (a row
+    /// being changed is skipped), taken with their events, as
+    /// (partition_key, new lease_epoch): labels, owner, TTL, reason.
+    pub acquire: Sql,
+    /// The owner's listed leases still at their epoch, freed with their
+    /// events, as partition_key: held, owner, reason.
+    pub release: Sql,
+    /// Every lease of the owner, freed with its events, as
+    /// partition_key: owner, reason.
+    pub release_all: Sql,
 }
 
 /// An operator's changes to parked rows as steps of one transaction

@@ -88,12 +88,18 @@ pub(crate) fn lease_steps(t: &Tables) -> LeaseStepsSql {
              SET p.lease_owner = NULL, p.lease_until = NULL, p.updated_at = UTC_TIMESTAMP(6)
              WHERE p.lease_owner = ?",
         ),
-        log_event: sql(
+        log_events: sql(
             t,
             "INSERT INTO {outbox}_lease_events
                  (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+             SELECT j.k, j.a, UNHEX(j.w), UNHEX(j.o), j.oe, j.ne, j.r
+             FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                 n FOR ORDINALITY, k VARCHAR(64) PATH '$[0]', a VARCHAR(16) PATH '$[1]',
+                 w CHAR(32) PATH '$[2]', o CHAR(32) PATH '$[3]', oe BIGINT PATH '$[4]',
+                 ne BIGINT PATH '$[5]', r TEXT PATH '$[6]')) j
+             ORDER BY j.n",
         ),
+        at_once: None,
     }
 }
 

@@ -2,13 +2,14 @@
 //! lists as one array (`= ANY($n)`), held leases as one JSON array of
 //! (bucket, epoch) pairs; the rows to change read `FOR UPDATE` in label
 //! or id order, so two transactions given the same rows queue rather than
-//! deadlock; an operator's change wakes the buckets it touched
+//! deadlock; a lease change is one statement with its events
+//! (`LeasesAtOnceSql`); an operator's change wakes the buckets it touched
 //! (`pg_notify`, delivered at commit).
 
 use super::PgBackend;
 use crate::store::settings::Tables;
 use crate::store::sql::Sql;
-use crate::store::statements::{Dialect, LeaseStepsSql, OperatorStepsSql};
+use crate::store::statements::{Dialect, LeaseStepsSql, LeasesAtOnceSql, OperatorStepsSql};
 use crate::store::stepwise::{Stepwise, Views};
 
 /// How PostgreSQL reads the outbox through an index: its partial indexes
@@ -100,11 +101,82 @@ pub(crate) fn lease_steps(t: &Tables) -> LeaseStepsSql {
             "UPDATE {partitions} SET lease_owner = NULL, lease_until = NULL, updated_at = now()
              WHERE partition_key = ANY($1::text[]) AND lease_owner = $2",
         ),
-        log_event: sql(
+        log_events: sql(
             t,
             "INSERT INTO {outbox}_lease_events
                  (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             SELECT e->>0, e->>1, (e->>2)::uuid, (e->>3)::uuid, (e->>4)::bigint,
+                    (e->>5)::bigint, e->>6
+             FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(e, n) ORDER BY n",
+        ),
+        at_once: Some(leases_at_once(t)),
+    }
+}
+
+/// Lease changes with their events, each one statement: the change's rows
+/// read `FOR UPDATE` in label order, changed, and logged in one `WITH`.
+fn leases_at_once(t: &Tables) -> LeasesAtOnceSql {
+    let held = HELD.replace("{arg}", "$1");
+    // The freed rows of `released`, logged: owner $2, reason $3.
+    let log_released = "logged AS (
+            INSERT INTO {outbox}_lease_events
+                (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
+            SELECT partition_key, 'release', $2, $2, lease_epoch, lease_epoch, $3
+            FROM released ORDER BY partition_key
+         )
+         SELECT partition_key FROM released ORDER BY partition_key";
+    let free = "UPDATE {partitions} p SET lease_owner = NULL, lease_until = NULL,
+                    updated_at = now()
+                FROM freed f WHERE p.partition_key = f.partition_key
+                RETURNING p.partition_key, p.lease_epoch";
+    LeasesAtOnceSql {
+        acquire: sql(
+            t,
+            &format!(
+                "WITH candidates AS (
+                    SELECT partition_key, lease_owner, lease_epoch FROM {{partitions}}
+                    WHERE partition_key = ANY($1::text[])
+                      AND (lease_owner IS NULL OR lease_until <= now())
+                    ORDER BY partition_key FOR UPDATE SKIP LOCKED
+                 ), acquired AS (
+                    UPDATE {{partitions}} p
+                    SET lease_owner = $2, lease_until = {}, lease_epoch = p.lease_epoch + 1,
+                        updated_at = now()
+                    FROM candidates c WHERE p.partition_key = c.partition_key
+                    RETURNING p.partition_key, c.lease_owner AS old_owner,
+                              c.lease_epoch AS old_epoch, p.lease_epoch AS new_epoch
+                 ), logged AS (
+                    INSERT INTO {{outbox}}_lease_events
+                        (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
+                    SELECT partition_key, 'acquire', $2, old_owner, old_epoch, new_epoch,
+                           CASE WHEN old_owner IS NULL THEN 'free: ' || $4
+                                ELSE 'expired lease of ' || old_owner || ': ' || $4 END
+                    FROM acquired ORDER BY partition_key
+                 )
+                 SELECT partition_key, new_epoch FROM acquired ORDER BY partition_key",
+                until(3)
+            ),
+        ),
+        release: sql(
+            t,
+            &format!(
+                "WITH freed AS (
+                    SELECT p.partition_key FROM {{partitions}} p
+                    JOIN {held} ON p.partition_key = h.k AND p.lease_epoch = h.e
+                    WHERE p.lease_owner = $2
+                    ORDER BY p.partition_key FOR UPDATE OF p
+                 ), released AS ({free}), {log_released}"
+            ),
+        ),
+        release_all: sql(
+            t,
+            &format!(
+                "WITH freed AS (
+                    SELECT partition_key FROM {{partitions}}
+                    WHERE lease_owner = $1 ORDER BY partition_key FOR UPDATE
+                 ), released AS ({free}), {}",
+                log_released.replace("$2", "$1").replace("$3", "$2")
+            ),
         ),
     }
 }

@@ -63,12 +63,17 @@ pub(crate) fn lease_steps(t: &Tables) -> LeaseStepsSql {
                  WHERE partition_key IN (SELECT v FROM l) AND lease_owner = ?"
             ),
         ),
-        log_event: sql(
+        log_events: sql(
             t,
             "INSERT INTO {outbox}_lease_events
                  (partition_key, action, worker_id, old_owner, old_epoch, new_epoch, reason)
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+                    unhex(json_extract(value, '$[2]')), unhex(json_extract(value, '$[3]')),
+                    json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+                    json_extract(value, '$[6]')
+             FROM json_each(?) ORDER BY key",
         ),
+        at_once: None,
     }
 }
 
