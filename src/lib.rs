@@ -73,6 +73,7 @@ pub mod otel;
 pub mod partitioner;
 pub mod producer;
 pub mod relay;
+pub mod sink;
 pub mod stamp;
 pub mod store;
 pub mod tls;

@@ -1,5 +1,5 @@
 //! RabbitMQ: the connection, confirm channels, and publishing a batch with
-//! publisher confirms.
+//! publisher confirms — the relay's sink ([`crate::sink`]) as [`AmqpSink`].
 //!
 //! [`Broker`] owns one connection, opened lazily and reopened with
 //! exponential backoff after it is lost (no automatic recovery inside lapin:
@@ -35,6 +35,9 @@
 //! deadline, even when the process stalled with them buffered.
 
 pub mod gate;
+mod sink;
+
+pub use sink::AmqpSink;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,6 +60,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AmqpConfig, Redacted};
+use crate::sink::{BatchOutcome, PublishError, PublishLimits};
 use crate::store::outbox::ClaimedMessage;
 
 /// Header carrying the outbox row id.
@@ -79,64 +83,6 @@ const MAX_HEADER_DEPTH: usize = 16;
 /// with many sources. At 16 KiB they are 1 MiB; a body longer than a frame is
 /// sent as several body frames, 8 bytes of framing each.
 pub const FRAME_MAX: u32 = 16 * 1024;
-
-/// Why a publish did not succeed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PublishError {
-    /// The row cannot be published as it is (too large, invalid headers,
-    /// unroutable, rejected). Counts an attempt; may park the row.
-    #[error("{0}")]
-    Rejected(String),
-    /// No confirm arrived in time. Counts an attempt, never parks: the
-    /// broker may just be slow.
-    #[error("no publisher confirm within {0:?}")]
-    Timeout(Duration),
-    /// The broker connection or channel is gone. Not the row's fault: the
-    /// claim is handed back and the worker reconnects.
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
-    /// The bucket's lease can no longer be trusted: nothing more is sent.
-    /// Not the row's fault either.
-    #[error("lease trust deadline reached; stopped publishing this bucket")]
-    LeaseLapsed,
-}
-
-impl PublishError {
-    /// Whether the failure is the row's own (and so may park it).
-    pub fn is_rows_fault(&self) -> bool {
-        matches!(self, PublishError::Rejected(_))
-    }
-
-    /// Whether the failure counts as an attempt at the row.
-    pub fn counts_attempt(&self) -> bool {
-        !matches!(
-            self,
-            PublishError::Unavailable(_) | PublishError::LeaseLapsed
-        )
-    }
-}
-
-/// What a batch is published under.
-#[derive(Debug, Clone)]
-pub struct PublishLimits {
-    /// Rows with a larger payload fail without being sent.
-    pub max_payload_bytes: u64,
-    /// Nothing is sent at or after this instant (the lease trust deadline).
-    pub stop_sending_at: Option<tokio::time::Instant>,
-    /// Stamped into [`HEADER_LEASE_EPOCH`] when set.
-    pub lease_epoch: Option<i64>,
-    /// The lease's trust: holds the connection's send gate for the batch.
-    pub trust: Option<Arc<crate::lease::Trust>>,
-}
-
-/// What happened to a batch.
-#[derive(Debug)]
-pub struct BatchOutcome {
-    /// Rows `0..confirmed` were confirmed by the broker, in order.
-    pub confirmed: usize,
-    /// Set when the batch stopped at row `confirmed`.
-    pub failure: Option<PublishError>,
-}
 
 /// Whether the broker could be reached, as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -51,9 +51,9 @@ use tokio_util::sync::CancellationToken;
 use super::spans::{self, BatchTimes};
 use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
-use crate::amqp::{BatchOutcome, ConfirmChannel, PublishError, PublishLimits};
 use crate::lease::LeaseGrant;
 use crate::logs::Visible;
+use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session};
 use crate::store::StoreError;
 use crate::store::outbox::{
     Claim, ClaimToken, ClaimedMessage, Failure, FailurePolicy, FailureRecord, Fence, Holder,
@@ -72,7 +72,8 @@ pub(crate) struct BucketDrainer {
     pub ctx: Arc<RelayContext>,
     pub wake: BucketWakeup,
     pub cancel: CancellationToken,
-    channel: Option<ConfirmChannel>,
+    /// This drainer's way to the broker (`crate::sink`).
+    session: Option<Box<dyn Session>>,
     careful: bool,
     /// This drainer's claim on the bucket (one token for its lifetime).
     token: ClaimToken,
@@ -109,7 +110,7 @@ impl BucketDrainer {
             ctx,
             wake,
             cancel,
-            channel: None,
+            session: None,
             careful: false,
             token: ClaimToken::new(),
             next: None,
@@ -165,8 +166,8 @@ impl BucketDrainer {
         }
         self.flush_record().await;
         self.release_claim().await;
-        if let Some(channel) = self.channel.take() {
-            channel.close().await;
+        if let Some(session) = self.session.take() {
+            session.close(None).await;
         }
     }
 
@@ -235,7 +236,7 @@ impl BucketDrainer {
     /// One round: publish a batch, and meanwhile record the previous one
     /// and claim the next.
     async fn step(&mut self) -> Result<Step, StoreError> {
-        let Some(channel) = self.usable_channel().await else {
+        let Some(session) = self.usable_session().await else {
             return Ok(Step::Cancelled);
         };
         let rows = match self.next.take() {
@@ -243,13 +244,13 @@ impl BucketDrainer {
             _ => match self.record_and_claim().await {
                 Ok(rows) => rows,
                 Err(e) => {
-                    self.channel = Some(channel);
+                    self.session = Some(session);
                     return Err(e);
                 }
             },
         };
         if rows.is_empty() {
-            self.channel = Some(channel);
+            self.session = Some(session);
             return Ok(Step::Idle);
         }
         self.ctx.stats.add_claimed(rows.len());
@@ -260,11 +261,11 @@ impl BucketDrainer {
             lease_epoch: self.fence.map(|f| f.epoch),
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
         };
-        let mut channel = channel;
+        let mut session = session;
         let wall_start = SystemTime::now();
         let publish = async {
             let started = std::time::Instant::now();
-            let outcome = channel.publish_batch(&rows, limits).await;
+            let outcome = session.send(&rows, limits).await;
             self.ctx.stats.publish_latency.observe(started.elapsed());
             outcome
         };
@@ -312,7 +313,7 @@ impl BucketDrainer {
                 self.drained = !self.careful && rows.len() < self.ctx.settings.batch_size as usize;
                 self.next = next;
                 self.careful = false;
-                self.channel = Some(channel);
+                self.session = Some(session);
             }
             Some(failure) => {
                 // What was read ahead is dropped unsent: the failed row
@@ -322,14 +323,10 @@ impl BucketDrainer {
                     self.retry_at = Some(tokio::time::Instant::now() + backoff + RETRY_MARGIN);
                 }
                 self.careful = true;
-                // After a nack or a return the channel is still fine, but
-                // later rows of the batch may have been confirmed on it: start
-                // the replay on a clean channel, as after a timeout.
-                let generation = channel.generation();
-                channel.close().await;
-                if matches!(failure, PublishError::Timeout(_)) {
-                    self.ctx.broker.abandon_node(generation).await;
-                }
+                // After a refusal the session may still be fine, but later
+                // rows of the batch may have been confirmed on it: the
+                // replay starts on a fresh session, as after a timeout.
+                session.close(Some(&failure)).await;
                 if matches!(failure, PublishError::Unavailable(_)) {
                     self.sleep(Duration::from_millis(200)).await;
                 }
@@ -342,16 +339,16 @@ impl BucketDrainer {
         Ok(Step::Worked)
     }
 
-    /// This drainer's confirm channel, or a fresh one in place of a stale
-    /// one; `None` when cancelled while the broker is away.
-    async fn usable_channel(&mut self) -> Option<ConfirmChannel> {
-        match self.channel.take() {
-            Some(ch) if ch.is_usable() => Some(ch),
+    /// This drainer's session, or a fresh one in place of a stale one;
+    /// `None` when cancelled while the broker is away.
+    async fn usable_session(&mut self) -> Option<Box<dyn Session>> {
+        match self.session.take() {
+            Some(session) if session.is_usable() => Some(session),
             stale => {
-                if let Some(ch) = stale {
-                    ch.close().await;
+                if let Some(session) = stale {
+                    session.close(None).await;
                 }
-                self.ctx.broker.open_channel(&self.cancel).await
+                self.ctx.sink.open(&self.cancel).await
             }
         }
     }
@@ -546,7 +543,7 @@ impl BucketDrainer {
 
     /// Waits while the broker blocks publishing. False when cancelled.
     async fn wait_until_unblocked(&self) -> bool {
-        let mut blocked = self.ctx.broker.blocked();
+        let mut blocked = self.ctx.sink.blocked();
         loop {
             if blocked.borrow_and_update().is_none() {
                 return true;

@@ -1,8 +1,9 @@
 //! The relay: drains buckets to the broker.
 //!
 //! One [`bucket::BucketDrainer`] task per drained bucket, each with its own
-//! confirm channel, so buckets progress independently and a failing head
-//! blocks only its own bucket. Idle drainers sleep until a wake-up names
+//! session of the sink ([`crate::sink`]; a confirm channel on the AMQP
+//! path), so buckets progress independently and a failing head blocks only
+//! its own bucket. Idle drainers sleep until a wake-up names
 //! their bucket ([`wakeups`]: a `NOTIFY` from `<outbox>_enqueue()`,
 //! polling where `LISTEN` cannot work, and beside `LISTEN` one poll of
 //! every bucket per `idle_backoff_ms`, backing off to 30 s on an idle
@@ -31,6 +32,7 @@ use crate::amqp::Broker;
 use crate::config::Config;
 use crate::lease::LeaseGrant;
 use crate::otel::Tracer;
+use crate::sink::Sink;
 use crate::store::Store;
 use crate::store::outbox::Published;
 pub use stats::RelayStats;
@@ -72,7 +74,10 @@ impl RelaySettings {
 /// What every drainer shares.
 pub struct RelayContext {
     pub store: Store,
+    /// The broker connection: its reach, for the coordinator.
     pub broker: Arc<Broker>,
+    /// Where the drainers send their rows.
+    pub sink: Arc<dyn Sink>,
     pub settings: RelaySettings,
     pub stats: Arc<RelayStats>,
     /// Where published messages' spans go (disabled: no `OTEL_*` endpoint).

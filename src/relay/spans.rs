@@ -10,8 +10,8 @@
 
 use std::time::SystemTime;
 
-use crate::amqp::PublishError;
 use crate::otel::{PublishSpan, TraceParent};
+use crate::sink::PublishError;
 use crate::store::outbox::ClaimedMessage;
 
 /// When a batch's publish started and ended, and under which lease epoch.

@@ -36,6 +36,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::amqp::AmqpSink;
 use crate::config::Config;
 use crate::coordinator::JoinError;
 use crate::coordinator::fleet::{self, Fleet, FleetSettings};
@@ -131,6 +132,7 @@ pub async fn run(
         Arc::new(RelayContext {
             store: started.store.clone(),
             broker: started.broker.clone(),
+            sink: Arc::new(AmqpSink::new(started.broker.clone())),
             settings: RelaySettings::from_config(config),
             stats: stats.clone(),
             tracer,

@@ -1,0 +1,65 @@
+//! The AMQP 0-9-1 path as the relay's [`Sink`]: a session is one confirm
+//! channel ([`ConfirmChannel`]) on the [`Broker`]'s connection; closing a
+//! session after a timeout gives up on that node (`Broker::abandon_node`)
+//! when the broker is a cluster.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{Broker, ConfirmChannel};
+use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session, Sink};
+use crate::store::outbox::ClaimedMessage;
+
+/// RabbitMQ's exchanges and queues, through publisher confirms.
+pub struct AmqpSink {
+    broker: Arc<Broker>,
+}
+
+impl AmqpSink {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+#[async_trait]
+impl Sink for AmqpSink {
+    async fn open(&self, cancel: &CancellationToken) -> Option<Box<dyn Session>> {
+        let channel = self.broker.open_channel(cancel).await?;
+        Some(Box::new(AmqpSession {
+            channel,
+            broker: self.broker.clone(),
+        }))
+    }
+
+    fn blocked(&self) -> watch::Receiver<Option<String>> {
+        self.broker.blocked()
+    }
+}
+
+/// One drainer's confirm channel.
+struct AmqpSession {
+    channel: ConfirmChannel,
+    broker: Arc<Broker>,
+}
+
+#[async_trait]
+impl Session for AmqpSession {
+    fn is_usable(&self) -> bool {
+        self.channel.is_usable()
+    }
+
+    async fn send(&mut self, rows: &[ClaimedMessage], limits: PublishLimits) -> BatchOutcome {
+        self.channel.publish_batch(rows, limits).await
+    }
+
+    async fn close(self: Box<Self>, after: Option<&PublishError>) {
+        let generation = self.channel.generation();
+        self.channel.close().await;
+        if matches!(after, Some(PublishError::Timeout(_))) {
+            self.broker.abandon_node(generation).await;
+        }
+    }
+}
