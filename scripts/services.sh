@@ -29,7 +29,10 @@
 # network's address). For a RabbitMQ cluster node in a test host
 # (scripts/hosts.sh): OUTBOXD_RABBIT_NODE_HOST (the node's IP, long node
 # names), OUTBOXD_RABBIT_COOKIE (shared by the cluster), OUTBOXD_RABBIT_CONF
-# (extra rabbitmq.conf lines).
+# (extra rabbitmq.conf lines). OUTBOXD_STREAM_PORT: `up` and `broker`
+# enable streams (the rabbitmq_stream plugin) on this port (55552) and
+# print OUTBOXD_STREAM_URL; set for `rabbit start`, a further broker gets
+# them too.
 #
 # TLS (the TLS tests; a private server each): OUTBOXD_TLS_DIR names a folder
 # holding ca.pem, server.pem and server.key (PEM, made by the test). With it,
@@ -51,6 +54,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 state=${OUTBOXD_STATE_DIR:-$repo/.outboxd}
 pg_port=${OUTBOXD_PG_PORT:-55432}
 amqp_port=${OUTBOXD_AMQP_PORT:-55672}
+stream_port=${OUTBOXD_STREAM_PORT:-55552}
 bouncer_port=${OUTBOXD_PGBOUNCER_PORT:-56432}
 mysql_port=${OUTBOXD_MYSQL_PORT:-53306}
 listen=${OUTBOXD_LISTEN:-127.0.0.1}
@@ -419,7 +423,7 @@ rabbit_start() {
   local dist_if="127,0,0,1" ticktime=""
   # A cluster node notices a lost peer node within seconds, not a minute.
   [ -z "$node_host" ] || { dist_if=${node_host//./,}; ticktime=", {net_ticktime, 8}"; }
-  local tls_conf="" plugins="[]"
+  local tls_conf="" plugins=()
   if [ -n "$tls_dir" ]; then
     tls_copy "$dir/tls"
     tls_conf="listeners.ssl.default = ${OUTBOXD_AMQPS_PORT:?OUTBOXD_AMQPS_PORT is needed with OUTBOXD_TLS_DIR}
@@ -434,13 +438,26 @@ auth_mechanisms.1 = PLAIN
 auth_mechanisms.2 = AMQPLAIN
 auth_mechanisms.3 = EXTERNAL
 ssl_cert_login_from = common_name"
-      plugins="[rabbitmq_auth_mechanism_ssl]"
+      plugins+=(rabbitmq_auth_mechanism_ssl)
     else
       tls_conf="$tls_conf
 ssl_options.fail_if_no_peer_cert = false"
     fi
   fi
-  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' '$tls_conf' > '$dir/rabbitmq.conf'; echo '$plugins.' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
+  # Streams (the rabbitmq_stream plugin) where a port is given for them,
+  # advertised as this node's address: a stream client connects where the
+  # broker's metadata says the stream lives.
+  local stream_conf=""
+  if [ -n "${OUTBOXD_STREAM_PORT:-}" ]; then
+    reserve_ports "$OUTBOXD_STREAM_PORT"
+    plugins+=(rabbitmq_stream)
+    stream_conf="stream.listeners.tcp.1 = $listen:$OUTBOXD_STREAM_PORT
+stream.advertised_host = ${node_host:-$listen}
+stream.advertised_port = $OUTBOXD_STREAM_PORT"
+  fi
+  local plugin_list
+  plugin_list=$(IFS=,; echo "[${plugins[*]}]")
+  as_svc sh -c "printf 'loopback_users = none\nlog.console = false\nlog.file.level = warning\n%s\n%s\n%s\n' '${OUTBOXD_RABBIT_CONF:-}' '$tls_conf' '$stream_conf' > '$dir/rabbitmq.conf'; echo '$plugin_list.' > '$dir/enabled_plugins'; echo '[{kernel, [{inet_dist_use_interface, {$dist_if}}$ticktime]}].' > '$dir/advanced.config'"
 
   # shellcheck disable=SC2046
   as_svc env $(rabbit_env "$dir" "$port") setsid /usr/lib/rabbitmq/bin/rabbitmq-server \
@@ -487,6 +504,7 @@ print_env() {
   cat <<EOF
 export DATABASE_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/outboxd
 export AMQP_URL=amqp://guest:guest@127.0.0.1:$amqp_port/%2f
+export OUTBOXD_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$stream_port/%2f
 export OUTBOXD_PG_ADMIN_URL=postgres://outboxd:outboxd@127.0.0.1:$pg_port/postgres
 export OUTBOXD_PGBOUNCER_PORT=$bouncer_port
 export OUTBOXD_MYSQL_URL=mysql://outboxd:outboxd@127.0.0.1:$mysql_port/outboxd
@@ -502,7 +520,7 @@ case "$cmd" in
     pg_start
     pgbouncer_start "$state/pgbouncer" "$bouncer_port" 127.0.0.1 "$pg_port"
     mariadb_start
-    rabbit_start "$state/rabbit" "$amqp_port"
+    OUTBOXD_STREAM_PORT=$stream_port rabbit_start "$state/rabbit" "$amqp_port"
     print_env | tee "$state/env"
     ;;
   down)
@@ -515,7 +533,7 @@ case "$cmd" in
   # RabbitMQ alone (the demo on SQLite needs no database server).
   broker)
     [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
-    rabbit_start "$state/rabbit" "$amqp_port"
+    OUTBOXD_STREAM_PORT=$stream_port rabbit_start "$state/rabbit" "$amqp_port"
     print_env | tee "$state/env"
     ;;
   env) print_env ;;

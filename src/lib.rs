@@ -76,5 +76,6 @@ pub mod relay;
 pub mod sink;
 pub mod stamp;
 pub mod store;
+pub mod stream;
 pub mod tls;
 pub mod worker;
