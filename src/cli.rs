@@ -62,6 +62,11 @@ pub enum Command {
     },
     /// Delete published rows older than a cut-off (in small batches)
     Purge(crate::ops::PurgeArgs),
+    /// RabbitMQ streams: declare them with their retention
+    Streams {
+        #[command(subcommand)]
+        command: crate::stream::declare::StreamsCommand,
+    },
     /// Change the bucket count: re-labels unpublished rows while no worker runs
     Repartition(crate::ops::RepartitionArgs),
     /// Demo producer: enqueue order events for many keys
@@ -425,6 +430,7 @@ async fn dispatch(
         Command::Purge(args) => crate::ops::purge(&config, &args).await,
         Command::Repartition(args) => crate::ops::repartition(&config, &args).await,
         Command::Failed { command } => crate::ops::failed(&config, &command).await,
+        Command::Streams { command } => crate::stream::declare::run(&config, &command).await,
         Command::Produce(args) => demo::produce(&config, &args, shutdown_on_signals())
             .await
             .context("produce"),
@@ -610,6 +616,9 @@ fn redacted(c: &Config) -> Config {
     let mut c = c.clone();
     c.database.url = Redacted(&c.database.url).to_string();
     c.amqp.url = Redacted(&c.amqp.url).to_string();
+    if !c.amqp.stream_url.is_empty() {
+        c.amqp.stream_url = Redacted(&c.amqp.stream_url).to_string();
+    }
     if !c.database.listen_url.is_empty() {
         c.database.listen_url = Redacted(&c.database.listen_url).to_string();
     }
@@ -625,6 +634,7 @@ fn redacted(c: &Config) -> Config {
             ("database", "listen_url"),
             ("database", "url"),
             ("amqp", "url"),
+            ("amqp", "stream_url"),
         ] {
             let table = if section == "amqp" {
                 &mut s.amqp

@@ -261,8 +261,16 @@ pub struct AmqpConfig {
     /// Ceiling of the exponential reconnect backoff.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub reconnect_backoff_max: Duration,
-    /// `[amqp.tls]`: certificates for `amqps://` nodes.
+    /// `[amqp.tls]`: certificates for `amqps://` nodes (and for
+    /// `rabbitmq-stream+tls://`).
     pub tls: AmqpTlsConfig,
+    /// The stream port (`rabbitmq-stream://`, 5552; over TLS
+    /// `rabbitmq-stream+tls://`, 5551); empty: no streams.
+    pub stream_url: String,
+    /// Streams rows are published to through the stream protocol: a row
+    /// whose `exchange` is empty and whose `routing_key` is one of these
+    /// goes to that stream, effectively once.
+    pub streams: Vec<String>,
 }
 
 /// `[amqp.tls]`: PEM files for `amqps://` nodes, read again at every new
@@ -411,6 +419,8 @@ impl Default for AmqpConfig {
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             reconnect_backoff_max: DEFAULT_RECONNECT_BACKOFF_MAX,
             tls: AmqpTlsConfig::default(),
+            stream_url: String::new(),
+            streams: Vec::new(),
         }
     }
 }
@@ -621,6 +631,7 @@ impl Config {
             validate_url("amqp.url", url, &["amqp", "amqps"])?;
         }
         validate_amqp_tls(&self.amqp.tls)?;
+        validate_streams(&self.amqp)?;
         if self.database.max_connections < 2 {
             return Err(invalid(
                 "database.max_connections",
@@ -852,6 +863,40 @@ fn validate_url(key: &'static str, raw: &str, schemes: &[&str]) -> Result<(), Co
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid(key, format!("has no host: {}", redact_url(raw))));
+    }
+    Ok(())
+}
+
+/// `amqp.stream_url` and `amqp.streams`: streams need the stream port;
+/// a stream name is named once and is a valid name.
+fn validate_streams(amqp: &AmqpConfig) -> Result<(), ConfigError> {
+    let url = amqp.stream_url.trim();
+    if !url.is_empty() {
+        validate_url(
+            "amqp.stream_url",
+            url,
+            &["rabbitmq-stream", "rabbitmq-stream+tls"],
+        )?;
+    }
+    if !amqp.streams.is_empty() && url.is_empty() {
+        return Err(invalid(
+            "amqp.streams",
+            format!(
+                "names {:?}, but amqp.stream_url is empty: set it to the broker's stream port, e.g. rabbitmq-stream://user:password@host:5552/",
+                amqp.streams
+            ),
+        ));
+    }
+    for (i, name) in amqp.streams.iter().enumerate() {
+        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+            return Err(invalid(
+                "amqp.streams",
+                format!("has an invalid stream name {name:?}"),
+            ));
+        }
+        if amqp.streams[..i].contains(name) {
+            return Err(invalid("amqp.streams", format!("names {name:?} twice")));
+        }
     }
     Ok(())
 }

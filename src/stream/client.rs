@@ -23,6 +23,7 @@ use rabbitmq_stream_protocol::commands::create_stream::CreateStreamCommand;
 use rabbitmq_stream_protocol::commands::credit::CreditCommand;
 use rabbitmq_stream_protocol::commands::declare_publisher::DeclarePublisherCommand;
 use rabbitmq_stream_protocol::commands::delete::Delete;
+use rabbitmq_stream_protocol::commands::delete_publisher::DeletePublisherCommand;
 use rabbitmq_stream_protocol::commands::heart_beat::HeartBeatCommand;
 use rabbitmq_stream_protocol::commands::open::OpenCommand;
 use rabbitmq_stream_protocol::commands::peer_properties::PeerPropertiesCommand;
@@ -36,7 +37,7 @@ use rabbitmq_stream_protocol::error::DecodeError;
 use rabbitmq_stream_protocol::message::Message;
 use rabbitmq_stream_protocol::types::PublishedMessage;
 use rabbitmq_stream_protocol::{Request, RequestKind, Response, ResponseCode, ResponseKind};
-use tokio::io::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -74,7 +75,9 @@ pub enum StreamError {
     Timeout(Duration),
 }
 
-/// Where the stream port is, parsed from `rabbitmq-stream://user:password@host:port/vhost`.
+/// Where the stream port is, parsed from
+/// `rabbitmq-stream://user:password@host:port/vhost` (or
+/// `rabbitmq-stream+tls://`, the TLS port).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamUrl {
     pub host: String,
@@ -82,19 +85,25 @@ pub struct StreamUrl {
     pub user: String,
     pub password: String,
     pub vhost: String,
+    /// `rabbitmq-stream+tls://`: the connection is TLS, never plain.
+    pub tls: bool,
 }
 
 impl StreamUrl {
-    /// Parses a `rabbitmq-stream://` URL; port 5552 and vhost `/` unless
-    /// given, as AMQP URLs default to theirs.
+    /// Parses a `rabbitmq-stream://` URL (port 5552) or a
+    /// `rabbitmq-stream+tls://` one (port 5551); vhost `/` unless given,
+    /// as AMQP URLs default to theirs.
     pub fn parse(text: &str) -> Result<Self, StreamError> {
         let url = url::Url::parse(text).map_err(|e| StreamError::Url(e.to_string()))?;
-        if url.scheme() != "rabbitmq-stream" {
-            return Err(StreamError::Url(format!(
-                "scheme {:?}: expected rabbitmq-stream://",
-                url.scheme()
-            )));
-        }
+        let tls = match url.scheme() {
+            "rabbitmq-stream" => false,
+            "rabbitmq-stream+tls" => true,
+            other => {
+                return Err(StreamError::Url(format!(
+                    "scheme {other:?}: expected rabbitmq-stream:// or rabbitmq-stream+tls://"
+                )));
+            }
+        };
         let host = url
             .host_str()
             .ok_or_else(|| StreamError::Url("no host".into()))?;
@@ -110,13 +119,14 @@ impl StreamUrl {
         };
         Ok(Self {
             host: host.trim_matches(['[', ']']).to_string(),
-            port: url.port().unwrap_or(5552),
+            port: url.port().unwrap_or(if tls { 5551 } else { 5552 }),
             user: match url.username() {
                 "" => "guest".to_string(),
                 u => decode(u)?,
             },
             password: decode(url.password().unwrap_or("guest"))?,
             vhost,
+            tls,
         })
     }
 }
@@ -147,7 +157,14 @@ pub struct Subscription {
     pub chunks: mpsc::UnboundedReceiver<Vec<Message>>,
 }
 
-type Writer = FramedWrite<WriteHalf<TcpStream>, Codec>;
+/// The connection's socket: plain TCP, or whatever the caller connected
+/// (the relay's is gated and may be TLS: [`crate::stream::link`]).
+pub trait Socket: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Socket for S {}
+
+type Io = Box<dyn Socket>;
+type Writer = FramedWrite<WriteHalf<Io>, Codec>;
 
 /// What the reading task shares with the requests.
 #[derive(Default)]
@@ -175,8 +192,6 @@ pub struct StreamClient {
     writer: Arc<tokio::sync::Mutex<Writer>>,
     shared: Arc<Shared>,
     correlation: AtomicU32,
-    next_publisher: Mutex<u8>,
-    next_subscription: Mutex<u8>,
     /// How long a request waits for its answer.
     timeout: Duration,
     max_frame: u32,
@@ -184,15 +199,26 @@ pub struct StreamClient {
 }
 
 impl StreamClient {
-    /// Connects and opens the URL's vhost; each step waits at most
-    /// `timeout`.
+    /// Connects over plain TCP and opens the URL's vhost; each step waits
+    /// at most `timeout`.
     pub async fn connect(url: &StreamUrl, timeout: Duration) -> Result<Self, StreamError> {
+        if url.tls {
+            return Err(StreamError::Url(
+                "a rabbitmq-stream+tls:// URL needs a TLS socket (StreamClient::over)".into(),
+            ));
+        }
         let socket =
             tokio::time::timeout(timeout, TcpStream::connect((url.host.as_str(), url.port)))
                 .await
                 .map_err(|_| StreamError::Timeout(timeout))?
                 .map_err(|e| StreamError::Io(format!("{}:{}: {e}", url.host, url.port)))?;
         let _ = socket.set_nodelay(true);
+        Self::over(Box::new(socket), url, timeout).await
+    }
+
+    /// Opens the URL's vhost over a connected `socket`; each step waits
+    /// at most `timeout`.
+    pub async fn over(socket: Io, url: &StreamUrl, timeout: Duration) -> Result<Self, StreamError> {
         let (read, write) = tokio::io::split(socket);
         let shared = Arc::new(Shared::default());
         let (tune_tx, tune_rx) = oneshot::channel();
@@ -202,8 +228,6 @@ impl StreamClient {
             writer: Arc::new(tokio::sync::Mutex::new(FramedWrite::new(write, Codec))),
             shared,
             correlation: AtomicU32::new(1),
-            next_publisher: Mutex::new(0),
-            next_subscription: Mutex::new(0),
             timeout,
             max_frame: MAX_FRAME,
             tasks: vec![reader],
@@ -270,6 +294,11 @@ impl StreamClient {
         ok(answer, "opening the vhost")
     }
 
+    /// How long each later request waits for its answer.
+    pub fn answer_within(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// Whether the connection is still up.
     pub fn is_open(&self) -> bool {
         !self.shared.closed.load(Ordering::Acquire)
@@ -277,7 +306,8 @@ impl StreamClient {
 
     /// Creates a stream with `arguments` (`max-age`, `max-length-bytes`,
     /// `stream-max-segment-size-bytes`, as RabbitMQ names them); false when
-    /// it existed already (its arguments are left as they were).
+    /// it existed already, with these arguments or others (which are left
+    /// as they were: the broker answers PRECONDITION_FAILED for those).
     pub async fn create_stream(
         &self,
         name: &str,
@@ -289,7 +319,7 @@ impl StreamClient {
             })
             .await?;
         match code_of(&answer) {
-            Some(ResponseCode::StreamAlreadyExists) => Ok(false),
+            Some(ResponseCode::StreamAlreadyExists | ResponseCode::PreconditionFailed) => Ok(false),
             _ => ok(answer, "creating a stream").map(|()| true),
         }
     }
@@ -302,28 +332,57 @@ impl StreamClient {
         ok(answer, "deleting a stream")
     }
 
-    /// Declares a producer named `reference` on `stream`: the broker keeps,
-    /// for that name and stream, the last publishing id it stored.
+    /// Declares a producer on `stream`. A named one (`reference`): the
+    /// broker keeps, for that name and stream, the last publishing id it
+    /// stored, and stores a message only if its id is greater. An unnamed
+    /// one (`None`) stores every message it is sent.
     pub async fn declare_publisher(
         &self,
-        reference: &str,
+        reference: Option<&str>,
         stream: &str,
     ) -> Result<Publisher, StreamError> {
-        let (id, confirms) = register(&self.next_publisher, &self.shared.publishers);
+        let (id, confirms) = register(&self.shared.publishers)?;
         let answer = self
             .call("declaring a producer", |c| {
-                DeclarePublisherCommand::new(c, id, Some(reference.into()), stream.into())
+                DeclarePublisherCommand::new(c, id, reference.map(Into::into), stream.into())
             })
-            .await?;
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.forget_publisher(id);
+                return Err(e);
+            }
+        };
         if let Err(e) = ok(answer, "declaring a producer") {
-            self.shared
-                .publishers
-                .lock()
-                .expect("not poisoned")
-                .remove(&id);
+            self.forget_publisher(id);
             return Err(e);
         }
         Ok(Publisher { id, confirms })
+    }
+
+    /// Deletes a producer of this connection; its id is free again.
+    pub async fn delete_publisher(&self, publisher: u8) -> Result<(), StreamError> {
+        let answer = self
+            .call("deleting a producer", |c| {
+                DeletePublisherCommand::new(c, publisher)
+            })
+            .await;
+        self.forget_publisher(publisher);
+        ok(answer?, "deleting a producer")
+    }
+
+    /// How many producers this connection has (at most 256).
+    pub fn publishers(&self) -> usize {
+        self.shared.publishers.lock().expect("not poisoned").len()
+    }
+
+    fn forget_publisher(&self, id: u8) {
+        self.shared
+            .publishers
+            .lock()
+            .expect("not poisoned")
+            .remove(&id);
     }
 
     /// The last publishing id the broker stored for the producer named
@@ -385,7 +444,7 @@ impl StreamClient {
         from: OffsetSpecification,
         credit: u16,
     ) -> Result<Subscription, StreamError> {
-        let (id, chunks) = register(&self.next_subscription, &self.shared.subscriptions);
+        let (id, chunks) = register(&self.shared.subscriptions)?;
         let answer = self
             .call("subscribing to a stream", |c| {
                 SubscribeCommand::new(c, id, stream.into(), from, credit, HashMap::new())
@@ -462,21 +521,18 @@ impl Drop for StreamClient {
     }
 }
 
-/// The next of a connection's publisher or subscription ids, with the
+/// The lowest free publisher or subscription id of a connection, with the
 /// channel its frames are handed to, registered under it.
 fn register<T>(
-    next: &Mutex<u8>,
     to: &Mutex<HashMap<u8, mpsc::UnboundedSender<T>>>,
-) -> (u8, mpsc::UnboundedReceiver<T>) {
-    let id = {
-        let mut next = next.lock().expect("not poisoned");
-        let id = *next;
-        *next = next.wrapping_add(1);
-        id
-    };
+) -> Result<(u8, mpsc::UnboundedReceiver<T>), StreamError> {
+    let mut to = to.lock().expect("not poisoned");
+    let id = (0..=u8::MAX)
+        .find(|id| !to.contains_key(id))
+        .ok_or_else(|| StreamError::Protocol("256 producers on one connection".into()))?;
     let (tx, rx) = mpsc::unbounded_channel();
-    to.lock().expect("not poisoned").insert(id, tx);
-    (id, rx)
+    to.insert(id, tx);
+    Ok((id, rx))
 }
 
 /// Queues a publish frame without flushing.
@@ -488,7 +544,7 @@ async fn feed(writer: &mut Writer, command: PublishCommand) -> Result<(), Stream
 }
 
 /// Reads the broker's frames until the connection ends.
-async fn read_frames(mut frames: FramedRead<ReadHalf<TcpStream>, Codec>, shared: Arc<Shared>) {
+async fn read_frames(mut frames: FramedRead<ReadHalf<Io>, Codec>, shared: Arc<Shared>) {
     while let Some(frame) = frames.next().await {
         let response = match frame {
             Ok(response) => response,
@@ -627,8 +683,11 @@ mod tests {
                 user: "app".into(),
                 password: "s@cret".into(),
                 vhost: "/".into(),
+                tls: false,
             }
         );
+        let url = StreamUrl::parse("rabbitmq-stream+tls://a:b@h").unwrap();
+        assert_eq!((url.port, url.tls), (5551, true));
         let url = StreamUrl::parse("rabbitmq-stream://a:b@127.0.0.1:55552/%2f").unwrap();
         assert_eq!((url.port, url.vhost.as_str()), (55552, "/"));
         let url = StreamUrl::parse("rabbitmq-stream://a:b@h/orders").unwrap();

@@ -1,6 +1,10 @@
 //! RabbitMQ streams, through the stream protocol (the `rabbitmq_stream`
 //! plugin's port, 5552 by default).
 //!
+//! [`sink`] is the relay's sink for streams (effectively once: a producer
+//! per bucket, the row's id as the publishing id); [`link`] its
+//! connections, gated and TLS like the AMQP path's.
+//!
 //! [`client`] is a small client of outboxd's own over the
 //! `rabbitmq-stream-protocol` codec, speaking only the protocol's first
 //! version, which every broker with the plugin understands (RabbitMQ 3.9
@@ -17,7 +21,12 @@
 //! once — and answers with the last id it stored.
 
 pub mod client;
+pub mod declare;
+pub mod link;
+pub mod sink;
 
 pub use client::{Confirm, Publisher, StreamClient, StreamError, StreamUrl, Subscription};
+pub use link::StreamLink;
 pub use rabbitmq_stream_protocol::commands::subscribe::OffsetSpecification;
-pub use rabbitmq_stream_protocol::message::Message;
+pub use rabbitmq_stream_protocol::message::{Message, SimpleValue};
+pub use sink::{StreamCounters, StreamSink};

@@ -46,6 +46,7 @@ use crate::relay::stats::StatsSnapshot;
 use crate::relay::{Drain, Relay, RelayContext, RelaySettings, RelayStats, Wakeups};
 use crate::store::workers::{LateWatch, WorkerMode};
 use crate::store::{Channel, Store, StoreError};
+use crate::stream::{StreamLink, StreamSink};
 use probes::{Beat, Probes};
 use report::Report;
 use startup::Started;
@@ -92,6 +93,32 @@ pub enum WorkError {
     Config(#[from] crate::config::ConfigError),
 }
 
+/// The relay's sink: the AMQP broker, and the stream port for the rows
+/// `amqp.streams` names when it is set.
+fn sink(
+    config: &Config,
+    opts: &WorkOptions,
+    started: &Started,
+    bucket_count: usize,
+) -> Result<Arc<dyn crate::sink::Sink>, WorkError> {
+    let queues: Arc<dyn crate::sink::Sink> = Arc::new(AmqpSink::new(started.broker.clone()));
+    if config.amqp.streams.is_empty() {
+        return Ok(queues);
+    }
+    let link = StreamLink::new(&config.amqp).map_err(|e| WorkError::Broker(e.to_string()))?;
+    let source = opts
+        .source
+        .as_deref()
+        .unwrap_or(crate::config::sources::DEFAULT_SOURCE);
+    let prefix = StreamSink::producer_prefix(source, &config.tables.outbox, bucket_count as u32);
+    Ok(Arc::new(StreamSink::new(
+        link,
+        &config.amqp.streams,
+        prefix,
+        queues,
+    )))
+}
+
 /// Runs a worker until `cancel` fires (or, with `--once`, until the ready
 /// rows are drained). Returns the totals.
 pub async fn run(
@@ -132,7 +159,7 @@ pub async fn run(
         Arc::new(RelayContext {
             store: started.store.clone(),
             broker: started.broker.clone(),
-            sink: Arc::new(AmqpSink::new(started.broker.clone())),
+            sink: sink(config, opts, &started, labels.len())?,
             settings: RelaySettings::from_config(config),
             stats: stats.clone(),
             tracer,

@@ -15,6 +15,7 @@ pub mod load;
 pub mod otlp;
 pub mod pooler;
 pub mod readme;
+pub mod streams;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,161 @@
+//! A worker's connections to the stream port, shared by its drainers.
+//!
+//! Every connection goes through the same send gate as the AMQP path
+//! ([`crate::amqp::gate`]): a batch publishes under its lease's trust, and a
+//! process that stalls past that trust can write nothing more — the write
+//! fails and the connection drops with whatever it had buffered. A
+//! `rabbitmq-stream+tls://` connection is TLS above the gate, with the
+//! `[amqp.tls]` files, and never falls back to plain text; every connection
+//! is hardened against a silent peer like the broker's.
+//!
+//! A connection carries at most 256 producers; the link opens another when
+//! the ones it has are nearly full, and forgets a connection that failed so
+//! that the next session connects afresh. After a failed attempt it waits
+//! (doubling, up to `amqp.reconnect_backoff_max`) before trying again,
+//! answering the failure meanwhile: a dead port costs one attempt per
+//! backoff, not one per drainer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_rs::traits::Reactor;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+use super::client::{StreamClient, StreamError, StreamUrl};
+use crate::amqp::gate::{GatedTokio, SendGate, TlsTarget};
+use crate::config::AmqpConfig;
+use crate::tls::AmqpTls;
+
+/// Producers a connection is given before the link opens another (the
+/// protocol allows 256; the rest is room for a session's late producer).
+const PRODUCERS_PER_CONNECTION: usize = 200;
+
+/// The first pause after a failed connection attempt.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The stream port, as the relay reaches it.
+pub struct StreamLink {
+    url: StreamUrl,
+    tls: AmqpTls,
+    connect_timeout: Duration,
+    dead_peer_timeout: Duration,
+    /// How long a request waits for its answer.
+    request_timeout: Duration,
+    backoff_max: Duration,
+    gate: Arc<SendGate>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    clients: Vec<Arc<StreamClient>>,
+    /// The last failed attempt: its error, and when the next may be made.
+    failed: Option<(StreamError, Instant, Duration)>,
+}
+
+impl StreamLink {
+    /// The link `amqp.stream_url` names (checked by the configuration).
+    pub fn new(config: &AmqpConfig) -> Result<Self, StreamError> {
+        Ok(Self {
+            url: StreamUrl::parse(config.stream_url.trim())?,
+            tls: config.tls.client_tls(),
+            connect_timeout: config.connect_timeout,
+            dead_peer_timeout: config.dead_peer_timeout,
+            request_timeout: config.confirm_timeout,
+            backoff_max: config.reconnect_backoff_max,
+            gate: Arc::default(),
+            state: Mutex::default(),
+        })
+    }
+
+    /// The gate every connection of the link writes through.
+    pub fn gate(&self) -> &Arc<SendGate> {
+        &self.gate
+    }
+
+    /// How long a request or a batch's confirmations may take.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// An open connection with room for a session's producers; connects
+    /// when there is none (or, during the backoff after a failure, answers
+    /// that failure at once).
+    pub async fn client(&self) -> Result<Arc<StreamClient>, StreamError> {
+        let mut state = self.state.lock().await;
+        state.clients.retain(|c| c.is_open());
+        if let Some(client) = state
+            .clients
+            .iter()
+            .find(|c| c.publishers() < PRODUCERS_PER_CONNECTION)
+        {
+            return Ok(client.clone());
+        }
+        if let Some((error, next, _)) = &state.failed
+            && Instant::now() < *next
+        {
+            return Err(error.clone());
+        }
+        match self.connect().await {
+            Ok(client) => {
+                state.failed = None;
+                self.gate.connection_replaced();
+                let client = Arc::new(client);
+                state.clients.push(client.clone());
+                Ok(client)
+            }
+            Err(e) => {
+                let pause = match &state.failed {
+                    Some((_, _, last)) => (*last * 2).min(self.backoff_max),
+                    None => FIRST_BACKOFF.min(self.backoff_max),
+                };
+                tracing::warn!(error = %e, retry_in = ?pause, "cannot reach the stream port");
+                state.failed = Some((e.clone(), Instant::now() + pause, pause));
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops `client` (it failed, or timed out): the next session connects
+    /// afresh, and whatever it had buffered dies with it.
+    pub async fn forget(&self, client: &Arc<StreamClient>) {
+        self.state
+            .lock()
+            .await
+            .clients
+            .retain(|c| !Arc::ptr_eq(c, client));
+    }
+
+    async fn connect(&self) -> Result<StreamClient, StreamError> {
+        let url = &self.url;
+        let io = |e: std::io::Error| StreamError::Io(format!("{}:{}: {e}", url.host, url.port));
+        let addr: SocketAddr = tokio::net::lookup_host((url.host.as_str(), url.port))
+            .await
+            .map_err(io)?
+            .next()
+            .ok_or_else(|| StreamError::Io(format!("{}: no address", url.host)))?;
+        let tls = if url.tls {
+            Some(TlsTarget {
+                config: self.tls.client_config().map_err(StreamError::Url)?,
+                name: crate::tls::server_name(&url.host).map_err(StreamError::Url)?,
+                failure: Default::default(),
+            })
+        } else {
+            None
+        };
+        let kit = GatedTokio::new(self.gate.clone(), self.dead_peer_timeout, tls);
+        let socket = tokio::time::timeout(self.connect_timeout, kit.tcp_connect_addr(addr))
+            .await
+            .map_err(|_| StreamError::Timeout(self.connect_timeout))?
+            .map_err(io)?;
+        let client = StreamClient::over(Box::new(socket.compat()), url, self.connect_timeout);
+        let mut client = tokio::time::timeout(self.connect_timeout, client)
+            .await
+            .map_err(|_| StreamError::Timeout(self.connect_timeout))??;
+        client.answer_within(self.request_timeout);
+        Ok(client)
+    }
+}

@@ -1,0 +1,717 @@
+//! RabbitMQ streams as the relay's [`Sink`], effectively once.
+//!
+//! A row whose `exchange` is empty and whose `routing_key` names one of
+//! `amqp.streams` goes to that stream through the stream protocol; every
+//! other row goes through the AMQP sink this one wraps, in the batch's
+//! order (a batch that mixes them is sent in runs, each confirmed before
+//! the next starts).
+//!
+//! **A producer per bucket.** Each bucket publishes to a stream through a
+//! producer named `{source}/{outbox table}/{bucket count}/{bucket}` —
+//! the same for every worker and across restarts — and each row's
+//! publishing id is its `id`. The broker stores a named producer's message
+//! only if its id is greater than the last it stored for that name, and
+//! confirms the repeat it drops. So a row sent again (a worker killed
+//! between the broker's confirm and the database's record, a batch
+//! replayed after a timeout, a bucket handed over mid-batch) is stored
+//! once.
+//!
+//! **Taking a bucket.** When a session first publishes for a bucket it
+//! asks the broker for the producer's last stored id; a row at or below it
+//! is reported confirmed without being sent, and the drain loop records it
+//! published (under the lease's fence, as every record).
+//!
+//! **A row committed late.** Ids are given at insert, rows become visible
+//! at commit: a row can become visible after a later row of its bucket was
+//! stored, and the named producer would drop it. The sink remembers the
+//! ids it handed to each producer and the ids it found stored; a row below
+//! the highest of them that is in neither (or that the broker refused) was
+//! not visible when the drain passed its place, and is sent through an
+//! unnamed producer, which stores what it is sent: once, but without the
+//! broker's de-duplication. What this cannot tell apart: at a take-over,
+//! a row the old owner never saw because it committed late, just before
+//! the old owner stopped, and a row the old owner sent without recording
+//! it — both lie below the last stored id, and both are recorded as
+//! stored. The counters (and the log) count each path.
+//!
+//! A bucket count change names new producers: a row the old producer sent
+//! but whose record was lost is sent again under the new name.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rabbitmq_stream_protocol::ResponseCode;
+use rabbitmq_stream_protocol::message::{Message, SimpleValue};
+use serde_json::Value as Json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{Confirm, Publisher, StreamClient, StreamError};
+use super::link::StreamLink;
+use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
+use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session, Sink};
+use crate::store::outbox::ClaimedMessage;
+
+/// Ids a producer's memory keeps (the lowest are forgotten first).
+const MEMORY_LIMIT: usize = 100_000;
+
+/// Streams through the stream protocol; every other row through `queues`.
+pub struct StreamSink {
+    shared: Arc<Shared>,
+    queues: Arc<dyn Sink>,
+}
+
+/// What the sink's sessions share.
+struct Shared {
+    link: StreamLink,
+    streams: HashSet<String>,
+    /// The producer name's prefix: source, outbox table, bucket count.
+    prefix: String,
+    memory: Mutex<HashMap<ProducerKey, Memory>>,
+    counters: Arc<StreamCounters>,
+}
+
+/// A stream and a bucket: one named producer.
+type ProducerKey = (String, String);
+
+/// What this process did with a named producer's rows.
+#[derive(Default)]
+struct Memory {
+    /// Ids handed over and not refused.
+    handed: BTreeSet<u64>,
+    /// Ids found at or below the broker's last stored id and counted
+    /// without being sent.
+    found: BTreeSet<u64>,
+    /// Ids the broker refused.
+    refused: BTreeSet<u64>,
+    /// The highest id handed over or found: a row below it that is in
+    /// neither set was not visible when the drain passed its place.
+    highest: u64,
+}
+
+/// The stream sink's counts, for the metrics and the dashboard.
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    /// Rows stored through a named producer (or confirmed as repeats).
+    pub sent: AtomicU64,
+    /// Rows found at or below the producer's last stored id, recorded
+    /// without being sent.
+    pub already_stored: AtomicU64,
+    /// Rows committed late, sent through an unnamed producer.
+    pub late: AtomicU64,
+}
+
+impl StreamSink {
+    /// `prefix` names the producers (see the module docs); rows for
+    /// `streams` go through `link`, the others through `queues`.
+    pub fn new(
+        link: StreamLink,
+        streams: &[String],
+        prefix: String,
+        queues: Arc<dyn Sink>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                link,
+                streams: streams.iter().cloned().collect(),
+                prefix,
+                memory: Mutex::default(),
+                counters: Arc::default(),
+            }),
+            queues,
+        }
+    }
+
+    /// The producer name of a source's bucket: stable across workers and
+    /// restarts, new when the bucket count changes.
+    pub fn producer_prefix(source: &str, outbox_table: &str, bucket_count: u32) -> String {
+        format!("{source}/{outbox_table}/{bucket_count}")
+    }
+
+    pub fn counters(&self) -> Arc<StreamCounters> {
+        self.shared.counters.clone()
+    }
+}
+
+#[async_trait]
+impl Sink for StreamSink {
+    async fn open(&self, cancel: &CancellationToken) -> Option<Box<dyn Session>> {
+        let queues = self.queues.open(cancel).await?;
+        Some(Box::new(StreamSession {
+            shared: self.shared.clone(),
+            queues,
+            client: None,
+            named: HashMap::new(),
+            unnamed: HashMap::new(),
+            broken: false,
+            queues_failed: false,
+        }))
+    }
+
+    fn blocked(&self) -> watch::Receiver<Option<String>> {
+        self.queues.blocked()
+    }
+}
+
+/// One drainer's producers, on one connection of the link.
+struct StreamSession {
+    shared: Arc<Shared>,
+    queues: Box<dyn Session>,
+    client: Option<Arc<StreamClient>>,
+    named: HashMap<ProducerKey, Producer>,
+    /// One per stream, for rows committed late.
+    unnamed: HashMap<String, Producer>,
+    /// The stream connection failed or timed out: forget it on close.
+    broken: bool,
+    /// The last failure was the AMQP session's.
+    queues_failed: bool,
+}
+
+struct Producer {
+    publisher: Publisher,
+    /// The broker's last stored id (named producers).
+    stored: u64,
+}
+
+/// What happens to one row of a stream run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// At or below the last stored id, handed over before: counted.
+    Stored,
+    /// Through the bucket's named producer.
+    Named,
+    /// Committed late (or refused before): through the unnamed producer.
+    Late,
+}
+
+impl Memory {
+    fn plan(&self, id: u64, stored: u64) -> Plan {
+        if self.refused.contains(&id) {
+            return Plan::Late;
+        }
+        let known = self.handed.contains(&id) || self.found.contains(&id);
+        match (known, id > stored) {
+            (true, true) => Plan::Named,
+            (true, false) => Plan::Stored,
+            (false, _) if id <= self.highest => Plan::Late,
+            (false, true) => Plan::Named,
+            (false, false) => Plan::Stored,
+        }
+    }
+
+    fn hand(&mut self, ids: &[u64]) {
+        Self::keep(&mut self.handed, &mut self.highest, ids);
+    }
+
+    fn find(&mut self, ids: &[u64]) {
+        Self::keep(&mut self.found, &mut self.highest, ids);
+    }
+
+    fn keep(set: &mut BTreeSet<u64>, highest: &mut u64, ids: &[u64]) {
+        set.extend(ids.iter().copied());
+        if let Some(&last) = ids.iter().max() {
+            *highest = (*highest).max(last);
+        }
+        while set.len() > MEMORY_LIMIT {
+            set.pop_first();
+        }
+    }
+}
+
+#[async_trait]
+impl Session for StreamSession {
+    fn is_usable(&self) -> bool {
+        !self.broken && self.queues.is_usable() && self.client.as_ref().is_none_or(|c| c.is_open())
+    }
+
+    async fn send(&mut self, rows: &[ClaimedMessage], limits: PublishLimits) -> BatchOutcome {
+        let mut done = 0;
+        while done < rows.len() {
+            let to = self.destination(&rows[done]);
+            let end = rows[done..]
+                .iter()
+                .position(|r| self.destination(r) != to)
+                .map_or(rows.len(), |n| done + n);
+            let run = &rows[done..end];
+            let outcome = match to {
+                None => {
+                    let outcome = self.queues.send(run, limits.clone()).await;
+                    self.queues_failed = outcome.failure.is_some();
+                    outcome
+                }
+                Some((stream, bucket)) => {
+                    let (stream, bucket) = (stream.to_string(), bucket.to_string());
+                    self.send_stream(&stream, &bucket, run, &limits).await
+                }
+            };
+            done += outcome.confirmed;
+            if outcome.failure.is_some() {
+                return BatchOutcome {
+                    confirmed: done,
+                    failure: outcome.failure,
+                };
+            }
+        }
+        BatchOutcome {
+            confirmed: done,
+            failure: None,
+        }
+    }
+
+    async fn close(self: Box<Self>, after: Option<&PublishError>) {
+        if let Some(client) = &self.client {
+            if self.broken {
+                self.shared.link.forget(client).await;
+            } else if client.is_open() {
+                for producer in self.named.values().chain(self.unnamed.values()) {
+                    let _ = client.delete_publisher(producer.publisher.id).await;
+                }
+            }
+        }
+        let after = after.filter(|_| self.queues_failed);
+        self.queues.close(after).await;
+    }
+}
+
+impl StreamSession {
+    /// The stream and bucket a row goes to, or `None` for AMQP.
+    fn destination<'r>(&self, row: &'r ClaimedMessage) -> Option<(&'r str, &'r str)> {
+        (row.exchange.is_empty() && self.shared.streams.contains(&row.routing_key))
+            .then_some((row.routing_key.as_str(), row.partition_key.as_str()))
+    }
+
+    async fn client(&mut self) -> Result<Arc<StreamClient>, PublishError> {
+        if let Some(client) = &self.client {
+            if client.is_open() {
+                return Ok(client.clone());
+            }
+            self.broken = true;
+            return Err(PublishError::Unavailable(
+                "the stream connection closed".into(),
+            ));
+        }
+        let client = self.shared.link.client().await.map_err(unavailable)?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// The bucket's named producer on `stream`, declared (and its last
+    /// stored id read) on first use.
+    async fn named(&mut self, stream: &str, bucket: &str) -> Result<&mut Producer, PublishError> {
+        let key = (stream.to_string(), bucket.to_string());
+        if !self.named.contains_key(&key) {
+            let client = self.client().await?;
+            let name = format!("{}/{bucket}", self.shared.prefix);
+            let publisher = client
+                .declare_publisher(Some(&name), stream)
+                .await
+                .map_err(|e| self.refusal(stream, e))?;
+            let stored = match client.publisher_sequence(&name, stream).await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    let _ = client.delete_publisher(publisher.id).await;
+                    return Err(self.refusal(stream, e));
+                }
+            };
+            self.named
+                .insert(key.clone(), Producer { publisher, stored });
+        }
+        Ok(self.named.get_mut(&key).expect("declared above"))
+    }
+
+    async fn unnamed(&mut self, stream: &str) -> Result<&mut Producer, PublishError> {
+        if !self.unnamed.contains_key(stream) {
+            let client = self.client().await?;
+            let publisher = client
+                .declare_publisher(None, stream)
+                .await
+                .map_err(|e| self.refusal(stream, e))?;
+            self.unnamed.insert(
+                stream.to_string(),
+                Producer {
+                    publisher,
+                    stored: 0,
+                },
+            );
+        }
+        Ok(self.unnamed.get_mut(stream).expect("declared above"))
+    }
+
+    /// What a failed request means for the row: a missing stream is the
+    /// row's (it is retried, and parked after `max_attempts`), a lost
+    /// connection is not.
+    fn refusal(&mut self, stream: &str, error: StreamError) -> PublishError {
+        match error {
+            StreamError::Refused { code, .. } => refused(stream, &code),
+            StreamError::Timeout(d) => {
+                self.broken = true;
+                PublishError::Timeout(d)
+            }
+            other => {
+                self.broken = true;
+                unavailable(other)
+            }
+        }
+    }
+
+    /// Sends one bucket's rows for `stream`, in order.
+    async fn send_stream(
+        &mut self,
+        stream: &str,
+        bucket: &str,
+        run: &[ClaimedMessage],
+        limits: &PublishLimits,
+    ) -> BatchOutcome {
+        let fail = |confirmed, failure| BatchOutcome {
+            confirmed,
+            failure: Some(failure),
+        };
+        if limits.stop_sending_at.is_some_and(|t| Instant::now() >= t) {
+            return fail(0, PublishError::LeaseLapsed);
+        }
+        let stored = match self.named(stream, bucket).await {
+            Ok(producer) => producer.stored,
+            Err(e) => return fail(0, e),
+        };
+        let key = (stream.to_string(), bucket.to_string());
+        let plans: Vec<Plan> = {
+            let memory = self.shared.memory.lock().expect("not poisoned");
+            let none = Memory::default();
+            let memory = memory.get(&key).unwrap_or(&none);
+            run.iter()
+                .map(|r| memory.plan(r.id as u64, stored))
+                .collect()
+        };
+        let mut done = 0;
+        while done < run.len() {
+            let plan = plans[done];
+            let end = plans[done..]
+                .iter()
+                .position(|p| *p != plan)
+                .map_or(run.len(), |n| done + n);
+            if plan == Plan::Stored {
+                let ids: Vec<u64> = run[done..end].iter().map(|r| r.id as u64).collect();
+                let mut memory = self.shared.memory.lock().expect("not poisoned");
+                memory.entry(key.clone()).or_default().find(&ids);
+                drop(memory);
+                self.shared
+                    .counters
+                    .already_stored
+                    .fetch_add((end - done) as u64, Ordering::Relaxed);
+                tracing::info!(
+                    bucket,
+                    stream,
+                    rows = end - done,
+                    first = run[done].id,
+                    last = run[end - 1].id,
+                    "rows already in the stream (the broker's last stored id is {stored}): recorded without sending them again"
+                );
+                done = end;
+                continue;
+            }
+            if plan == Plan::Late {
+                tracing::info!(
+                    bucket,
+                    stream,
+                    rows = end - done,
+                    first = run[done].id,
+                    "rows committed after later rows of their bucket were stored: sent through an unnamed producer"
+                );
+            }
+            // Rows are checked before any is sent: the first bad one ends
+            // the segment, and the batch after it.
+            let mut messages = Vec::with_capacity(end - done);
+            let mut bad = None;
+            for row in &run[done..end] {
+                match stream_message(row, limits) {
+                    Ok(m) => messages.push((row.id as u64, m)),
+                    Err(e) => {
+                        bad = Some(e);
+                        break;
+                    }
+                }
+            }
+            let sent = messages.len();
+            if sent > 0 {
+                let result = self.publish(stream, bucket, plan, messages, limits).await;
+                let confirmed = match &result {
+                    Ok(()) => sent,
+                    Err((n, _)) => *n,
+                };
+                let counter = match plan {
+                    Plan::Named => &self.shared.counters.sent,
+                    _ => &self.shared.counters.late,
+                };
+                counter.fetch_add(confirmed as u64, Ordering::Relaxed);
+                if let Err((n, failure)) = result {
+                    return fail(done + n, failure);
+                }
+            }
+            done += sent;
+            if let Some(e) = bad {
+                return fail(done, e);
+            }
+        }
+        BatchOutcome {
+            confirmed: done,
+            failure: None,
+        }
+    }
+
+    /// Publishes one segment through the producer `plan` names and waits
+    /// for the broker's answer to each message: `Err((n, why))` when only
+    /// the first `n` were stored.
+    async fn publish(
+        &mut self,
+        stream: &str,
+        bucket: &str,
+        plan: Plan,
+        messages: Vec<(u64, Message)>,
+        limits: &PublishLimits,
+    ) -> Result<(), (usize, PublishError)> {
+        let ids: Vec<u64> = messages.iter().map(|(id, _)| *id).collect();
+        let key = (stream.to_string(), bucket.to_string());
+        let client = self.client().await.map_err(|e| (0, e))?;
+        let shared = self.shared.clone();
+        let producer = match plan {
+            Plan::Named => self.named(stream, bucket).await,
+            _ => self.unnamed(stream).await,
+        }
+        .map_err(|e| (0, e))?;
+        let publisher = producer.publisher.id;
+        if plan == Plan::Named {
+            let mut memory = shared.memory.lock().expect("not poisoned");
+            memory.entry(key.clone()).or_default().hand(&ids);
+        }
+        let hold = limits.trust.clone().map(|t| shared.link.gate().hold(t));
+        let timeout = shared.link.request_timeout();
+        let deadline = Instant::now() + timeout;
+        let answers = async {
+            client
+                .publish(publisher, messages)
+                .await
+                .map_err(unavailable)?;
+            let mut answered: HashMap<u64, Option<ResponseCode>> = HashMap::new();
+            while answered.len() < ids.len() {
+                match producer.publisher.confirms.recv().await {
+                    Some(Confirm::Stored(stored)) => {
+                        for id in stored {
+                            answered.insert(id, None);
+                        }
+                    }
+                    Some(Confirm::Refused(refused)) => {
+                        for (id, code) in refused {
+                            answered.insert(id, Some(code));
+                        }
+                    }
+                    None => {
+                        return Err(PublishError::Unavailable(
+                            "the stream connection closed".into(),
+                        ));
+                    }
+                }
+            }
+            Ok(answered)
+        };
+        let answered = match tokio::time::timeout_at(deadline, answers).await {
+            Ok(Ok(answered)) => answered,
+            Ok(Err(e)) => {
+                self.broken = true;
+                if let Some(hold) = hold {
+                    hold.linger();
+                }
+                return Err((0, e));
+            }
+            Err(_) => {
+                self.broken = true;
+                if let Some(hold) = hold {
+                    hold.linger();
+                }
+                return Err((0, PublishError::Timeout(timeout)));
+            }
+        };
+        drop(hold);
+        if plan == Plan::Named {
+            let last = ids
+                .iter()
+                .take_while(|id| matches!(answered.get(id), Some(None)))
+                .last();
+            if let (Some(&last), Some(producer)) = (last, self.named.get_mut(&key)) {
+                producer.stored = producer.stored.max(last);
+            }
+        }
+        let mut memory = self.shared.memory.lock().expect("not poisoned");
+        let memory = memory.entry(key).or_default();
+        for (n, id) in ids.iter().enumerate() {
+            match answered.get(id) {
+                Some(None) => {
+                    memory.refused.remove(id);
+                }
+                Some(Some(code)) => {
+                    // Every refused id is sent again through the unnamed
+                    // producer: the named one may have stored a later id.
+                    for id in &ids[n..] {
+                        if matches!(answered.get(id), Some(Some(_))) {
+                            memory.refused.insert(*id);
+                            memory.handed.remove(id);
+                        }
+                    }
+                    return Err((n, refused(stream, code)));
+                }
+                None => unreachable!("every id was answered"),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unavailable(e: StreamError) -> PublishError {
+    PublishError::Unavailable(format!("stream port: {e}"))
+}
+
+/// A broker's refusal of a stream's message, as the drain loop sees it.
+fn refused(stream: &str, code: &ResponseCode) -> PublishError {
+    match code {
+        ResponseCode::StreamDoesNotExist => PublishError::Rejected(format!(
+            "stream {stream:?} does not exist: create it (outboxd streams declare {stream}) \
+             or take it out of amqp.streams"
+        )),
+        ResponseCode::PublisherDoesNotExist | ResponseCode::StreamNotAvailable => {
+            PublishError::Unavailable(format!("stream {stream:?}: {code:?}"))
+        }
+        ResponseCode::AccessRefused => PublishError::Rejected(format!(
+            "stream {stream:?}: the broker refused access (the user needs write permission on it)"
+        )),
+        other => {
+            PublishError::Rejected(format!("stream {stream:?}: the broker refused: {other:?}"))
+        }
+    }
+}
+
+/// The stream message for `row`: its payload as the body, its message id,
+/// content type and creation time as properties, and its JSON headers with
+/// the `outbox-*` headers as application properties (strings and
+/// booleans as such, whole numbers as [`whole`] says; other numbers,
+/// objects and arrays as their JSON text).
+pub fn stream_message(
+    row: &ClaimedMessage,
+    limits: &PublishLimits,
+) -> Result<Message, PublishError> {
+    let max = limits.max_payload_bytes;
+    if row.payload.len() as u64 > max {
+        return Err(PublishError::Rejected(format!(
+            "payload is {} bytes, more than outbox.max_payload_bytes ({max})",
+            row.payload.len()
+        )));
+    }
+    let headers = match &row.headers {
+        Json::Object(map) => map,
+        other => {
+            return Err(PublishError::Rejected(format!(
+                "invalid headers: expected a JSON object, found {other}"
+            )));
+        }
+    };
+    let mut properties = Message::builder()
+        .body(row.payload.clone())
+        .properties()
+        .message_id(row.message_id.to_string())
+        .creation_time(row.created_at);
+    if let Some(content_type) = &row.content_type {
+        properties = properties.content_type(content_type.as_str());
+    }
+    let mut application = properties.message_builder().application_properties();
+    for (name, value) in headers {
+        application = application.insert(name.as_str(), simple_value(value));
+    }
+    application = application
+        .insert(HEADER_ID, whole(row.id))
+        .insert(HEADER_PARTITION_KEY, row.partition_key.as_str())
+        .insert(HEADER_MESSAGE_KEY, row.message_key.as_str());
+    if let Some(epoch) = limits.lease_epoch {
+        application = application.insert(HEADER_LEASE_EPOCH, whole(epoch));
+    }
+    Ok(application.message_builder().build())
+}
+
+/// A whole number as AMQP 1.0 `ulong` (≥ 0), else `long` — or `int` from
+/// -128 to -1: the codec (rabbitmq-stream-protocol 0.11) counts a
+/// one-byte `long` as three bytes where it writes two, and the broker then
+/// drops the connection on the frame.
+fn whole(n: i64) -> SimpleValue {
+    match n {
+        0.. => SimpleValue::Ulong(n as u64),
+        -128..0 => SimpleValue::Int(n as i32),
+        _ => SimpleValue::Long(n),
+    }
+}
+
+fn simple_value(value: &Json) -> SimpleValue {
+    match value {
+        Json::Null => SimpleValue::Null,
+        Json::Bool(b) => SimpleValue::Boolean(*b),
+        Json::String(s) => SimpleValue::String(s.clone()),
+        Json::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => SimpleValue::Ulong(u),
+            (None, Some(i)) => whole(i),
+            _ => SimpleValue::String(n.to_string()),
+        },
+        other => SimpleValue::String(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_whole_number_encodes_in_the_size_the_frame_says() {
+        use rabbitmq_stream_protocol::codec::Encoder;
+        for n in [i64::MIN, -129, -128, -1, 0, 1, 127, 128, i64::MAX] {
+            let m = Message::builder()
+                .body("x")
+                .application_properties()
+                .insert("n", whole(n))
+                .message_builder()
+                .build();
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes).unwrap();
+            assert_eq!(m.encoded_size() as usize, bytes.len(), "{n}");
+        }
+    }
+
+    #[test]
+    fn rows_above_the_last_stored_id_go_named_below_it_are_counted_or_late() {
+        let mut memory = Memory::default();
+        // A new owner: the broker stored up to 10, this process sent nothing.
+        assert_eq!(memory.plan(7, 10), Plan::Stored);
+        assert_eq!(memory.plan(11, 10), Plan::Named);
+        memory.hand(&[11, 12, 14]);
+        // 14 stored; 13 committed late.
+        assert_eq!(memory.plan(13, 14), Plan::Late);
+        assert_eq!(memory.plan(12, 14), Plan::Stored);
+        assert_eq!(memory.plan(15, 14), Plan::Named);
+        // Handed over but not stored (a timeout): sent again, named.
+        assert_eq!(memory.plan(14, 12), Plan::Named);
+        // Found stored at a take-over, then a row below it commits.
+        let mut taken = Memory::default();
+        assert_eq!(taken.plan(20, 22), Plan::Stored);
+        taken.find(&[20, 22]);
+        assert_eq!(
+            taken.plan(22, 22),
+            Plan::Stored,
+            "found again: a lost record"
+        );
+        assert_eq!(
+            taken.plan(21, 22),
+            Plan::Late,
+            "committed after the drain passed"
+        );
+        // Refused: through the unnamed producer, even above the last stored.
+        memory.refused.insert(16);
+        assert_eq!(memory.plan(16, 15), Plan::Late);
+    }
+}
