@@ -133,6 +133,10 @@ impl Trust {
 pub struct LeaseGrant {
     pub fence: Fence,
     pub trust: Arc<Trust>,
+    /// The lease was free when taken: its previous owner (if any)
+    /// released it, after recording what it had sent; not taken over
+    /// from an expired lease.
+    pub was_free: bool,
 }
 
 /// The trust deadline after a lease statement that started at `started`.

@@ -117,6 +117,13 @@ pub struct PublishLimits {
     pub lease_epoch: Option<i64>,
     /// The lease's trust: holds the connection's send gate for the batch.
     pub trust: Option<Arc<crate::lease::Trust>>,
+    /// The bucket's lease was free when this worker took it, so its
+    /// previous owner recorded everything it sent: an unpublished row
+    /// below what a de-duplicating broker stored was never sent (it
+    /// committed late). False after taking over an expired lease, and
+    /// without leases, where such a row may have been sent and not
+    /// recorded.
+    pub lease_was_free: bool,
 }
 
 /// What happened to a batch.

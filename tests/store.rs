@@ -436,6 +436,7 @@ async fn leases_change_hands_only_under_their_conditions_and_on_record(db: Db) {
         .map(|a| (a.partition_key.clone(), a.lease_epoch))
         .collect();
     assert_eq!(epochs.len(), 2);
+    assert!(mine.iter().all(|a| a.was_free), "{mine:?}");
     // One event per bucket taken, in label order, saying who took it from
     // whom and at which epochs.
     let taken = store.events_since(0, 10).await.unwrap();
@@ -988,6 +989,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
         .await
         .unwrap();
     assert_eq!(b[0].lease_epoch, old_fence.epoch + 1);
+    assert!(a[0].was_free && !b[0].was_free, "free, then taken over");
     let new_fence = Fence {
         owner: new,
         epoch: b[0].lease_epoch,

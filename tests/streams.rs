@@ -193,11 +193,12 @@ async fn wait_drained(env: &TestEnv, timeout: Duration) -> Duration {
 
 /// Rows for a stream reach it once, their headers as application
 /// properties, while rows for a queue between them go through AMQP. Then
-/// every row's record is taken back — as if each worker had died between
-/// the broker's confirm and the database's record — and a new worker
-/// records them all without sending one again.
+/// the worker is killed and every row's record taken back — as if it had
+/// died between the broker's confirm and the database's record each time
+/// — and the worker that takes the expired leases records them all
+/// without sending one again.
 async fn rows_reach_a_stream_once_even_when_every_record_was_lost(db: Db) {
-    let env = TestEnv::on(db).await;
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let url = common::streams::stream_url();
     let stream = new_stream(&url).await;
     let queue = unique("q");
@@ -212,7 +213,8 @@ async fn rows_reach_a_stream_once_even_when_every_record_was_lost(db: Db) {
     }
     let mut worker = stream_worker(&env, &url, &stream, &["--silent"]);
     wait_drained(&env, Duration::from_secs(60)).await;
-    assert!(worker.terminate(Duration::from_secs(10)).success());
+    worker.signal("KILL");
+    worker.wait(Duration::from_secs(5));
     let messages = read_stream(&url, &stream, 300, Duration::from_secs(30)).await;
     assert_eq!(messages.len(), 300, "the stream holds each row once");
     let first = &messages[0];
@@ -353,7 +355,142 @@ async fn sigkill_storm_into_a_stream_delivers_each_row_once(db: Db) {
     terminate_all(&mut fleet);
 }
 
+/// Workers 2 → 6 → 2 every 4 s while producers write: every change hands
+/// buckets over mid-drain (a leaving worker releases them, a joining one
+/// takes its share), each time with rows in flight. The stream holds each
+/// committed row once, in order per key.
+async fn handing_buckets_over_2_6_2_into_a_stream_delivers_each_row_once(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    let url = common::streams::stream_url();
+    let stream = new_stream(&url).await;
+    let spawn = || stream_worker(&env, &url, &stream, &["--silent"]);
+    let mut fleet: Vec<WorkerProcess> = (0..2).map(|_| spawn()).collect();
+    let producers = Producers::start(&env, "", &stream, 4, 400.0);
+    let start = std::time::Instant::now();
+    let mut changes = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        if fleet.len() == 2 {
+            fleet.extend((0..4).map(|_| spawn()));
+        } else {
+            for mut w in fleet.drain(2..) {
+                assert!(w.terminate(Duration::from_secs(10)).success());
+            }
+        }
+        changes += 1;
+    }
+    producers.stop().await;
+    wait_drained(&env, Duration::from_secs(60)).await;
+    let v = judge_stream(&env, &url, &stream).await;
+    let acquisitions: i64 = env
+        .db
+        .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
+        .await;
+    let (stored, late) = stream_paths(&env);
+    println!(
+        "2 ↔ 6 into a stream: {changes} changes, {acquisitions} lease acquisitions; {stored} rows found stored, {late} committed late; {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    terminate_all(&mut fleet);
+}
+
+/// One worker of three stopped with SIGSTOP for three lease TTLs while
+/// producers write: the others take its buckets; when it resumes, the
+/// send gate keeps what it had buffered off the stream port. The stream
+/// holds each committed row once, in order per key.
+async fn a_worker_stopped_past_its_lease_adds_nothing_to_the_stream(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    let url = common::streams::stream_url();
+    let stream = new_stream(&url).await;
+    let mut fleet: Vec<WorkerProcess> = (0..3)
+        .map(|_| stream_worker(&env, &url, &stream, &["--silent"]))
+        .collect();
+    wait_converged(&env, 3, Duration::from_secs(15)).await;
+    let producers = Producers::start(&env, "", &stream, 4, 400.0);
+    env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(20))
+        .await;
+    // Stopped between writes on SQLite (see tests/fleet.rs).
+    let writer = env.db.hold_write_lock().await;
+    fleet[0].signal("STOP");
+    if let Some(writer) = writer {
+        fleet[0].wait_stopped();
+        writer.commit().await;
+    }
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    fleet[0].signal("CONT");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let acknowledged = producers.stop().await;
+    wait_drained(&env, Duration::from_secs(60)).await;
+    let v = judge_stream(&env, &url, &stream).await;
+    let (stored, late) = stream_paths(&env);
+    println!(
+        "SIGSTOP 9 s into a stream: {acknowledged} commits acknowledged; {stored} rows found stored, {late} committed late; {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    terminate_all(&mut fleet);
+}
+
+/// RabbitMQ killed with SIGKILL during a drain and started again, twice:
+/// the stream survives on disk, every worker reconnects to the stream
+/// port and reads each producer's last stored id again. The stream holds
+/// each committed row once, in order per key.
+async fn a_stream_broker_killed_twice_delivers_each_row_once(db: Db) {
+    let stream_port = free_port_pair(|| 20000 + 2 * (rand_u16() % 2000));
+    let broker = PrivateBroker::start_with(vec![(
+        "OUTBOXD_STREAM_PORT".into(),
+        stream_port.to_string(),
+    )]);
+    let url = format!("rabbitmq-stream://guest:guest@127.0.0.1:{stream_port}/%2f");
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(broker.url()),
+        confirm_timeout: "3s",
+        ..Tuning::fleet().on(db)
+    })
+    .await;
+    let stream = new_stream(&url).await;
+    let spawn = || stream_worker(&env, &url, &stream, &["--silent"]);
+    let mut fleet = [spawn(), spawn()];
+    let producers = Producers::start(&env, "", &stream, 4, 400.0);
+    // The stream's declaration on disk before the first kill.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut kills = 0;
+    for _ in 0..2 {
+        let before = env.published().await;
+        broker.kill9();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        broker.run("start");
+        kills += 1;
+        let resumed = std::time::Instant::now();
+        while env.published().await <= before {
+            assert!(
+                resumed.elapsed() < Duration::from_secs(60),
+                "publishing did not resume"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let acknowledged = producers.stop().await;
+    wait_drained(&env, Duration::from_secs(90)).await;
+    let v = judge_stream(&env, &url, &stream).await;
+    let (stored, late) = stream_paths(&env);
+    println!(
+        "stream broker kill -9 x{kills}: {acknowledged} commits acknowledged; {stored} rows found stored, {late} committed late; {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    terminate_all(&mut fleet);
+}
+
 on_every_db!(
+    handing_buckets_over_2_6_2_into_a_stream_delivers_each_row_once,
+    a_worker_stopped_past_its_lease_adds_nothing_to_the_stream,
+    a_stream_broker_killed_twice_delivers_each_row_once,
     rows_reach_a_stream_once_even_when_every_record_was_lost,
     a_row_for_a_missing_stream_is_parked_with_a_clear_error,
     sigkill_storm_into_a_stream_delivers_each_row_once,

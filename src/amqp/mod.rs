@@ -1005,6 +1005,7 @@ mod tests {
             stop_sending_at: None,
             lease_epoch: Some(4),
             trust: None,
+            lease_was_free: false,
         }
     }
 

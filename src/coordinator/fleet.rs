@@ -562,6 +562,7 @@ impl Fleet {
                     epoch: a.lease_epoch,
                 },
                 trust: trust.clone(),
+                was_free: a.was_free,
             };
             let handle =
                 self.relay

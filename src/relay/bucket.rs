@@ -260,6 +260,7 @@ impl BucketDrainer {
             stop_sending_at: self.lease.as_ref().map(|l| l.trust.until()),
             lease_epoch: self.fence.map(|f| f.epoch),
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
+            lease_was_free: self.lease.as_ref().is_some_and(|l| l.was_free),
         };
         let mut session = session;
         let wall_start = SystemTime::now();

@@ -28,6 +28,9 @@ use super::error::StoreError;
 pub struct Acquired {
     pub partition_key: String,
     pub lease_epoch: i64,
+    /// The lease had no owner (released, or never held); false when an
+    /// expired lease was taken over.
+    pub was_free: bool,
 }
 
 /// One bucket's lease as stored.

@@ -54,6 +54,7 @@ rows!(
     (String,),
     (String, i64),
     (String, i64, i64),
+    (String, i64, bool),
     (String, Option<Uuid>, i64),
     (i64, String),
     (i64, String, String),

@@ -17,9 +17,12 @@
 //! once.
 //!
 //! **Taking a bucket.** When a session first publishes for a bucket it
-//! asks the broker for the producer's last stored id; a row at or below it
-//! is reported confirmed without being sent, and the drain loop records it
-//! published (under the lease's fence, as every record).
+//! asks the broker for the producer's last stored id. After taking over an
+//! expired lease (the previous owner crashed or stalled), a row at or
+//! below it is reported confirmed without being sent, and the drain loop
+//! records it published (under the lease's fence, as every record). After
+//! taking a free lease — released by an owner that recorded all it sent —
+//! such a row was never sent: it committed late (below).
 //!
 //! **A row committed late.** Ids are given at insert, rows become visible
 //! at commit: a row can become visible after a later row of its bucket was
@@ -28,11 +31,11 @@
 //! the highest of them that is in neither (or that the broker refused) was
 //! not visible when the drain passed its place, and is sent through an
 //! unnamed producer, which stores what it is sent: once, but without the
-//! broker's de-duplication. What this cannot tell apart: at a take-over,
-//! a row the old owner never saw because it committed late, just before
-//! the old owner stopped, and a row the old owner sent without recording
-//! it — both lie below the last stored id, and both are recorded as
-//! stored. The counters (and the log) count each path.
+//! broker's de-duplication. What this cannot tell apart: after taking over
+//! an expired lease, a row the old owner never saw because it committed
+//! late, just before the old owner crashed, and a row the old owner sent
+//! without recording it — both lie below the last stored id, and both are
+//! recorded as stored. The counters (and the log) count each path.
 //!
 //! A bucket count change names new producers: a row the old producer sent
 //! but whose record was lost is sent again under the new name.
@@ -188,7 +191,9 @@ enum Plan {
 }
 
 impl Memory {
-    fn plan(&self, id: u64, stored: u64) -> Plan {
+    /// What to do with row `id` when the broker stored up to `stored`;
+    /// `lease_was_free`: see [`PublishLimits::lease_was_free`].
+    fn plan(&self, id: u64, stored: u64, lease_was_free: bool) -> Plan {
         if self.refused.contains(&id) {
             return Plan::Late;
         }
@@ -198,6 +203,10 @@ impl Memory {
             (true, false) => Plan::Stored,
             (false, _) if id <= self.highest => Plan::Late,
             (false, true) => Plan::Named,
+            // Below what the broker stored, never seen here: sent by an
+            // owner that did not record it — unless that owner released
+            // the lease, having recorded all it sent.
+            (false, false) if lease_was_free => Plan::Late,
             (false, false) => Plan::Stored,
         }
     }
@@ -382,7 +391,7 @@ impl StreamSession {
             let none = Memory::default();
             let memory = memory.get(&key).unwrap_or(&none);
             run.iter()
-                .map(|r| memory.plan(r.id as u64, stored))
+                .map(|r| memory.plan(r.id as u64, stored, limits.lease_was_free))
                 .collect()
         };
         let mut done = 0;
@@ -687,31 +696,35 @@ mod tests {
     fn rows_above_the_last_stored_id_go_named_below_it_are_counted_or_late() {
         let mut memory = Memory::default();
         // A new owner: the broker stored up to 10, this process sent nothing.
-        assert_eq!(memory.plan(7, 10), Plan::Stored);
-        assert_eq!(memory.plan(11, 10), Plan::Named);
+        assert_eq!(memory.plan(7, 10, false), Plan::Stored);
+        assert_eq!(memory.plan(11, 10, false), Plan::Named);
         memory.hand(&[11, 12, 14]);
         // 14 stored; 13 committed late.
-        assert_eq!(memory.plan(13, 14), Plan::Late);
-        assert_eq!(memory.plan(12, 14), Plan::Stored);
-        assert_eq!(memory.plan(15, 14), Plan::Named);
+        assert_eq!(memory.plan(13, 14, false), Plan::Late);
+        assert_eq!(memory.plan(12, 14, false), Plan::Stored);
+        assert_eq!(memory.plan(15, 14, false), Plan::Named);
         // Handed over but not stored (a timeout): sent again, named.
-        assert_eq!(memory.plan(14, 12), Plan::Named);
+        assert_eq!(memory.plan(14, 12, false), Plan::Named);
         // Found stored at a take-over, then a row below it commits.
         let mut taken = Memory::default();
-        assert_eq!(taken.plan(20, 22), Plan::Stored);
+        assert_eq!(taken.plan(20, 22, false), Plan::Stored);
         taken.find(&[20, 22]);
         assert_eq!(
-            taken.plan(22, 22),
+            taken.plan(22, 22, false),
             Plan::Stored,
             "found again: a lost record"
         );
         assert_eq!(
-            taken.plan(21, 22),
+            taken.plan(21, 22, false),
             Plan::Late,
             "committed after the drain passed"
         );
+        // Taken from a released lease: nothing below the last stored id
+        // went unrecorded, so a row there committed late.
+        assert_eq!(Memory::default().plan(7, 10, true), Plan::Late);
+        assert_eq!(Memory::default().plan(11, 10, true), Plan::Named);
         // Refused: through the unnamed producer, even above the last stored.
         memory.refused.insert(16);
-        assert_eq!(memory.plan(16, 15), Plan::Late);
+        assert_eq!(memory.plan(16, 15, false), Plan::Late);
     }
 }

@@ -153,7 +153,8 @@ fn leases_at_once(t: &Tables) -> LeasesAtOnceSql {
                                 ELSE 'expired lease of ' || old_owner || ': ' || $4 END
                     FROM acquired ORDER BY partition_key
                  )
-                 SELECT partition_key, new_epoch FROM acquired ORDER BY partition_key",
+                 SELECT partition_key, new_epoch, old_owner IS NULL FROM acquired
+                 ORDER BY partition_key",
                 until(3)
             ),
         ),

@@ -109,12 +109,14 @@ pub async fn acquire<D: Stepwise>(
         ];
         let mut pool = d.pool();
         let taken = pool.fetch_all(&at_once.acquire, &args, "acquiring leases");
-        let taken: Vec<(String, i64)> = bounded_op(d.bounds(), "acquiring leases", taken).await?;
+        let taken: Vec<(String, i64, bool)> =
+            bounded_op(d.bounds(), "acquiring leases", taken).await?;
         return Ok(taken
             .into_iter()
-            .map(|(partition_key, lease_epoch)| Acquired {
+            .map(|(partition_key, lease_epoch, was_free)| Acquired {
                 partition_key,
                 lease_epoch,
+                was_free,
             })
             .collect());
     }
@@ -149,9 +151,10 @@ pub async fn acquire<D: Stepwise>(
         D::commit(tx).await?;
         Ok(candidates
             .into_iter()
-            .map(|(partition_key, _, old_epoch)| Acquired {
+            .map(|(partition_key, old_owner, old_epoch)| Acquired {
                 partition_key,
                 lease_epoch: old_epoch + 1,
+                was_free: old_owner.is_none(),
             })
             .collect())
     })
