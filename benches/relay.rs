@@ -55,7 +55,7 @@
 //!
 //! Prints a table and writes JSON (`--out FILE`, default
 //! `target/outboxd-bench.json`). `--quick` shrinks the sizes for a smoke run;
-//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale|keep|shapes`
+//! `--only throughput|latency|backlog|rebalance|churn|production|tls|traces|sources|reload|scale|keep|shapes|streams`
 //! runs one section (tls: `relay/tls.rs`, TLS on both links against
 //! plaintext; traces: `relay/traces.rs`, span export on against off;
 //! sources: `relay/sources.rs`, one worker with 50 idle sources against one;
@@ -64,7 +64,9 @@
 //! 16, 256 and 1,024 buckets — settle times, idle cost, connections;
 //! keep: `relay/keep.rs`, published rows deleted against kept; shapes:
 //! `relay/shapes.rs`, the trickle in several shapes, stage by stage, beside
-//! the bare path — the producer publishing itself).
+//! the bare path — the producer publishing itself; streams:
+//! `relay/streams.rs`, the relay into a RabbitMQ stream beside a bare
+//! stream publisher and beside the relay into a queue).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -103,6 +105,8 @@ mod scale;
 mod shapes;
 #[path = "relay/sources.rs"]
 mod sources;
+#[path = "relay/streams.rs"]
+mod streams;
 #[path = "relay/tls.rs"]
 mod tls;
 #[path = "../tests/common/tls.rs"]
@@ -223,6 +227,7 @@ async fn main() {
         "scale" => scale,
         "keep" => keep,
         "shapes" => shapes,
+        "streams" => streams,
     }
 
     println!(

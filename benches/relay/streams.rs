@@ -1,0 +1,398 @@
+//! Section 15 (`--only streams`): the relay into a RabbitMQ stream, beside
+//! what bounds it, in the same run. Per round and per batch size (100, the
+//! default, and 1,000), three arms in turn, their order alternating:
+//!
+//! - **bare stream publisher** — the ceiling: no database; this process
+//!   sends the same messages (built by the relay's own
+//!   `stream_message`) through 16 named producers on one connection, one
+//!   per bucket, each a batch in flight and awaiting its confirms, with the
+//!   broker's de-duplication on (publishing ids 1..n);
+//! - **relay to a stream** — one worker draining n seeded rows on
+//!   PostgreSQL into a fresh stream;
+//! - **relay to a queue** — the same worker and rows into a classic queue
+//!   (section 1's path).
+//!
+//! Then the trickle: 50 messages a second, one per transaction, timed
+//! from just before the `INSERT` to the delivery, to a stream (a
+//! subscriber reading from the stream's end) beside a queue (a consumer),
+//! one worker each, in turn.
+//!
+//! Targets (issue text, same run): relay to a stream ≥ 0.75 × the bare
+//! stream publisher and ≥ 3 × the relay to a queue; the trickle's p99 to a
+//! stream within 1.5 × the queue's.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use outboxd::partitioner::Partitioner;
+use outboxd::producer::{Message, Producer};
+use outboxd::sink::PublishLimits;
+use outboxd::store::outbox::ClaimedMessage;
+use outboxd::stream::sink::stream_message;
+use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+
+use super::{BUCKETS, Backend, Bench, KEYS, PAYLOAD, drained_rate, median_of, ms, pct, spawn_bin};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+impl Bench {
+    pub(crate) async fn streams(&mut self) {
+        let url = std::env::var("OUTBOXD_STREAM_URL")
+            .expect("OUTBOXD_STREAM_URL is not set: run scripts/bench.sh");
+        let n = if self.quick { 20_000 } else { 100_000 };
+        let rounds = self.repeat.max(3);
+        println!(
+            "streams: {n} messages of {PAYLOAD} bytes over {KEYS} keys, one worker on PostgreSQL, {rounds} rounds"
+        );
+        let mut out = serde_json::Map::new();
+        for batch in [100u32, 1_000] {
+            let mut bare = Vec::new();
+            let mut stream = Vec::new();
+            let mut queue = Vec::new();
+            for round in 0..rounds {
+                let mut order = [0, 1, 2];
+                if round % 2 == 1 {
+                    order.reverse();
+                }
+                for arm in order {
+                    let rate = match arm {
+                        0 => self.bare_stream(&url, n, batch).await,
+                        1 => self.relay_to(Some(&url), n, batch).await,
+                        _ => self.relay_to(None, n, batch).await,
+                    };
+                    let name = [
+                        "bare stream publisher",
+                        "relay to a stream",
+                        "relay to a queue",
+                    ];
+                    println!(
+                        "  batch {batch}, round {round}, {}: {rate:.0} msg/s",
+                        name[arm]
+                    );
+                    [&mut bare, &mut stream, &mut queue][arm].push(rate);
+                }
+            }
+            let each = |a: &[f64], b: &[f64]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| format!("{:.2}", x / y))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            let ratios = |a: &[f64], b: &[f64]| {
+                median_of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
+            };
+            let of_bare = ratios(&stream, &bare);
+            let of_queue = ratios(&stream, &queue);
+            self.row(
+                &format!("streams, batch {batch}: relay to a stream ÷ bare"),
+                format!("{of_bare:.2} x"),
+                format!("rounds {}, target >= 0.75", each(&stream, &bare)),
+            );
+            self.row(
+                &format!("streams, batch {batch}: relay to a stream ÷ to a queue"),
+                format!("{of_queue:.2} x"),
+                format!("rounds {}, target >= 3", each(&stream, &queue)),
+            );
+            out.insert(
+                format!("batch_{batch}"),
+                json!({
+                    "bare_stream": bare, "relay_stream": stream, "relay_queue": queue,
+                    "stream_of_bare": of_bare, "stream_of_queue": of_queue,
+                }),
+            );
+        }
+        let (to_stream, to_queue) = self.stream_trickles(&url).await;
+        let p = |v: &[Duration], q| ms(pct(v, q));
+        self.row(
+            "streams, trickle 50 msg/s: insert to delivery p50",
+            format!("{:.1} ms", p(&to_stream, 0.5)),
+            format!("queue {:.1} ms", p(&to_queue, 0.5)),
+        );
+        self.row(
+            "streams, trickle 50 msg/s: insert to delivery p99",
+            format!("{:.1} ms", p(&to_stream, 0.99)),
+            format!(
+                "queue {:.1} ms ({:.2} x), target <= 1.5 x",
+                p(&to_queue, 0.99),
+                p(&to_stream, 0.99) / p(&to_queue, 0.99)
+            ),
+        );
+        out.insert(
+            "trickle".into(),
+            json!({
+                "stream_p50_ms": p(&to_stream, 0.5), "stream_p99_ms": p(&to_stream, 0.99),
+                "queue_p50_ms": p(&to_queue, 0.5), "queue_p99_ms": p(&to_queue, 0.99),
+            }),
+        );
+        self.results.insert("streams".into(), Value::Object(out));
+    }
+
+    /// The ceiling: `n` messages through 16 named producers, one per
+    /// bucket, each with one batch of `batch` in flight.
+    async fn bare_stream(&self, url: &str, n: usize, batch: u32) -> f64 {
+        let client = connect(url).await;
+        let stream = fresh_stream(&client).await;
+        let partitioner = Partitioner::new(BUCKETS);
+        let limits = limits();
+        let mut per_bucket: HashMap<String, Vec<(u64, outboxd::stream::Message)>> = HashMap::new();
+        for i in 0..n {
+            let message_key = format!("key-{}", i % KEYS);
+            let row = ClaimedMessage {
+                id: i as i64 + 1,
+                message_id: uuid::Uuid::new_v4(),
+                partition_key: partitioner.label_for(&message_key),
+                message_key,
+                exchange: String::new(),
+                routing_key: stream.clone(),
+                headers: json!({}),
+                content_type: None,
+                payload: vec![b'x'; PAYLOAD],
+                attempts: 0,
+                created_at: chrono::Utc::now(),
+            };
+            let message = stream_message(&row, &limits).unwrap();
+            per_bucket
+                .entry(row.partition_key)
+                .or_default()
+                .push((row.id as u64, message));
+        }
+        let client = std::sync::Arc::new(client);
+        let start = Instant::now();
+        let senders = per_bucket.into_iter().map(|(bucket, messages)| {
+            let (client, stream) = (client.clone(), stream.clone());
+            async move {
+                let name = format!("bench/{bucket}");
+                let mut producer = client
+                    .declare_publisher(Some(&name), &stream)
+                    .await
+                    .unwrap();
+                let mut messages = messages.into_iter().peekable();
+                while messages.peek().is_some() {
+                    let chunk: Vec<_> = messages.by_ref().take(batch as usize).collect();
+                    let count = chunk.len();
+                    client.publish(producer.id, chunk).await.unwrap();
+                    let mut confirmed = 0;
+                    while confirmed < count {
+                        match tokio::time::timeout(WAIT, producer.confirms.recv()).await {
+                            Ok(Some(Confirm::Stored(ids))) => confirmed += ids.len(),
+                            other => panic!("bare stream publisher: {other:?}"),
+                        }
+                    }
+                }
+            }
+        });
+        futures_util::future::join_all(senders).await;
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let _ = client.delete_stream(&stream).await;
+        rate
+    }
+
+    /// One worker draining `n` seeded rows into a fresh stream (`Some`
+    /// stream port) or a queue (`None`).
+    async fn relay_to(&self, stream_url: Option<&str>, n: usize, batch: u32) -> f64 {
+        let client = match stream_url {
+            Some(url) => Some(connect(url).await),
+            None => None,
+        };
+        let to = match &client {
+            Some(client) => fresh_stream(client).await,
+            None => {
+                let queue = "bench-streams-queue".to_string();
+                self.declare_purged(&queue).await;
+                queue
+            }
+        };
+        let toml = format!("\n[outbox]\nbatch_size = {batch}\n");
+        let (store, config, _) = self
+            .fresh_on(Backend::Postgres, "outboxd_bench_streams", &toml)
+            .await;
+        self.seed(&store, n, &to, false).await;
+        let vars = match stream_url {
+            Some(url) => vec![
+                ("OUTBOXD_AMQP__STREAM_URL", url.to_string()),
+                ("OUTBOXD_AMQP__STREAMS", to.clone()),
+            ],
+            None => Vec::new(),
+        };
+        let start = Instant::now();
+        let mut worker = spawn_bin(
+            std::path::Path::new(super::BIN),
+            &config,
+            &["--silent"],
+            &vars,
+        );
+        let rate = drained_rate(&store, n, start).await;
+        super::terminate(&mut worker);
+        store.close().await;
+        if let Some(client) = client {
+            let _ = client.delete_stream(&to).await;
+        }
+        rate
+    }
+
+    /// The trickle to a stream, then to a queue: insert-to-delivery times.
+    async fn stream_trickles(&self, url: &str) -> (Vec<Duration>, Vec<Duration>) {
+        let count = if self.quick { 200 } else { 1_000 };
+        let mut times = Vec::new();
+        for to_stream in [true, false] {
+            let client = connect(url).await;
+            let to = if to_stream {
+                fresh_stream(&client).await
+            } else {
+                let queue = "bench-streams-trickle".to_string();
+                self.declare_purged(&queue).await;
+                queue
+            };
+            let (store, config, db_url) = self
+                .fresh_on(Backend::Postgres, "outboxd_bench_streams_trickle", "")
+                .await;
+            let vars = if to_stream {
+                vec![
+                    ("OUTBOXD_AMQP__STREAM_URL", url.to_string()),
+                    ("OUTBOXD_AMQP__STREAMS", to.clone()),
+                ]
+            } else {
+                Vec::new()
+            };
+            let mut worker = spawn_bin(
+                std::path::Path::new(super::BIN),
+                &config,
+                &["--silent"],
+                &vars,
+            );
+            // The worker's leases first.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let deliveries = if to_stream {
+                tokio::spawn(read_stream_times(client, to.clone(), count))
+            } else {
+                tokio::spawn(read_queue_times(self.amqp_url.clone(), to.clone(), count))
+            };
+            produce_trickle(&db_url, &to, count, 50).await;
+            let mut got = tokio::time::timeout(Duration::from_secs(120), deliveries)
+                .await
+                .expect("every trickled message delivered")
+                .unwrap();
+            got.sort();
+            println!(
+                "  trickle to a {}: p50 {:.1} ms, p99 {:.1} ms",
+                if to_stream { "stream" } else { "queue" },
+                ms(pct(&got, 0.5)),
+                ms(pct(&got, 0.99))
+            );
+            times.push(got);
+            super::terminate(&mut worker);
+            store.close().await;
+        }
+        let queue = times.pop().unwrap();
+        (times.pop().unwrap(), queue)
+    }
+}
+
+fn limits() -> PublishLimits {
+    PublishLimits {
+        max_payload_bytes: u64::MAX,
+        stop_sending_at: None,
+        // A fresh database's leases are all at epoch 1.
+        lease_epoch: Some(1),
+        trust: None,
+        lease_was_free: true,
+    }
+}
+
+async fn connect(url: &str) -> StreamClient {
+    StreamClient::connect(&StreamUrl::parse(url).unwrap(), WAIT)
+        .await
+        .unwrap()
+}
+
+/// A new stream (its producers start from nothing).
+async fn fresh_stream(client: &StreamClient) -> String {
+    let name = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let retention = HashMap::from([("max-length-bytes".to_string(), "2000000000".to_string())]);
+    client.create_stream(&name, retention).await.unwrap();
+    name
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Commits `count` messages to `to`, one per transaction, `rate` a second;
+/// each payload is the time just before its `INSERT`.
+async fn produce_trickle(db_url: &str, to: &str, count: usize, rate: u64) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(db_url)
+        .await
+        .unwrap();
+    let producer = Producer::default();
+    let mut next = tokio::time::Instant::now();
+    for i in 0..count {
+        next += Duration::from_micros(1_000_000 / rate);
+        tokio::time::sleep_until(next).await;
+        let payload = now_nanos().to_string();
+        let message = Message::new(format!("key-{}", i % 200), "", to, payload);
+        let mut tx = pool.begin().await.unwrap();
+        producer.enqueue(&mut *tx, message).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+/// Reads `count` messages from the stream's end; each one's time since
+/// its payload's.
+async fn read_stream_times(client: StreamClient, stream: String, count: usize) -> Vec<Duration> {
+    let mut reader = client
+        .subscribe(&stream, OffsetSpecification::Next, 10)
+        .await
+        .unwrap();
+    let mut times = Vec::new();
+    while times.len() < count {
+        let chunk = reader.chunks.recv().await.expect("the stream connection");
+        let now = now_nanos();
+        for m in chunk {
+            times.push(since(m.data().unwrap_or_default(), now));
+        }
+        client.credit(reader.id, 1).await.unwrap();
+    }
+    times
+}
+
+/// Consumes `count` messages from `queue`; each one's time since its
+/// payload's.
+async fn read_queue_times(amqp_url: String, queue: String, count: usize) -> Vec<Duration> {
+    let conn = Connection::connect(&amqp_url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            queue.as_str().into(),
+            "bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut times = Vec::new();
+    while times.len() < count {
+        let delivery = consumer.next().await.unwrap().unwrap();
+        times.push(since(&delivery.data, now_nanos()));
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    times
+}
+
+fn since(payload: &[u8], now: u128) -> Duration {
+    let then: u128 = std::str::from_utf8(payload).unwrap().parse().unwrap();
+    Duration::from_nanos(now.saturating_sub(then) as u64)
+}
