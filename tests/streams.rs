@@ -164,6 +164,69 @@ async fn a_missing_stream_is_refused_by_name() {
     );
 }
 
+/// `outboxd streams declare` creates every stream of `amqp.streams` with
+/// the retention asked for, leaves one that exists as it is, and says so;
+/// without a stream port configured it names the key to set.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn streams_declare_creates_the_configured_streams_once() {
+    let url = common::streams::stream_url();
+    let (a, b) = (unique("declared"), unique("declared"));
+    let declare = |extra: &[&str]| {
+        std::process::Command::new(common::BIN)
+            .args(["streams", "declare"])
+            .args(extra)
+            .env("OUTBOXD_AMQP__STREAM_URL", &url)
+            .env("OUTBOXD_AMQP__STREAMS", format!("{a},{b}"))
+            .env_remove("AMQP_URL")
+            .output()
+            .unwrap()
+    };
+    let first = declare(&["--max-age", "7d", "--max-length-bytes", "100000000"]);
+    let said = String::from_utf8_lossy(&first.stdout).to_string();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(said, format!("{a}: created\n{b}: created\n"));
+    let again = declare(&[]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains(&format!("{a}: exists")),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    // The stream is there: a producer can be declared on it.
+    let client = StreamClient::connect(&StreamUrl::parse(&url).unwrap(), WAIT)
+        .await
+        .unwrap();
+    assert!(client.declare_publisher(Some("probe"), &a).await.is_ok());
+    for name in [&a, &b] {
+        client.delete_stream(name).await.unwrap();
+    }
+    client.close().await;
+    let unset = std::process::Command::new(common::BIN)
+        .args(["streams", "declare", "x"])
+        .env_remove("AMQP_URL")
+        .env_remove("OUTBOXD_AMQP__STREAM_URL")
+        .output()
+        .unwrap();
+    assert!(!unset.status.success());
+    assert!(
+        String::from_utf8_lossy(&unset.stderr).contains("amqp.stream_url is empty"),
+        "{}",
+        String::from_utf8_lossy(&unset.stderr)
+    );
+}
+
 // ------------------------------------------------------------ the relay
 
 /// Starts a worker whose rows for `stream` go there.
@@ -487,7 +550,51 @@ async fn a_stream_broker_killed_twice_delivers_each_row_once(db: Db) {
     terminate_all(&mut fleet);
 }
 
+/// The bucket count changed with rows pending: a worker drained part of a
+/// backlog into a stream and stopped; `outboxd repartition --to 7`
+/// re-labelled the rest; two workers with the new count drain it through
+/// producers of new names. The stream holds each row once, in order per
+/// key across the change.
+async fn repartitioning_with_rows_pending_keeps_a_stream_once_and_in_order(db: Db) {
+    let env = TestEnv::with(Tuning::fleet().on(db)).await;
+    let url = common::streams::stream_url();
+    let stream = new_stream(&url).await;
+    let keys: Vec<String> = (0..200).map(|k| format!("key-{k}")).collect();
+    env.db.exec(&plain_insert(&keys, &stream, 10_000)).await;
+    let mut worker = stream_worker(&env, &url, &stream, &["--silent", "--batch-size", "10"]);
+    env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(30))
+        .await;
+    assert!(worker.terminate(Duration::from_secs(10)).success());
+    let published_before = env.count("published_at IS NOT NULL").await;
+    assert!(published_before < 10_000, "drained before the change");
+    let out = env.command(&["repartition", "--to", "7"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let toml = std::fs::read_to_string(&env.config_path).unwrap();
+    std::fs::write(
+        &env.config_path,
+        toml.replace("partition_count = 16", "partition_count = 7"),
+    )
+    .unwrap();
+    let mut fleet: Vec<WorkerProcess> = (0..2)
+        .map(|_| stream_worker(&env, &url, &stream, &["--silent"]))
+        .collect();
+    wait_drained(&env, Duration::from_secs(60)).await;
+    let v = judge_stream(&env, &url, &stream).await;
+    println!(
+        "repartition 16 → 7 into a stream with {published_before} of 10,000 published before it: {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    terminate_all(&mut fleet);
+}
+
 on_every_db!(
+    repartitioning_with_rows_pending_keeps_a_stream_once_and_in_order,
     handing_buckets_over_2_6_2_into_a_stream_delivers_each_row_once,
     a_worker_stopped_past_its_lease_adds_nothing_to_the_stream,
     a_stream_broker_killed_twice_delivers_each_row_once,

@@ -85,7 +85,7 @@ pub fn observed(stats: &Arc<RelayStats>) -> Vec<crate::otel::export::Observed> {
 }
 
 /// Every counter of a worker, in the order `/metrics` lists them.
-pub const COUNTERS: [Counter; 9] = [
+pub const COUNTERS: [Counter; 12] = [
     Counter {
         series: "outboxd_published_total",
         otlp: "outboxd.published",
@@ -129,6 +129,27 @@ pub const COUNTERS: [Counter; 9] = [
         read: |s| s.late_writes.load(Ordering::Relaxed),
     },
     Counter {
+        series: "outboxd_stream_sent_total",
+        otlp: "outboxd.stream.sent",
+        unit: "{message}",
+        help: "rows sent to a stream through their bucket's named producer and confirmed (repeats the broker dropped included)",
+        read: |s| s.stream.sent.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_stream_already_stored_total",
+        otlp: "outboxd.stream.already_stored",
+        unit: "{message}",
+        help: "rows for a stream found at or below their producer's last stored id after taking over an expired lease: recorded without being sent again",
+        read: |s| s.stream.already_stored.load(Ordering::Relaxed),
+    },
+    Counter {
+        series: "outboxd_stream_late_total",
+        otlp: "outboxd.stream.late",
+        unit: "{message}",
+        help: "rows for a stream that committed after later rows of their bucket were stored: sent through an unnamed producer",
+        read: |s| s.stream.late.load(Ordering::Relaxed),
+    },
+    Counter {
         series: "outboxd_trace_spans_exported_total",
         otlp: "outboxd.trace.spans_exported",
         unit: "{span}",
@@ -169,6 +190,9 @@ pub struct RelayStats {
     /// pause between the send gate's check and the write
     /// ([`crate::amqp::gate`]). Shared with the broker's gate.
     pub late_writes: Arc<AtomicU64>,
+    /// What the stream sink did with rows for streams
+    /// ([`crate::stream::sink`]); zero without streams.
+    pub stream: Arc<crate::stream::StreamCounters>,
     published: AtomicU64,
     /// Rows published by bucket (one lock per recorded batch).
     by_bucket: Mutex<HashMap<String, u64>>,

@@ -109,12 +109,14 @@ pub struct StreamCounters {
 
 impl StreamSink {
     /// `prefix` names the producers (see the module docs); rows for
-    /// `streams` go through `link`, the others through `queues`.
+    /// `streams` go through `link`, the others through `queues`; what
+    /// happened to them is counted in `counters`.
     pub fn new(
         link: StreamLink,
         streams: &[String],
         prefix: String,
         queues: Arc<dyn Sink>,
+        counters: Arc<StreamCounters>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -122,7 +124,7 @@ impl StreamSink {
                 streams: streams.iter().cloned().collect(),
                 prefix,
                 memory: Mutex::default(),
-                counters: Arc::default(),
+                counters,
             }),
             queues,
         }
@@ -132,10 +134,6 @@ impl StreamSink {
     /// restarts, new when the bucket count changes.
     pub fn producer_prefix(source: &str, outbox_table: &str, bucket_count: u32) -> String {
         format!("{source}/{outbox_table}/{bucket_count}")
-    }
-
-    pub fn counters(&self) -> Arc<StreamCounters> {
-        self.shared.counters.clone()
     }
 }
 

@@ -100,6 +100,7 @@ fn sink(
     opts: &WorkOptions,
     started: &Started,
     bucket_count: usize,
+    stats: &RelayStats,
 ) -> Result<Arc<dyn crate::sink::Sink>, WorkError> {
     let queues: Arc<dyn crate::sink::Sink> = Arc::new(AmqpSink::new(started.broker.clone()));
     if config.amqp.streams.is_empty() {
@@ -116,6 +117,7 @@ fn sink(
         &config.amqp.streams,
         prefix,
         queues,
+        stats.stream.clone(),
     )))
 }
 
@@ -159,7 +161,7 @@ pub async fn run(
         Arc::new(RelayContext {
             store: started.store.clone(),
             broker: started.broker.clone(),
-            sink: sink(config, opts, &started, labels.len())?,
+            sink: sink(config, opts, &started, labels.len(), &stats)?,
             settings: RelaySettings::from_config(config),
             stats: stats.clone(),
             tracer,
