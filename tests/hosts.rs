@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::hosts::{DelayProxy, Fault, Lab, Link};
+use common::streams::{judge_stream, new_stream, stream_vars};
 use common::*;
 use outboxd::demo::QueueReader;
 use uuid::Uuid;
@@ -460,5 +461,72 @@ async fn when_every_worker_loses_the_broker_the_fleet_steps_aside_without_churn(
         "the test needs rows waiting while the broker is away"
     );
     assert!(all && v.is_clean(), "{v:?}");
+    terminate_all(&mut workers);
+}
+
+/// Three workers on three hosts publishing into a RabbitMQ stream while
+/// producers write; host 2 is cut off from everything (database, broker,
+/// stream port) for 3 × lease_ttl, then heals and takes its share back.
+/// Its buckets change hands twice with rows in flight; the stream holds
+/// each committed row once, in order per key.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL and RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_cut_off_and_healed_adds_each_row_to_a_stream_once() {
+    let lab = Lab::with_streams(3);
+    let env = TestEnv::with(lab.tuning(Tuning::hosts())).await;
+    let url = lab.broker().stream_url();
+    let stream = new_stream(&url).await;
+    let vars = stream_vars(&url, &stream);
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut workers: Vec<WorkerProcess> = (1..=3)
+        .map(|h| env.spawn_worker_with(Some(&lab.netns(h)), &env.config_path, &[], &vars))
+        .collect();
+    wait_converged(&env, 3, Duration::from_secs(20)).await;
+    let cut_id = worker_id_of(&env, &workers[1]).await;
+    let producers = Producers::start(&env, "", &stream, 4, 300.0);
+    env.wait_count("published_at IS NOT NULL", 300, Duration::from_secs(20))
+        .await;
+    let held = held_by(&env, cut_id).await;
+    assert!(!held.is_empty());
+    lab.fault(2, Link::All, Fault::Blackhole);
+    let cut_at = Instant::now();
+    while !reowned(&env, &held, cut_id).await {
+        assert!(
+            cut_at.elapsed() < REOWN_AFTER_EXPIRY + Duration::from_secs(10),
+            "host 2's buckets not re-owned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reowned_after = cut_at.elapsed();
+    tokio::time::sleep((3 * LEASE_TTL).saturating_sub(cut_at.elapsed())).await;
+    lab.heal(2);
+    let healed_at = Instant::now();
+    while !converged(&env, 3).await || held_by(&env, cut_id).await.is_empty() {
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(30),
+            "host 2 never rejoined; its log:\n{}",
+            workers[1].log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rejoined_after = healed_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let acknowledged = producers.stop().await;
+    let start = Instant::now();
+    while env.count("published_at IS NULL").await > 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "not drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let v = judge_stream(&env, &url, &stream).await;
+    println!(
+        "host 2 cut off from everything into a stream: {} buckets re-owned after {reowned_after:.2?}, rejoined {rejoined_after:.2?} after the heal; {acknowledged} commits acknowledged; {}",
+        held.len(),
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
     terminate_all(&mut workers);
 }

@@ -73,6 +73,14 @@ impl Lab {
         Self::build(hosts, true, Some(parent))
     }
 
+    /// A lab whose broker also listens on a stream port
+    /// ([`PrivateBroker::stream_url`]).
+    pub fn with_streams(hosts: usize) -> Self {
+        let mut lab = Self::build(hosts, false, None);
+        lab.broker = Some(PrivateBroker::start_with_streams_on(&lab.gateway));
+        lab
+    }
+
     fn with(hosts: usize, broker: bool) -> Self {
         Self::build(hosts, broker, None)
     }

@@ -752,6 +752,29 @@ impl PrivateBroker {
         b
     }
 
+    /// A broker listening on `host` whose stream port (the
+    /// `rabbitmq_stream` plugin) is [`PrivateBroker::stream_url`].
+    pub fn start_with_streams_on(host: &str) -> Self {
+        let mut b = Self::unstarted(host);
+        // The stream port below the broker's range, so it is never an
+        // AMQP port of another test's broker.
+        let port = free_port_pair(|| 20000 + 2 * (rand_u16() % 2000));
+        b.env = vec![("OUTBOXD_STREAM_PORT".into(), port.to_string())];
+        b.run("start");
+        b
+    }
+
+    /// The stream port's URL, for a broker started with one.
+    pub fn stream_url(&self) -> String {
+        let port = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "OUTBOXD_STREAM_PORT")
+            .map(|(_, v)| v.clone())
+            .expect("a broker started with a stream port");
+        format!("rabbitmq-stream://guest:guest@{}:{port}/%2f", self.host)
+    }
+
     fn unstarted(host: &str) -> Self {
         // Ports 24000-27998, even, so port+1 (distribution) is free too.
         // Below the kernel's ephemeral range (32768-60999 by default): with
