@@ -95,7 +95,7 @@ struct Memory {
     highest: u64,
 }
 
-/// The stream sink's counts, for the metrics and the dashboard.
+/// The stream sink's counts, for the metrics (`outboxd_stream_*_total`).
 #[derive(Debug, Default)]
 pub struct StreamCounters {
     /// Rows stored through a named producer (or confirmed as repeats).
