@@ -501,17 +501,22 @@ impl StreamSession {
                 .publish(publisher, messages)
                 .await
                 .map_err(unavailable)?;
+            // Only this segment's ids count: an answer for another id
+            // (none is expected) cannot end the wait early.
+            let waiting: HashSet<u64> = ids.iter().copied().collect();
             let mut answered: HashMap<u64, Option<ResponseCode>> = HashMap::new();
-            while answered.len() < ids.len() {
+            while answered.len() < waiting.len() {
                 match producer.publisher.confirms.recv().await {
                     Some(Confirm::Stored(stored)) => {
-                        for id in stored {
+                        for id in stored.into_iter().filter(|id| waiting.contains(id)) {
                             answered.insert(id, None);
                         }
                     }
                     Some(Confirm::Refused(refused)) => {
                         for (id, code) in refused {
-                            answered.insert(id, Some(code));
+                            if waiting.contains(&id) {
+                                answered.insert(id, Some(code));
+                            }
                         }
                     }
                     None => {
@@ -568,7 +573,8 @@ impl StreamSession {
                     }
                     return Err((n, refused(stream, code)));
                 }
-                None => unreachable!("every id was answered"),
+                // The wait above ends only once every id is answered.
+                None => return Err((n, PublishError::Timeout(timeout))),
             }
         }
         Ok(())
