@@ -99,10 +99,14 @@ impl StreamLink {
         {
             return Err(error.clone());
         }
+        // Holds that lingered on the connections just dropped (a batch
+        // that failed with frames perhaps unsent) end with them: left, a
+        // lapsed one would close the gate on the new connection's
+        // handshake, and on every connection after it.
+        self.gate.connection_replaced();
         match self.connect().await {
             Ok(client) => {
                 state.failed = None;
-                self.gate.connection_replaced();
                 let client = Arc::new(client);
                 state.clients.push(client.clone());
                 Ok(client)
