@@ -27,7 +27,8 @@ use crate::store::Store;
 
 #[derive(Debug, Clone, Args)]
 pub struct ProduceArgs {
-    /// Queue to route messages to (declared durable; default exchange)
+    /// Queue to route messages to (declared durable; default exchange), or
+    /// a stream of `amqp.streams` (not declared: `outboxd streams declare`)
     #[arg(long, default_value = "outboxd-demo")]
     pub queue: String,
     /// Distinct message keys (orders)
@@ -60,7 +61,9 @@ pub async fn produce(
     args: &ProduceArgs,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    declare_queue(&config.amqp.url, &args.queue).await?;
+    if !config.amqp.streams.contains(&args.queue) {
+        declare_queue(&config.amqp.url, &args.queue).await?;
+    }
     let store = Store::connect(
         &crate::store::StoreSettings::from_config(config),
         "outboxd produce",

@@ -387,6 +387,37 @@ fn print_status(s: &Summary) {
             _ => {}
         }
     }
+    if !s.destinations.is_empty() {
+        say!(
+            "\n{:<32} {:<6} {:<8} {:>9} {:>11} {:>9} {:>7}",
+            "DESTINATION",
+            "SINK",
+            "KIND",
+            "RATE/S",
+            "DELIVERED",
+            "IN STREAM",
+            "LATE"
+        );
+        for d in &s.destinations {
+            let stream_only = |n: u64| {
+                if d.sink == "stream" {
+                    n.to_string()
+                } else {
+                    "-".into()
+                }
+            };
+            say!(
+                "{:<32} {:<6} {:<8} {:>9.1} {:>11} {:>9} {:>7}",
+                d.name,
+                d.sink,
+                d.kind.as_str(),
+                d.rate,
+                d.delivered,
+                stream_only(d.already_stored),
+                stream_only(d.late)
+            );
+        }
+    }
     say!(
         "\n{:<7} {:<24} {:>6} {:>9} {:>9} {:>9} {:>7}  STATUS",
         "BUCKET",

@@ -1,7 +1,8 @@
 //! The dashboard in a real headless browser (Debian's Chromium, driven by
 //! tests/browser/dashboard.mjs through playwright-core) against a real
 //! 3-worker fleet with a producer running: workers, leases and throughput
-//! show the database's values, a value changes live without a reload, the
+//! show the database's values, a value changes live without a reload, each
+//! destination (a queue through AMQP, a stream) is shown with its sink, the
 //! live per-second rate moves, a worker stopped with SIGTERM shows up on the
 //! lease timeline as its buckets' release and the survivors' acquisitions
 //! (without a reload), and a parked message is requeued through the UI —
@@ -24,6 +25,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::streams::{new_stream, stream_url, stream_vars};
 use common::*;
 use outboxd::coordinator::assignment::{Assignment, owner_index};
 use outboxd::demo::QueueReader;
@@ -72,8 +74,13 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         ))
         .await;
 
-    let mut workers = vec![env.spawn_worker(&["--silent", "--ui", "127.0.0.1:0"])];
-    workers.extend((0..2).map(|_| env.spawn_worker(&["--silent"])));
+    // A quarter of the traffic goes to a stream.
+    let stream = new_stream(&stream_url()).await;
+    let vars = stream_vars(&stream_url(), &stream);
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let spawn = |args: &[&str]| env.spawn_worker_with(None, &env.config_path, args, &vars);
+    let mut workers = vec![spawn(&["--silent", "--ui", "127.0.0.1:0"])];
+    workers.extend((0..2).map(|_| spawn(&["--silent"])));
     let base = wait_for_dashboard_url(&workers[0]);
 
     // The fleet settles and the unroutable message is parked.
@@ -105,10 +112,11 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
     // tab (the browser creates `signal`), one more unroutable message, to be
     // parked while the page is open.
     let signal = std::env::temp_dir().join(format!("{}.signal", unique("dash")));
-    let (db, q) = (env.db.clone(), queue.clone());
+    let (db, q, s) = (env.db.clone(), queue.clone(), stream.clone());
     let traffic = tokio::spawn(async move {
         for i in 0..3000 {
-            db.enqueue(Message::new(format!("key-{}", i % 40), "", q.as_str(), "x"))
+            let to = if i % 4 == 0 { s.as_str() } else { q.as_str() };
+            db.enqueue(Message::new(format!("key-{}", i % 40), "", to, "x"))
                 .await;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -133,8 +141,10 @@ async fn the_dashboard_shows_a_real_fleet_live_and_requeues_a_parked_message_thr
         .into_iter()
         .map(|l| (l.partition_key, l.lease_owner.unwrap().to_string()))
         .collect();
-    let expect =
-        serde_json::json!({ "workers": workers_expected, "owners": owners, "parkedId": parked });
+    let expect = serde_json::json!({
+        "workers": workers_expected, "owners": owners, "parkedId": parked,
+        "queue": queue, "stream": stream,
+    });
     // The browser stops the third worker (not the one serving the page).
     let leaving = worker_id_of(&env, &workers[2]).await;
     let mut cmd = Command::new("node");

@@ -689,6 +689,7 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
         failed_total: 1,
         published_rate: 2.5,
         bucket_activity: "p01=2.50".into(),
+        destinations: r#"[{"kind":"stream","name":"orders","delivered":42,"rate":2.5}]"#.into(),
     };
     // A heartbeat on time (30 s), as the worker's task writes it.
     let beat = |worker| {
@@ -838,6 +839,16 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
     assert_eq!(va.broker_blocked.as_deref(), Some("disk alarm"));
     // The heartbeat's bucket activity is read back as written.
     assert_eq!(va.bucket_activity.as_deref(), Some("p01=2.50"));
+    // And what it delivered where.
+    let delivered = outboxd::sink::destinations::parse(va.destinations.as_deref());
+    assert_eq!(
+        (
+            delivered[0].name.as_str(),
+            delivered[0].delivered,
+            delivered[0].rate
+        ),
+        ("orders", 42, 2.5)
+    );
 
     store.remove_worker(a).await.unwrap();
     let just_b = polled().await;

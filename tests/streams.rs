@@ -259,7 +259,8 @@ async fn wait_drained(env: &TestEnv, timeout: Duration) -> Duration {
 /// the worker is killed and every row's record taken back — as if it had
 /// died between the broker's confirm and the database's record each time
 /// — and the worker that takes the expired leases records them all
-/// without sending one again.
+/// without sending one again, and says so per destination: in its
+/// `/metrics` and, through its heartbeat, on the dashboard.
 async fn rows_reach_a_stream_once_even_when_every_record_was_lost(db: Db) {
     let env = TestEnv::with(Tuning::fleet().on(db)).await;
     let url = common::streams::stream_url();
@@ -307,8 +308,58 @@ async fn rows_reach_a_stream_once_even_when_every_record_was_lost(db: Db) {
     assert!(queued, "the 30 rows for the queue arrived through AMQP");
 
     env.db.exec("UPDATE outbox SET published_at = NULL").await;
-    let mut worker = stream_worker(&env, &url, &stream, &["--silent"]);
+    let mut worker = stream_worker(&env, &url, &stream, &["--silent", "--ui", "127.0.0.1:0"]);
+    let base = wait_for_dashboard_url(&worker);
     wait_drained(&env, Duration::from_secs(60)).await;
+    let metrics = http("GET", &format!("{base}/metrics"), &[], None)
+        .await
+        .body;
+    let series = |kind: &str, name: &str| {
+        let sink = if kind == "stream" { "stream" } else { "amqp" };
+        format!(
+            "outboxd_destination_delivered_total{{sink=\"{sink}\",kind=\"{kind}\",destination=\"{name}\"}}"
+        )
+    };
+    for (series, n) in [
+        (series("stream", &stream), 300),
+        (series("queue", &queue), 30),
+        ("outboxd_stream_already_stored_total".to_string(), 300),
+        ("outboxd_stream_sent_total".to_string(), 0),
+    ] {
+        assert!(
+            metrics.contains(&format!("\n{series} {n}\n")),
+            "{series} {n} not in:\n{metrics}"
+        );
+    }
+    // The dashboard adds up the heartbeats: the stream with its sink.
+    let summary = format!("{base}/outbox/api/summary");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let shown = loop {
+        let body: serde_json::Value =
+            serde_json::from_str(&http("GET", &summary, &[], None).await.body).unwrap();
+        let shown = body["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == stream.as_str())
+            .cloned();
+        if let Some(d) = shown.filter(|d| d["already_stored"] == 300) {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream is not on the dashboard: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (
+            shown["sink"].as_str(),
+            shown["kind"].as_str(),
+            shown["delivered"].as_u64()
+        ),
+        (Some("stream"), Some("stream"), Some(300))
+    );
     assert!(worker.terminate(Duration::from_secs(10)).success());
     let v = judge_stream_and_queue(&url, &stream, &mut reader).await;
     assert_eq!(

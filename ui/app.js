@@ -219,6 +219,23 @@ function renderWorkers(workers, parts) {
     </tr>`).join("") || `<tr><td colspan="9" class="muted">No workers.</td></tr>`;
 }
 
+// Streams take rows through the stream protocol, once each (the broker
+// keeps each bucket's last id); queues and exchanges through AMQP confirms.
+function renderDestinations(dests) {
+  const sink = (d) => d.sink === "stream"
+    ? `<span class="badge ok" title="stream protocol, de-duplicated by the broker: effectively once">stream</span>`
+    : `<span class="badge idle" title="AMQP 0-9-1 with publisher confirms: at least once">AMQP ${esc(d.kind)}</span>`;
+  const streamOnly = (d, n) => (d.sink === "stream" ? num(n) : "—");
+  $("#destinations tbody").innerHTML = dests.map((d) => `
+    <tr data-destination="${esc(d.kind)}:${esc(d.name)}">
+      <td class="mono name">${esc(d.name) || `<span class="muted">(default exchange)</span>`}</td>
+      <td class="sink">${sink(d)}</td>
+      <td class="rate">${rate(d.rate)}</td><td class="delivered">${num(d.delivered)}</td>
+      <td>${streamOnly(d, d.already_stored)}</td><td>${streamOnly(d, d.late)}</td>
+      <td>${d.workers}</td>
+    </tr>`).join("") || `<tr><td colspan="7" class="muted">Nothing delivered by a live worker yet.</td></tr>`;
+}
+
 // A blocked head's ways out, as `outboxd failed retry|park|drop`.
 function headActions(p) {
   if (!p.head_id) return "";
@@ -255,7 +272,8 @@ async function refresh() {
     const events = loadEvents();
     const s = await api("/summary");
     learnNames(s.workers);
-    renderKpis(s); renderCharts(s.throughput); renderWorkers(s.workers, s.partitions); renderPartitions(s.partitions);
+    renderKpis(s); renderCharts(s.throughput); renderWorkers(s.workers, s.partitions);
+    renderDestinations(s.destinations || []); renderPartitions(s.partitions);
     await events;
     renderTimeline(s);
     $("#updated").textContent = "updated " + new Date().toLocaleTimeString();

@@ -1,7 +1,8 @@
 //! The AMQP 0-9-1 path as the relay's [`Sink`]: a session is one confirm
 //! channel ([`ConfirmChannel`]) on the [`Broker`]'s connection; closing a
 //! session after a timeout gives up on that node (`Broker::abandon_node`)
-//! when the broker is a cluster.
+//! when the broker is a cluster. What it delivers is counted per exchange
+//! or queue.
 
 use std::sync::Arc;
 
@@ -10,17 +11,20 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Broker, ConfirmChannel};
-use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session, Sink};
+use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
 
 /// RabbitMQ's exchanges and queues, through publisher confirms.
 pub struct AmqpSink {
     broker: Arc<Broker>,
+    delivered: Arc<Destinations>,
 }
 
 impl AmqpSink {
-    pub fn new(broker: Arc<Broker>) -> Self {
-        Self { broker }
+    /// Publishes through `broker`; confirmed rows are counted in
+    /// `delivered`.
+    pub fn new(broker: Arc<Broker>, delivered: Arc<Destinations>) -> Self {
+        Self { broker, delivered }
     }
 }
 
@@ -31,6 +35,7 @@ impl Sink for AmqpSink {
         Some(Box::new(AmqpSession {
             channel,
             broker: self.broker.clone(),
+            delivered: self.delivered.clone(),
         }))
     }
 
@@ -43,6 +48,7 @@ impl Sink for AmqpSink {
 struct AmqpSession {
     channel: ConfirmChannel,
     broker: Arc<Broker>,
+    delivered: Arc<Destinations>,
 }
 
 #[async_trait]
@@ -52,7 +58,9 @@ impl Session for AmqpSession {
     }
 
     async fn send(&mut self, rows: &[ClaimedMessage], limits: PublishLimits) -> BatchOutcome {
-        self.channel.publish_batch(rows, limits).await
+        let outcome = self.channel.publish_batch(rows, limits).await;
+        self.delivered.count_amqp(&rows[..outcome.confirmed]);
+        outcome
     }
 
     async fn close(self: Box<Self>, after: Option<&PublishError>) {

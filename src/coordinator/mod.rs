@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 use crate::relay::RelayStats;
 use crate::relay::stats::BucketActivity;
+use crate::sink::destinations;
 use crate::store::workers::{Joined, LiveWorker, Registration, WorkerCounts, WorkerMode};
 use crate::store::{Store, StoreError};
 
@@ -178,6 +179,7 @@ impl Membership {
         let mut delay = period;
         let (mut last, mut last_at) = (stats.snapshot(), Instant::now());
         let mut activity = BucketActivity::new(last_at, stats.published_by_bucket());
+        let mut delivered = stats.delivered.snapshot();
         let mut written: Option<WorkerCounts> = None;
         loop {
             tokio::select! {
@@ -185,14 +187,16 @@ impl Membership {
                 _ = tokio::time::sleep(delay) => {}
             }
             let now = stats.snapshot();
+            let delivered_now = stats.delivered.snapshot();
             let elapsed = last_at.elapsed().as_secs_f64().max(1e-3);
             let counts = WorkerCounts {
                 published_total: now.published,
                 failed_total: now.failed,
                 published_rate: now.since(&last).published as f64 / elapsed,
                 bucket_activity: activity.sample(Instant::now(), stats.published_by_bucket()),
+                destinations: destinations::report(&delivered_now, &delivered, elapsed),
             };
-            (last, last_at) = (now, Instant::now());
+            (last, last_at, delivered) = (now, Instant::now(), delivered_now);
             // Skipped, the next beat is due a period after the renewal's,
             // so the row is never written less often than every period.
             if written.as_ref() == Some(&counts)

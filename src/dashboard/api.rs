@@ -2,7 +2,7 @@
 //!
 //! | method and path | answer |
 //! |---|---|
-//! | `GET api/summary` | workers, buckets, last hour's throughput, totals (what the page polls) |
+//! | `GET api/summary` | workers, buckets, last hour's throughput, totals, destinations (what the page polls) |
 //! | `GET api/workers` | every worker row with heartbeat TTL, buckets held, totals, rate |
 //! | `GET api/partitions` | every bucket: lease, pending/parked counts, lag, blocked head |
 //! | `GET api/throughput` | published / failed per minute (last 60 minutes) and per second (last 5 minutes) |
@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::destinations::DestinationView;
 use super::error::ApiError;
 use super::{DashboardState, auth};
 use crate::store::outbox::{MessageState, MessageSummary};
@@ -69,6 +70,8 @@ pub struct Summary {
     pub partitions: Vec<BucketView>,
     pub throughput: Throughput,
     pub totals: Totals,
+    /// What the live workers delivered where.
+    pub destinations: Vec<DestinationView>,
 }
 
 pub async fn summary(State(st): State<Arc<DashboardState>>) -> Result<Json<Summary>, ApiError> {
@@ -100,6 +103,7 @@ pub async fn load_summary(store: &Store, partition_count: u32) -> Result<Summary
     Ok(Summary {
         now,
         partition_count,
+        destinations: super::destinations::fleet(&workers),
         workers,
         partitions,
         throughput,

@@ -4,7 +4,8 @@
 //! dashboard reports the whole fleet); counters and latency histograms are
 //! those of the serving process when it is a worker (`outboxd work --ui`).
 //! Label cardinality is bounded: one `bucket` label per bucket (at most
-//! 1024) and one `worker` label per live worker.
+//! 1024), one `worker` label per live worker, and at most
+//! [`MAX_DESTINATIONS`](crate::sink::destinations::MAX_DESTINATIONS) `destination` labels per worker.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -230,6 +231,16 @@ fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]
         "1 while the bucket's head keeps failing",
         &blocked,
     );
+    let rates: Vec<(String, f64)> = super::destinations::fleet(workers)
+        .iter()
+        .map(|d| (destination_labels(d.sink, d.kind.as_str(), &d.name), d.rate))
+        .collect();
+    gauge_labeled(
+        out,
+        "outboxd_destination_rate",
+        "rows a second the live workers delivered to each queue, exchange and stream (over their last heartbeat periods)",
+        &rates,
+    );
     let parked: f64 = buckets.iter().map(|b| b.parked as f64).sum();
     gauge(
         out,
@@ -243,6 +254,15 @@ fn fleet_gauges(out: &mut String, workers: &[WorkerView], buckets: &[BucketView]
 pub fn process(out: &mut String, stats: &RelayStats) {
     for c in &COUNTERS {
         counter(out, c.series, c.help, (c.read)(stats));
+    }
+    let name = "outboxd_destination_delivered_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} rows this worker delivered to each queue, exchange and stream (confirmed by the broker, or found already in a stream)\n# TYPE {name} counter"
+    );
+    for d in stats.delivered.snapshot() {
+        let labels = destination_labels(d.kind.sink(), d.kind.as_str(), &d.name);
+        let _ = writeln!(out, "{name}{{{labels}}} {}", d.totals.delivered);
     }
     histogram(
         out,
@@ -262,6 +282,13 @@ pub fn process(out: &mut String, stats: &RelayStats) {
         "time of one record of published rows",
         &stats.record_latency,
     );
+}
+
+fn destination_labels(sink: &str, kind: &str, name: &str) -> String {
+    format!(
+        "sink=\"{sink}\",kind=\"{kind}\",destination=\"{}\"",
+        escape(name)
+    )
 }
 
 fn escape(s: &str) -> String {

@@ -41,6 +41,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod destinations;
 pub mod error;
 pub mod https;
 pub mod metrics;

@@ -149,6 +149,7 @@ mod tests {
             broker_error: None,
             broker_blocked: None,
             bucket_activity: activity.map(str::to_string),
+            destinations: None,
             state: String::new(),
         }
     }

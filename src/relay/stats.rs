@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::otel::export::TraceCounts;
+use crate::sink::Destinations;
+use crate::sink::destinations::Kind;
 
 /// Upper bounds (seconds) of the latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -133,21 +135,24 @@ pub const COUNTERS: [Counter; 12] = [
         otlp: "outboxd.stream.sent",
         unit: "{message}",
         help: "rows sent to a stream through their bucket's named producer and confirmed (repeats the broker dropped included)",
-        read: |s| s.stream.sent.load(Ordering::Relaxed),
+        read: |s| {
+            s.delivered
+                .sum(Kind::Stream, |t| t.delivered - t.already_stored - t.late)
+        },
     },
     Counter {
         series: "outboxd_stream_already_stored_total",
         otlp: "outboxd.stream.already_stored",
         unit: "{message}",
         help: "rows for a stream found at or below their producer's last stored id after taking over an expired lease: recorded without being sent again",
-        read: |s| s.stream.already_stored.load(Ordering::Relaxed),
+        read: |s| s.delivered.sum(Kind::Stream, |t| t.already_stored),
     },
     Counter {
         series: "outboxd_stream_late_total",
         otlp: "outboxd.stream.late",
         unit: "{message}",
         help: "rows for a stream that committed after later rows of their bucket were stored: sent through an unnamed producer",
-        read: |s| s.stream.late.load(Ordering::Relaxed),
+        read: |s| s.delivered.sum(Kind::Stream, |t| t.late),
     },
     Counter {
         series: "outboxd_trace_spans_exported_total",
@@ -190,9 +195,9 @@ pub struct RelayStats {
     /// pause between the send gate's check and the write
     /// ([`crate::amqp::gate`]). Shared with the broker's gate.
     pub late_writes: Arc<AtomicU64>,
-    /// What the stream sink did with rows for streams
-    /// ([`crate::stream::sink`]); zero without streams.
-    pub stream: Arc<crate::stream::StreamCounters>,
+    /// What the sinks delivered, per destination
+    /// ([`crate::sink::destinations`]).
+    pub delivered: Arc<Destinations>,
     published: AtomicU64,
     /// Rows published by bucket (one lock per recorded batch).
     by_bucket: Mutex<HashMap<String, u64>>,

@@ -73,6 +73,7 @@ impl<D: Driver> WorkerStore for D {
             Arg::Int(counts.failed_total as i64),
             Arg::Float(counts.published_rate),
             Arg::Text((!counts.bucket_activity.is_empty()).then_some(&counts.bucket_activity)),
+            Arg::Text((!counts.destinations.is_empty()).then_some(&counts.destinations)),
             Arg::Uuid(worker_id),
         ];
         let changed = self

@@ -100,6 +100,10 @@ pub struct WorkerView {
     /// rates: `p03=12.5 p07=0.4` ([`bucket_rates`] reads it).
     #[serde(skip)]
     pub bucket_activity: Option<String>,
+    /// What it delivered where: a JSON array
+    /// ([`crate::sink::destinations::parse`] reads it).
+    #[serde(skip)]
+    pub destinations: Option<String>,
     /// Its state, in the one vocabulary the page, the API, `outboxd
     /// status` and the metrics share (`crate::dashboard::states`).
     #[sqlx(skip)]
@@ -114,6 +118,8 @@ pub struct WorkerCounts {
     pub published_rate: f64,
     /// [`WorkerView::bucket_activity`]; empty when nothing was published.
     pub bucket_activity: String,
+    /// [`WorkerView::destinations`]; empty when nothing was delivered.
+    pub destinations: String,
 }
 
 /// The `(bucket, rows a second)` pairs of a [`WorkerView::bucket_activity`].

@@ -29,4 +29,4 @@ pub use client::{Confirm, Publisher, StreamClient, StreamError, StreamUrl, Subsc
 pub use link::StreamLink;
 pub use rabbitmq_stream_protocol::commands::subscribe::OffsetSpecification;
 pub use rabbitmq_stream_protocol::message::{Message, SimpleValue};
-pub use sink::{StreamCounters, StreamSink};
+pub use sink::StreamSink;

@@ -41,7 +41,6 @@
 //! but whose record was lost is sent again under the new name.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -55,7 +54,8 @@ use tokio_util::sync::CancellationToken;
 use super::client::{Confirm, Publisher, StreamClient, StreamError};
 use super::link::StreamLink;
 use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
-use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session, Sink};
+use crate::sink::destinations::Kind;
+use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
 
 /// Ids a producer's memory keeps (the lowest are forgotten first).
@@ -74,7 +74,7 @@ struct Shared {
     /// The producer name's prefix: source, outbox table, bucket count.
     prefix: String,
     memory: Mutex<HashMap<ProducerKey, Memory>>,
-    counters: Arc<StreamCounters>,
+    delivered: Arc<Destinations>,
 }
 
 /// A stream and a bucket: one named producer.
@@ -95,28 +95,16 @@ struct Memory {
     highest: u64,
 }
 
-/// The stream sink's counts, for the metrics (`outboxd_stream_*_total`).
-#[derive(Debug, Default)]
-pub struct StreamCounters {
-    /// Rows stored through a named producer (or confirmed as repeats).
-    pub sent: AtomicU64,
-    /// Rows found at or below the producer's last stored id, recorded
-    /// without being sent.
-    pub already_stored: AtomicU64,
-    /// Rows committed late, sent through an unnamed producer.
-    pub late: AtomicU64,
-}
-
 impl StreamSink {
     /// `prefix` names the producers (see the module docs); rows for
     /// `streams` go through `link`, the others through `queues`; what
-    /// happened to them is counted in `counters`.
+    /// happened to them is counted per stream in `delivered`.
     pub fn new(
         link: StreamLink,
         streams: &[String],
         prefix: String,
         queues: Arc<dyn Sink>,
-        counters: Arc<StreamCounters>,
+        delivered: Arc<Destinations>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -124,7 +112,7 @@ impl StreamSink {
                 streams: streams.iter().cloned().collect(),
                 prefix,
                 memory: Mutex::default(),
-                counters,
+                delivered,
             }),
             queues,
         }
@@ -404,10 +392,11 @@ impl StreamSession {
                 let mut memory = self.shared.memory.lock().expect("not poisoned");
                 memory.entry(key.clone()).or_default().find(&ids);
                 drop(memory);
-                self.shared
-                    .counters
-                    .already_stored
-                    .fetch_add((end - done) as u64, Ordering::Relaxed);
+                let found = (end - done) as u64;
+                self.shared.delivered.add(Kind::Stream, stream, |t| {
+                    t.delivered += found;
+                    t.already_stored += found;
+                });
                 tracing::info!(
                     bucket,
                     stream,
@@ -448,11 +437,12 @@ impl StreamSession {
                     Ok(()) => sent,
                     Err((n, _)) => *n,
                 };
-                let counter = match plan {
-                    Plan::Named => &self.shared.counters.sent,
-                    _ => &self.shared.counters.late,
-                };
-                counter.fetch_add(confirmed as u64, Ordering::Relaxed);
+                self.shared.delivered.add(Kind::Stream, stream, |t| {
+                    t.delivered += confirmed as u64;
+                    if plan == Plan::Late {
+                        t.late += confirmed as u64;
+                    }
+                });
                 if let Err((n, failure)) = result {
                     return fail(done + n, failure);
                 }

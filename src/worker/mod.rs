@@ -102,7 +102,10 @@ fn sink(
     bucket_count: usize,
     stats: &RelayStats,
 ) -> Result<Arc<dyn crate::sink::Sink>, WorkError> {
-    let queues: Arc<dyn crate::sink::Sink> = Arc::new(AmqpSink::new(started.broker.clone()));
+    let queues: Arc<dyn crate::sink::Sink> = Arc::new(AmqpSink::new(
+        started.broker.clone(),
+        stats.delivered.clone(),
+    ));
     if config.amqp.streams.is_empty() {
         return Ok(queues);
     }
@@ -117,7 +120,7 @@ fn sink(
         &config.amqp.streams,
         prefix,
         queues,
-        stats.stream.clone(),
+        stats.delivered.clone(),
     )))
 }
 

@@ -2,7 +2,8 @@
 // Run by tests/dashboard_browser.rs, which sets up a real fleet and checks
 // the database afterwards. Input in the environment:
 //   DASH_URL       page URL, e.g. http://127.0.0.1:41234/outbox/
-//   DASH_EXPECT    JSON: { workers: [ids], owners: {bucket: owner id}, parkedId }
+//   DASH_EXPECT    JSON: { workers: [ids], owners: {bucket: owner id}, parkedId,
+//                  queue, stream: the two destinations traffic goes to }
 //   DASH_STOP_PID, DASH_STOP_ID  a worker (pid, id) to SIGTERM once the page is
 //                  up: its buckets' takeovers must appear on the lease timeline
 //   DASH_SCREENSHOT  optional PNG path
@@ -119,6 +120,26 @@ try {
     seen.publishing_buckets = Math.max(seen.publishing_buckets || 0, publishing);
   }
   check(seen.publishing_buckets > 0, "no bucket was ever shown publishing while traffic flowed");
+
+  // Destinations: the queue through AMQP and the stream through the stream
+  // protocol, each with its sink, and the page's figures the API's; the
+  // counts move without a reload.
+  const destinations = () => page.$$eval("#destinations tbody tr[data-destination]", (trs) => Object.fromEntries(trs.map((tr) => [tr.dataset.destination, {
+    sink: tr.querySelector(".sink").textContent.trim(),
+    delivered: Number(tr.querySelector(".delivered").textContent.replace(/,/g, "")),
+  }])));
+  const queueRow = `queue:${expect.queue}`, streamRow = `stream:${expect.stream}`;
+  await page.waitForFunction(([q, s]) => [q, s].every((d) => document.querySelector(`#destinations tbody tr[data-destination="${d}"]`)), [queueRow, streamRow]);
+  const shownFirst = await destinations();
+  check(shownFirst[queueRow].sink === "AMQP queue", `the queue's sink is shown as "${shownFirst[queueRow].sink}"`);
+  check(shownFirst[streamRow].sink === "stream", `the stream's sink is shown as "${shownFirst[streamRow].sink}"`);
+  const summaryNow = await page.evaluate((u) => fetch(u, { credentials: "same-origin" }).then((r) => r.json()), api);
+  for (const d of summaryNow.destinations) {
+    const key = `${d.kind}:${d.name}`;
+    check(shownFirst[key] !== undefined, `destination ${key} of the API is not on the page`);
+  }
+  await page.waitForFunction(([s, n]) => Number(document.querySelector(`#destinations tbody tr[data-destination="${s}"] .delivered`).textContent.replace(/,/g, "")) > n, [streamRow, shownFirst[streamRow].delivered]);
+  seen.destinations = await destinations();
 
   // A worker stops: the survivors' acquisitions of its buckets appear on
   // the timeline without a reload.

@@ -28,7 +28,7 @@ pub fn statements(t: &Tables) -> WorkersSql {
             "UPDATE {workers} SET heartbeat_at = UTC_TIMESTAMP(6),
                  heartbeat_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
                  published_total = ?, failed_total = ?, published_rate = ?,
-                 bucket_activity = ?
+                 bucket_activity = ?, destinations = ?
              WHERE worker_id = ?",
         ),
         list: Sql::render(
@@ -40,7 +40,8 @@ pub fn statements(t: &Tables) -> WorkersSql {
                     (SELECT COUNT(*) FROM {partitions} p
                      WHERE p.lease_owner = w.worker_id AND p.lease_until > UTC_TIMESTAMP(6)) AS buckets,
                     w.published_total, w.failed_total, w.published_rate,
-                    w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity
+                    w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity,
+                    w.destinations
              FROM {workers} w ORDER BY w.worker_id",
         ),
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = ?"),

@@ -27,8 +27,8 @@ pub fn statements(t: &Tables) -> WorkersSql {
             "UPDATE {workers} SET heartbeat_at = now(),
                  heartbeat_until = now() + make_interval(secs => $1::float8 / 1000),
                  published_total = $2, failed_total = $3, published_rate = $4,
-                 bucket_activity = $5
-             WHERE worker_id = $6",
+                 bucket_activity = $5, destinations = $6
+             WHERE worker_id = $7",
         ),
         list: Sql::render(
             t,
@@ -38,7 +38,8 @@ pub fn statements(t: &Tables) -> WorkersSql {
                     (SELECT count(*) FROM {partitions} p
                      WHERE p.lease_owner = w.worker_id AND p.lease_until > now()) AS buckets,
                     w.published_total, w.failed_total, w.published_rate,
-                    w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity
+                    w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity,
+                    w.destinations
              FROM {workers} w ORDER BY w.worker_id",
         ),
         remove: Sql::render(t, "DELETE FROM {workers} WHERE worker_id = $1"),

@@ -22,7 +22,7 @@ pub fn statements(t: &Tables) -> WorkersSql {
             t,
             "UPDATE {workers} SET heartbeat_at = {now}, heartbeat_until = {now+?},
                  published_total = ?, failed_total = ?, published_rate = ?,
-                 bucket_activity = ?
+                 bucket_activity = ?, destinations = ?
              WHERE worker_id = ?",
         ),
         list: sql(
@@ -34,7 +34,8 @@ pub fn statements(t: &Tables) -> WorkersSql {
                         (SELECT count(*) FROM {{partitions}} p
                          WHERE p.lease_owner = w.worker_id AND p.lease_until > {{now}}) AS buckets,
                         w.published_total, w.failed_total, w.published_rate,
-                        w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity
+                        w.can_publish, w.broker_error, w.broker_blocked, w.bucket_activity,
+                    w.destinations
                  FROM {{workers}} w ORDER BY w.worker_id",
                 seconds_between("{now}", "w.heartbeat_until")
             ),

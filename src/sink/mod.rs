@@ -33,6 +33,10 @@
 //!   session never carries a failed batch's state into the next.
 //!   [`Sink::open`] waits for the broker, backing off, until it answers or
 //!   the drainer is cancelled.
+//! - **Counts.** A sink adds what it delivered to each destination to the
+//!   worker's [`Destinations`] (what the dashboard shows per destination).
+
+pub mod destinations;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +44,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+pub use destinations::Destinations;
 
 use crate::store::outbox::ClaimedMessage;
 
