@@ -43,7 +43,9 @@
 #   mariadb start   serves TLS, require_secure_transport = ON
 #   rabbit start    adds a TLS listener on OUTBOXD_AMQPS_PORT (verify_peer;
 #                   OUTBOXD_TLS_CLIENT=required: fail_if_no_peer_cert and the
-#                   EXTERNAL mechanism, the certificate's CN the user name)
+#                   EXTERNAL mechanism, the certificate's CN the user name),
+#                   and a TLS stream listener on OUTBOXD_STREAM_TLS_PORT
+#                   when it is set
 #   pgbouncer start client_tls_sslmode = require
 # and `pg tls-reload` / `rabbit tls-reload DIR PORT` take new files from it
 # (certificate rotation). The files are copied into the server's state,
@@ -454,6 +456,13 @@ ssl_options.fail_if_no_peer_cert = false"
     stream_conf="stream.listeners.tcp.1 = $listen:$OUTBOXD_STREAM_PORT
 stream.advertised_host = ${node_host:-$listen}
 stream.advertised_port = $OUTBOXD_STREAM_PORT"
+  fi
+  if [ -n "$tls_dir" ] && [ -n "${OUTBOXD_STREAM_TLS_PORT:-}" ]; then
+    reserve_ports "$OUTBOXD_STREAM_TLS_PORT"
+    [ -n "${OUTBOXD_STREAM_PORT:-}" ] || plugins+=(rabbitmq_stream)
+    stream_conf="$stream_conf
+stream.listeners.ssl.1 = $listen:$OUTBOXD_STREAM_TLS_PORT
+stream.advertised_tls_port = $OUTBOXD_STREAM_TLS_PORT"
   fi
   local plugin_list
   plugin_list=$(IFS=,; echo "[${plugins[*]}]")

@@ -4,7 +4,8 @@
 //! where asked, wants a client certificate; MariaDB with
 //! `require_secure_transport = ON`; PgBouncer with `client_tls_sslmode =
 //! require`; RabbitMQ with a TLS listener (`verify_peer`, and
-//! `fail_if_no_peer_cert` with the EXTERNAL mechanism for mutual TLS).
+//! `fail_if_no_peer_cert` with the EXTERNAL mechanism for mutual TLS), and
+//! a TLS stream listener.
 //!
 //! Relays are judged by the consumer-side checker; every failure a user
 //! can meet is asserted as the one line outboxd prints for it.
@@ -19,6 +20,32 @@ use common::*;
 use outboxd::config::Config;
 use outboxd::demo::QueueReader;
 use outboxd::store::Store;
+
+/// Runs `outboxd streams declare` against `stream_url` with `tls_toml`:
+/// whether it succeeded, and what it said last (its answer, or its error).
+fn declare_stream(env: &TestEnv, stream_url: &str, stream: &str, tls_toml: &str) -> (bool, String) {
+    let config = env.dir.join(format!("{}.toml", unique("streams")));
+    std::fs::write(&config, tls_toml).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "streams",
+            "declare",
+            "--config",
+            &config.display().to_string(),
+        ])
+        .env("OUTBOXD_AMQP__STREAM_URL", stream_url)
+        .env("OUTBOXD_AMQP__STREAMS", stream)
+        .env_remove("AMQP_URL")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = said.trim().lines().last().unwrap_or_default().to_string();
+    (out.status.success(), last)
+}
 
 /// `url` with `params` appended to its query.
 fn with_query(url: &str, params: &[(&str, &Path)]) -> String {
@@ -561,4 +588,87 @@ fn broker_connections(broker: &PrivateBroker) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL and RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_a_stream_over_tls_once_and_never_in_plain_text() {
+    let pki = Pki::new();
+    let mut server = TlsServer::new(&pki, false);
+    server.amqps_port = Some(free_port_pair(|| 30000 + 2 * (rand_u16() % 1000)));
+    let plain_port = free_port_pair(|| 20000 + 2 * (rand_u16() % 2000));
+    let tls_port = free_port_pair(|| 20000 + 2 * (rand_u16() % 2000));
+    let mut vars = server.env();
+    vars.push(("OUTBOXD_STREAM_PORT".into(), plain_port.to_string()));
+    vars.push(("OUTBOXD_STREAM_TLS_PORT".into(), tls_port.to_string()));
+    let broker = PrivateBroker::start_with(vars);
+    let env = TestEnv::with(Tuning {
+        amqp_url: Some(broker.url()),
+        ..Tuning::fleet()
+    })
+    .await;
+    let tls_url = format!("rabbitmq-stream+tls://guest:guest@127.0.0.1:{tls_port}/%2f");
+    let trusted = amqp_tls_toml(&pki.ca, None);
+    let stream = unique("s");
+
+    // Never plain: a TLS URL at the plain stream port, the broker's
+    // certificate checked against another CA, then against the system's
+    // roots — each ends in one line saying why, and nothing is created.
+    let plain_at_tls = format!("rabbitmq-stream+tls://guest:guest@127.0.0.1:{plain_port}/%2f");
+    let (ok, said) = declare_stream(&env, &plain_at_tls, &stream, &trusted);
+    println!("a TLS URL at the plain port: {said}");
+    assert!(!ok && said.contains("TLS"), "{said}");
+    let other = Pki::new();
+    let (ok, said) = declare_stream(&env, &tls_url, &stream, &amqp_tls_toml(&other.ca, None));
+    println!("another CA: {said}");
+    assert!(
+        !ok && said.lines().count() == 1
+            && said.contains("not trusted")
+            && said.contains(&other.ca.display().to_string()),
+        "{said}"
+    );
+    let (ok, said) = declare_stream(&env, &tls_url, &stream, "");
+    println!("the system's roots: {said}");
+    assert!(!ok && said.contains("system's trusted roots"), "{said}");
+
+    // Over TLS: the stream is declared, and a fleet relays into it.
+    let (ok, said) = declare_stream(&env, &tls_url, &stream, &trusted);
+    assert!(ok && said == format!("{stream}: created"), "{said}");
+    std::fs::write(
+        &env.config_path,
+        format!(
+            "{}\n{trusted}",
+            std::fs::read_to_string(&env.config_path).unwrap()
+        ),
+    )
+    .unwrap();
+    let stream_vars = [
+        ("OUTBOXD_AMQP__STREAM_URL", tls_url.as_str()),
+        ("OUTBOXD_AMQP__STREAMS", stream.as_str()),
+    ];
+    let mut fleet: Vec<WorkerProcess> = (0..2)
+        .map(|_| env.spawn_worker_with(None, &env.config_path, &["--silent"], &stream_vars))
+        .collect();
+    produce_evenly(
+        env.db.clone(),
+        stream.clone(),
+        2_000,
+        200,
+        Duration::from_secs(4),
+    )
+    .await;
+    env.wait_count("published_at IS NOT NULL", 2_000, Duration::from_secs(60))
+        .await;
+    let v = common::streams::judge_stream(&env, &broker.stream_url(), &stream).await;
+    let logs: Vec<String> = fleet.iter().map(|w| w.log_text()).collect();
+    println!("2 workers into a stream over TLS: {}", v.summary());
+    assert!(
+        v.is_clean() && v.unique == 2_000,
+        "{v:?}\n{}",
+        logs.join("\n---\n")
+    );
+    terminate_all(&mut fleet);
 }

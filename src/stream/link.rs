@@ -133,6 +133,30 @@ impl StreamLink {
             .retain(|c| !Arc::ptr_eq(c, client));
     }
 
+    /// A failed connection, explained as the AMQP link explains its own
+    /// when the TLS handshake failed (an untrusted certificate, another
+    /// name, a port that does not speak TLS).
+    fn handshake_failed(
+        &self,
+        failure: Option<&std::sync::Mutex<Option<rustls::Error>>>,
+        e: std::io::Error,
+    ) -> StreamError {
+        let url = &self.url;
+        let cause = failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let why = match cause {
+            Some(cause) => {
+                let shown = format!("amqps://{}:{}", url.host, url.port);
+                crate::tls::explain(crate::tls::Link::Amqp, &shown, &self.tls.files, &cause)
+                    .unwrap_or_else(|| cause.to_string())
+            }
+            None if url.tls && e.to_string().to_lowercase().contains("eof") => format!(
+                "{e} (the server cut the TLS handshake: is this port a TLS stream listener, 5551, and not the plain one, 5552?)"
+            ),
+            None => e.to_string(),
+        };
+        StreamError::Io(format!("{}:{}: {why}", url.host, url.port))
+    }
+
     async fn connect(&self) -> Result<StreamClient, StreamError> {
         let url = &self.url;
         let io = |e: std::io::Error| StreamError::Io(format!("{}:{}: {e}", url.host, url.port));
@@ -150,11 +174,12 @@ impl StreamLink {
         } else {
             None
         };
+        let failure = tls.as_ref().map(|t| t.failure.clone());
         let kit = GatedTokio::new(self.gate.clone(), self.dead_peer_timeout, tls);
         let socket = tokio::time::timeout(self.connect_timeout, kit.tcp_connect_addr(addr))
             .await
             .map_err(|_| StreamError::Timeout(self.connect_timeout))?
-            .map_err(io)?;
+            .map_err(|e| self.handshake_failed(failure.as_deref(), e))?;
         let client = StreamClient::over(Box::new(socket.compat()), url, self.connect_timeout);
         let mut client = tokio::time::timeout(self.connect_timeout, client)
             .await
