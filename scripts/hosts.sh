@@ -13,12 +13,14 @@
 #   scripts/hosts.sh gateway LAB         the gateway address
 #   scripts/hosts.sh addr LAB H          host H's address
 #   scripts/hosts.sh exec LAB H CMD…     run CMD on host H
-#   scripts/hosts.sh fault LAB H DEST blackhole|reset|loss PCT
+#   scripts/hosts.sh fault LAB H DEST blackhole|deaf|reset|loss PCT
 #                                        on host H, traffic to/from DEST: the gateway's
 #                                        ports (comma-separated), "hosts:H2[,H3]" (other
 #                                        hosts of the lab), or "all" (every packet of
-#                                        the host): dropped, refused with a TCP reset,
-#                                        or PCT % of packets dropped
+#                                        the host): dropped, only the packets coming
+#                                        back dropped (deaf: what H sends arrives, no
+#                                        answer does), refused with a TCP reset, or
+#                                        PCT % of packets dropped
 #   scripts/hosts.sh heal LAB H          remove every fault of host H
 #
 # Delay and jitter need the kernel's sch_netem, which some kernels lack
@@ -97,12 +99,12 @@ fault() {
   check_lab "$lab"
   gw=$(gateway "$lab")
   case "$kind" in
-    blackhole) action=drop ;;
+    blackhole|deaf) action=drop ;;
     reset) action="reject with tcp reset" ;;
     loss)
       [[ "$pct" =~ ^[0-9]+$ ]] && [ "$pct" -le 100 ] || die "loss needs a percentage 0-100"
       action="numgen random mod 100 < $pct drop" ;;
-    *) die "unknown fault '$kind' (blackhole, reset, loss PCT)" ;;
+    *) die "unknown fault '$kind' (blackhole, deaf, reset, loss PCT)" ;;
   esac
   if [ "$ports" = all ]; then
     match_out='oifname "eth0"'
@@ -124,9 +126,10 @@ table inet outboxd_faults {
   chain out { type filter hook output priority 0; policy accept; }
   chain in { type filter hook input priority 0; policy accept; }
 }
-add rule inet outboxd_faults out $match_out $action
 add rule inet outboxd_faults in $match_in $action
 EOF
+  # Deaf: what the host sends still goes out; nothing comes back.
+  [ "$kind" = deaf ] || ip netns exec "$(ns "$lab" "$h")" nft add rule inet outboxd_faults out "$match_out" "$action"
 }
 
 heal() {
@@ -143,7 +146,7 @@ case "$cmd" in
   gateway) check_lab "$1"; gateway "$1" ;;
   addr) check_lab "$1"; addr "$1" "$2" ;;
   exec) [ $# -ge 3 ] || die "usage: $0 exec LAB H CMD…"; lab=$1 h=$2; shift 2; check_lab "$lab"; exec ip netns exec "$(ns "$lab" "$h")" "$@" ;;
-  fault) [ $# -ge 4 ] || die "usage: $0 fault LAB H PORTS|hosts:H,…|all blackhole|reset|loss PCT"; fault "$@" ;;
+  fault) [ $# -ge 4 ] || die "usage: $0 fault LAB H PORTS|hosts:H,…|all blackhole|deaf|reset|loss PCT"; fault "$@" ;;
   heal) [ $# -eq 2 ] || die "usage: $0 heal LAB H"; heal "$1" "$2" ;;
   *) die "usage: $0 up|down|sweep|gateway|addr|exec|fault|heal (see the top of this file)" ;;
 esac

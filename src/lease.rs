@@ -65,6 +65,14 @@
 //!    (owner and epoch must match) only once each drainer has ended, so
 //!    nothing of it is in flight when another worker acquires the bucket
 //!    under a higher epoch.
+//! 7. *Settled before released.* A released lease tells its next owner
+//!    that everything sent under it was recorded (`LeaseGrant::was_free`):
+//!    a de-duplicating sink (a stream) then takes an unrecorded row below
+//!    what the broker stored for a row that committed late, and sends it.
+//!    So a lease under which rows went to such a sink and are not all
+//!    recorded — a batch whose confirm never came, a record that failed —
+//!    is not released but left to expire ([`Trust::is_settled`]): its next
+//!    owner then counts those rows as sent.
 //!
 //! Hence a row's state is only ever recorded by the worker that held the
 //! bucket's lease, and nothing reaches the broker from a worker after its
@@ -73,7 +81,7 @@
 //! after SIGCONT).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -89,6 +97,9 @@ pub struct Trust {
     until_nanos: AtomicU64,
     /// The lease it is for, as "bucket epoch N" — for reports.
     lease: String,
+    /// False while rows sent under it to a de-duplicating sink are not
+    /// all recorded (point 7 above).
+    settled: AtomicBool,
 }
 
 impl Trust {
@@ -98,6 +109,7 @@ impl Trust {
             base,
             until_nanos: AtomicU64::new(0),
             lease: format!("{bucket} epoch {epoch}"),
+            settled: AtomicBool::new(true),
         };
         t.set(until);
         t
@@ -125,6 +137,19 @@ impl Trust {
 
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.until()
+    }
+
+    /// Whether the lease may be released: every row its drainer sent to a
+    /// de-duplicating sink was recorded (point 7 above). Otherwise the
+    /// coordinator leaves it to expire.
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+
+    /// Set by the drainer: false from before it sends such rows until they
+    /// are recorded.
+    pub fn set_settled(&self, settled: bool) {
+        self.settled.store(settled, Ordering::Release);
     }
 }
 

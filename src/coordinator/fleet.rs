@@ -119,6 +119,16 @@ enum Stop {
     Lost,
 }
 
+/// Logs a lease left to expire rather than released ([`crate::lease`],
+/// point 7).
+fn leave_to_expire(bucket: &str, epoch: i64) {
+    tracing::info!(
+        %bucket,
+        epoch,
+        "rows sent to a stream under this lease are not all recorded: it is left to expire, so that its next owner counts what the broker stored as sent"
+    );
+}
+
 /// One worker's coordinator.
 pub struct Fleet {
     store: Store,
@@ -509,12 +519,16 @@ impl Fleet {
         for bucket in finished {
             let h = self.held.remove(&bucket).expect("present");
             match h.stopping {
-                Some(Stop::Rebalance) => release.push((bucket, h.epoch)),
-                Some(_) => {}
+                Some(Stop::Lost) => continue,
+                Some(Stop::Rebalance) => {}
                 None => {
                     tracing::warn!(%bucket, epoch = h.epoch, "a drainer ended on its own; releasing its lease to start over");
-                    release.push((bucket, h.epoch));
                 }
+            }
+            if h.trust.is_settled() {
+                release.push((bucket, h.epoch));
+            } else {
+                leave_to_expire(&bucket, h.epoch);
             }
         }
         self.release(&release, reason).await;
@@ -603,11 +617,19 @@ impl Fleet {
                 "in-flight batches did not finish in time; abandoned (their rows are published again later)"
             );
         }
-        for (_, h) in std::mem::take(&mut self.held) {
+        let mut settled = Vec::new();
+        let mut unsettled = false;
+        for (bucket, h) in std::mem::take(&mut self.held) {
             // Whatever an abandoned batch left buffered never goes out once
             // the lease is released (the send gate refuses it).
             h.trust.revoke();
             h.handle.abort();
+            if h.trust.is_settled() {
+                settled.push((bucket, h.epoch));
+            } else {
+                leave_to_expire(&bucket, h.epoch);
+                unsettled = true;
+            }
         }
         let reason = if drain == Drain::UntilEmpty {
             "once: drained"
@@ -615,12 +637,17 @@ impl Fleet {
             "shutdown"
         };
         // Every lease of this worker, also one an abandoned cycle took
-        // without seeing the answer; no drainer runs any more. A database
-        // that stopped answering must not hold the exit up: the leases then
+        // without seeing the answer (unless one must expire: then the
+        // settled ones only); no drainer runs any more. A database that
+        // stopped answering must not hold the exit up: the leases then
         // simply expire after lease_ttl.
         let store = &self.store;
         let release = async {
-            let released = store.release_all_leases(self.me, reason).await?;
+            let released = if unsettled {
+                store.release_leases(self.me, &settled, reason).await?
+            } else {
+                store.release_all_leases(self.me, reason).await?
+            };
             tracing::info!(buckets = ?released, reason, "leases released");
             store.notify(Channel::Fleet, announce::RELEASE).await
         };

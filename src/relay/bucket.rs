@@ -43,6 +43,7 @@
 //! and hands the claim back when it stops.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -81,6 +82,12 @@ pub(crate) struct BucketDrainer {
     next: Option<Vec<ClaimedMessage>>,
     /// Ids of the last confirmed batch, recorded during the next round.
     unrecorded: Option<Vec<i64>>,
+    /// The highest id sent to a de-duplicating sink under the lease, and
+    /// the highest recorded (published, or refused by the broker): while
+    /// the first is above the second the lease is not settled
+    /// ([`crate::lease`], point 7).
+    deduplicated_sent: i64,
+    settled_up_to: AtomicI64,
     /// The last claim found fewer rows than it asked for, and all of them
     /// were confirmed: the bucket was drained as of that claim.
     drained: bool,
@@ -115,6 +122,8 @@ impl BucketDrainer {
             token: ClaimToken::new(),
             next: None,
             unrecorded: None,
+            deduplicated_sent: 0,
+            settled_up_to: AtomicI64::new(0),
             drained: false,
             retry_at: None,
             gate,
@@ -262,6 +271,10 @@ impl BucketDrainer {
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
             lease_was_free: self.lease.as_ref().is_some_and(|l| l.was_free),
         };
+        if let Some(last) = rows.iter().rev().find(|r| self.ctx.sink.deduplicates(r)) {
+            self.deduplicated_sent = self.deduplicated_sent.max(last.id);
+            self.settle(0);
+        }
         let mut session = session;
         let wall_start = SystemTime::now();
         let publish = async {
@@ -420,6 +433,15 @@ impl BucketDrainer {
         }
     }
 
+    /// Counts rows up to `id` as recorded, and tells the lease whether
+    /// everything sent to a de-duplicating sink under it is.
+    fn settle(&self, id: i64) {
+        let up_to = self.settled_up_to.fetch_max(id, Ordering::AcqRel).max(id);
+        if let Some(lease) = &self.lease {
+            lease.trust.set_settled(up_to >= self.deduplicated_sent);
+        }
+    }
+
     /// Records the last confirmed batch, if it is not recorded yet.
     async fn flush_record(&mut self) {
         if let Some(ids) = self.unrecorded.take() {
@@ -441,6 +463,9 @@ impl BucketDrainer {
             self.ctx.stats.record_latency.observe(started.elapsed());
             match recorded {
                 Ok(n) => {
+                    if n as usize == ids.len() {
+                        self.settle(ids.iter().copied().max().unwrap_or(0));
+                    }
                     self.ctx
                         .stats
                         .add_published(&self.partition_key, n as usize);
@@ -499,6 +524,12 @@ impl BucketDrainer {
             };
             match result {
                 Ok(FailureRecord { published, parked }) => {
+                    // A refused row is not in the broker; rows after it
+                    // may be, and stay unsettled until recorded.
+                    if published as usize == confirmed.len() {
+                        let refused = failure.is_rows_fault().then_some(failed.id);
+                        self.settle(confirmed.iter().copied().chain(refused).max().unwrap_or(0));
+                    }
                     self.ctx
                         .stats
                         .add_published(&self.partition_key, published as usize);

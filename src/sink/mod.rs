@@ -59,6 +59,14 @@ pub trait Sink: Send + Sync {
     /// Why the broker refuses publishes right now (`None`: it does not).
     /// Drainers claim nothing while it refuses.
     fn blocked(&self) -> watch::Receiver<Option<String>>;
+
+    /// Whether the broker keeps `row`'s id and drops a repeat (a stream's
+    /// named producer): then a lease under which such a row was sent and
+    /// not recorded is left to expire rather than released
+    /// ([`crate::lease`], point 7). False by default.
+    fn deduplicates(&self, _row: &ClaimedMessage) -> bool {
+        false
+    }
 }
 
 /// One drainer's way to the broker, used by one batch at a time.

@@ -33,6 +33,7 @@ use rabbitmq_stream_protocol::commands::sasl_authenticate::SaslAuthenticateComma
 use rabbitmq_stream_protocol::commands::sasl_handshake::SaslHandshakeCommand;
 use rabbitmq_stream_protocol::commands::subscribe::{OffsetSpecification, SubscribeCommand};
 use rabbitmq_stream_protocol::commands::tune::TunesCommand;
+use rabbitmq_stream_protocol::commands::unsubscribe::UnSubscribeCommand;
 use rabbitmq_stream_protocol::error::DecodeError;
 use rabbitmq_stream_protocol::message::Message;
 use rabbitmq_stream_protocol::types::PublishedMessage;
@@ -151,10 +152,41 @@ pub struct Publisher {
 /// A reader of one stream ([`StreamClient::subscribe`]).
 pub struct Subscription {
     pub id: u8,
-    /// The messages of each chunk the broker delivers, in stream order;
-    /// closed with the connection. Each chunk spends one credit: grant
-    /// more with [`StreamClient::credit`].
-    pub chunks: mpsc::UnboundedReceiver<Vec<Message>>,
+    /// Each chunk the broker delivers, in stream order; closed with the
+    /// connection. Each chunk spends one credit: grant more with
+    /// [`StreamClient::credit`].
+    pub chunks: mpsc::UnboundedReceiver<Chunk>,
+}
+
+/// A chunk of a stream: its messages and the offset of the first.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub first_offset: u64,
+    pub messages: Vec<Message>,
+}
+
+impl Chunk {
+    /// The offset after its last message.
+    pub fn next_offset(&self) -> u64 {
+        self.first_offset + self.messages.len() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+}
+
+impl IntoIterator for Chunk {
+    type Item = Message;
+    type IntoIter = std::vec::IntoIter<Message>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.into_iter()
+    }
 }
 
 /// The connection's socket: plain TCP, or whatever the caller connected
@@ -171,7 +203,7 @@ type Writer = FramedWrite<WriteHalf<Io>, Codec>;
 struct Shared {
     answers: Mutex<HashMap<u32, oneshot::Sender<Response>>>,
     publishers: Mutex<HashMap<u8, mpsc::UnboundedSender<Confirm>>>,
-    subscriptions: Mutex<HashMap<u8, mpsc::UnboundedSender<Vec<Message>>>>,
+    subscriptions: Mutex<HashMap<u8, mpsc::UnboundedSender<Chunk>>>,
     tune: Mutex<Option<oneshot::Sender<TunesCommand>>>,
     closed: AtomicBool,
 }
@@ -460,6 +492,21 @@ impl StreamClient {
             .await
     }
 
+    /// Ends a subscription.
+    pub async fn unsubscribe(&self, subscription: u8) -> Result<(), StreamError> {
+        let answer = self
+            .call("ending a subscription", |c| {
+                UnSubscribeCommand::new(c, subscription)
+            })
+            .await;
+        self.shared
+            .subscriptions
+            .lock()
+            .expect("not poisoned")
+            .remove(&subscription);
+        ok(answer?, "ending a subscription")
+    }
+
     /// Closes the connection, waiting a moment for the broker's answer.
     pub async fn close(self) {
         let closing = self.call("closing", |c| {
@@ -573,7 +620,10 @@ async fn read_frames(mut frames: FramedRead<ReadHalf<Io>, Codec>, shared: Arc<Sh
             ResponseKind::Deliver(deliver) => {
                 let subscriptions = shared.subscriptions.lock().expect("not poisoned");
                 if let Some(tx) = subscriptions.get(&deliver.subscription_id) {
-                    let _ = tx.send(deliver.messages.clone());
+                    let _ = tx.send(Chunk {
+                        first_offset: deliver.chunk_first_offset,
+                        messages: deliver.messages.clone(),
+                    });
                 }
             }
             ResponseKind::Tunes(tune) => {

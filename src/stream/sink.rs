@@ -19,10 +19,14 @@
 //! **Taking a bucket.** When a session first publishes for a bucket it
 //! asks the broker for the producer's last stored id. After taking over an
 //! expired lease (the previous owner crashed or stalled), a row at or
-//! below it is reported confirmed without being sent, and the drain loop
-//! records it published (under the lease's fence, as every record). After
-//! taking a free lease — released by an owner that recorded all it sent —
-//! such a row was never sent: it committed late (below).
+//! below it that this process never saw was either sent by the previous
+//! owner and not recorded, or committed late and never sent: the session
+//! reads the stream to tell ([`StreamSession::stored_among`]). A row found
+//! there is reported confirmed without being sent, and the drain loop
+//! records it published (under the lease's fence, as every record); the
+//! others committed late (below). After taking a free lease — released by
+//! an owner that recorded all it sent (`crate::lease`, point 7) — such a
+//! row was never sent: it committed late, and nothing is read.
 //!
 //! **A row committed late.** Ids are given at insert, rows become visible
 //! at commit: a row can become visible after a later row of its bucket was
@@ -31,11 +35,7 @@
 //! the highest of them that is in neither (or that the broker refused) was
 //! not visible when the drain passed its place, and is sent through an
 //! unnamed producer, which stores what it is sent: once, but without the
-//! broker's de-duplication. What this cannot tell apart: after taking over
-//! an expired lease, a row the old owner never saw because it committed
-//! late, just before the old owner crashed, and a row the old owner sent
-//! without recording it — both lie below the last stored id, and both are
-//! recorded as stored. The counters (and the log) count each path.
+//! broker's de-duplication. The counters (and the log) count each path.
 //!
 //! A bucket count change names new producers: a row the old producer sent
 //! but whose record was lost is sent again under the new name.
@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rabbitmq_stream_protocol::ResponseCode;
+use rabbitmq_stream_protocol::commands::subscribe::OffsetSpecification;
 use rabbitmq_stream_protocol::message::{Message, SimpleValue};
 use serde_json::Value as Json;
 use tokio::sync::watch;
@@ -57,6 +58,11 @@ use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PART
 use crate::sink::destinations::Kind;
 use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
+
+/// How long before a row's creation a look-up of the stream starts
+/// reading ([`StreamSession::stored_among`]): room for the difference
+/// between the database's clock and the broker's.
+const LOOKUP_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// Ids a producer's memory keeps (the lowest are forgotten first).
 const MEMORY_LIMIT: usize = 100_000;
@@ -143,6 +149,10 @@ impl Sink for StreamSink {
     fn blocked(&self) -> watch::Receiver<Option<String>> {
         self.queues.blocked()
     }
+
+    fn deduplicates(&self, row: &ClaimedMessage) -> bool {
+        row.exchange.is_empty() && self.shared.streams.contains(&row.routing_key)
+    }
 }
 
 /// One drainer's producers, on one connection of the link.
@@ -174,6 +184,11 @@ enum Plan {
     Named,
     /// Committed late (or refused before): through the unnamed producer.
     Late,
+    /// At or below the last stored id, never seen here, after taking over
+    /// an expired lease: sent by the previous owner and not recorded, or
+    /// committed late and never sent. The stream says which
+    /// ([`StreamSession::stored_among`]).
+    Unknown,
 }
 
 impl Memory {
@@ -189,11 +204,11 @@ impl Memory {
             (true, false) => Plan::Stored,
             (false, _) if id <= self.highest => Plan::Late,
             (false, true) => Plan::Named,
-            // Below what the broker stored, never seen here: sent by an
-            // owner that did not record it — unless that owner released
-            // the lease, having recorded all it sent.
+            // Below what the broker stored, never seen here: committed
+            // late when the previous owner released the lease, having
+            // recorded all it sent; otherwise it may have sent it.
             (false, false) if lease_was_free => Plan::Late,
-            (false, false) => Plan::Stored,
+            (false, false) => Plan::Unknown,
         }
     }
 
@@ -317,6 +332,89 @@ impl StreamSession {
         Ok(self.named.get_mut(&key).expect("declared above"))
     }
 
+    /// Which of `rows` the stream holds. Each is of `bucket`, at or below
+    /// what the broker stored for the bucket's producer, and was never
+    /// seen by this process, which took the lease over after it expired:
+    /// its previous owner sent it and never recorded it, or it committed
+    /// late and nobody sent it. Only the stream can tell. It is read from
+    /// [`LOOKUP_MARGIN`] before the oldest row was created (a row is
+    /// stored after its insert) up to its end as it is now: the previous
+    /// owner's trust ended before this lease was taken, so whatever it
+    /// sent lies below that end.
+    async fn stored_among(
+        &mut self,
+        stream: &str,
+        bucket: &str,
+        rows: &[&ClaimedMessage],
+    ) -> Result<HashSet<u64>, PublishError> {
+        let client = self.client().await?;
+        let wait = self.shared.link.request_timeout();
+        let wanted: HashSet<u64> = rows.iter().map(|r| r.id as u64).collect();
+        let mut found = HashSet::new();
+        let mut last = client
+            .subscribe(stream, OffsetSpecification::Last, 1)
+            .await
+            .map_err(|e| self.refusal(stream, e))?;
+        let chunk = tokio::time::timeout(wait, last.chunks.recv()).await;
+        let _ = client.unsubscribe(last.id).await;
+        let end = match chunk {
+            Ok(Some(chunk)) => chunk.next_offset(),
+            Ok(None) => return Err(self.lost()),
+            // Nothing to deliver: the stream is empty (its retention
+            // removed everything), and holds none of them.
+            Err(_) => return Ok(found),
+        };
+        let oldest = rows.iter().map(|r| r.created_at).min().unwrap_or_default();
+        let from = OffsetSpecification::Timestamp((oldest - LOOKUP_MARGIN).timestamp_millis());
+        let mut reader = client
+            .subscribe(stream, from, 4)
+            .await
+            .map_err(|e| self.refusal(stream, e))?;
+        let mut read = 0usize;
+        let outcome = loop {
+            match tokio::time::timeout(wait, reader.chunks.recv()).await {
+                Ok(Some(chunk)) => {
+                    read += chunk.len();
+                    let next = chunk.next_offset();
+                    found.extend(
+                        chunk
+                            .messages
+                            .iter()
+                            .filter_map(|m| row_of(m, bucket))
+                            .filter(|id| wanted.contains(id)),
+                    );
+                    if next >= end || found.len() == wanted.len() {
+                        break Ok(());
+                    }
+                    if let Err(e) = client.credit(reader.id, 1).await {
+                        break Err(unavailable(e));
+                    }
+                }
+                Ok(None) => break Err(self.lost()),
+                // Nothing at or after the time read from (a database clock
+                // ahead of the broker's): those rows are sent again rather
+                // than lost.
+                Err(_) if read == 0 => {
+                    tracing::warn!(
+                        bucket,
+                        stream,
+                        "the stream holds nothing from {LOOKUP_MARGIN:?} before the rows were created; taking them for rows that committed late"
+                    );
+                    break Ok(());
+                }
+                Err(_) => break Err(PublishError::Timeout(wait)),
+            }
+        };
+        let _ = client.unsubscribe(reader.id).await;
+        outcome.map(|()| found)
+    }
+
+    /// The stream connection closed under a request.
+    fn lost(&mut self) -> PublishError {
+        self.broken = true;
+        PublishError::Unavailable("stream port: the connection closed".into())
+    }
+
     async fn unnamed(&mut self, stream: &str) -> Result<&mut Producer, PublishError> {
         if !self.unnamed.contains_key(stream) {
             let client = self.client().await?;
@@ -372,7 +470,7 @@ impl StreamSession {
             Err(e) => return fail(0, e),
         };
         let key = (stream.to_string(), bucket.to_string());
-        let plans: Vec<Plan> = {
+        let mut plans: Vec<Plan> = {
             let memory = self.shared.memory.lock().expect("not poisoned");
             let none = Memory::default();
             let memory = memory.get(&key).unwrap_or(&none);
@@ -380,6 +478,34 @@ impl StreamSession {
                 .map(|r| memory.plan(r.id as u64, stored, limits.lease_was_free))
                 .collect()
         };
+        let unknown: Vec<&ClaimedMessage> = run
+            .iter()
+            .zip(&plans)
+            .filter(|(_, p)| **p == Plan::Unknown)
+            .map(|(r, _)| r)
+            .collect();
+        if !unknown.is_empty() {
+            let found = match self.stored_among(stream, bucket, &unknown).await {
+                Ok(found) => found,
+                Err(e) => return fail(0, e),
+            };
+            tracing::info!(
+                bucket,
+                stream,
+                in_stream = found.len(),
+                not_in_stream = unknown.len() - found.len(),
+                "rows below the broker's last stored id ({stored}) after taking over an expired lease, looked up in the stream: those in it are recorded without being sent again, the others committed late"
+            );
+            for (row, plan) in run.iter().zip(plans.iter_mut()) {
+                if *plan == Plan::Unknown {
+                    *plan = if found.contains(&(row.id as u64)) {
+                        Plan::Stored
+                    } else {
+                        Plan::Late
+                    };
+                }
+            }
+        }
         let mut done = 0;
         while done < run.len() {
             let plan = plans[done];
@@ -571,6 +697,19 @@ impl StreamSession {
     }
 }
 
+/// The row id of a message of `bucket` (by its application properties).
+fn row_of(message: &Message, bucket: &str) -> Option<u64> {
+    let properties = message.application_properties()?;
+    match properties.get(HEADER_PARTITION_KEY) {
+        Some(SimpleValue::String(b)) if b == bucket => {}
+        _ => return None,
+    }
+    match properties.get(HEADER_ID) {
+        Some(SimpleValue::Ulong(id)) => Some(*id),
+        _ => None,
+    }
+}
+
 fn unavailable(e: StreamError) -> PublishError {
     PublishError::Unavailable(format!("stream port: {e}"))
 }
@@ -687,10 +826,11 @@ mod tests {
     }
 
     #[test]
-    fn rows_above_the_last_stored_id_go_named_below_it_are_counted_or_late() {
+    fn rows_above_the_last_stored_id_go_named_below_it_are_counted_late_or_looked_up() {
         let mut memory = Memory::default();
-        // A new owner: the broker stored up to 10, this process sent nothing.
-        assert_eq!(memory.plan(7, 10, false), Plan::Stored);
+        // A new owner after an expiry: the broker stored up to 10, this
+        // process sent nothing; the stream says whether 7 is in it.
+        assert_eq!(memory.plan(7, 10, false), Plan::Unknown);
         assert_eq!(memory.plan(11, 10, false), Plan::Named);
         memory.hand(&[11, 12, 14]);
         // 14 stored; 13 committed late.
@@ -701,7 +841,7 @@ mod tests {
         assert_eq!(memory.plan(14, 12, false), Plan::Named);
         // Found stored at a take-over, then a row below it commits.
         let mut taken = Memory::default();
-        assert_eq!(taken.plan(20, 22, false), Plan::Stored);
+        assert_eq!(taken.plan(20, 22, false), Plan::Unknown);
         taken.find(&[20, 22]);
         assert_eq!(
             taken.plan(22, 22, false),

@@ -23,6 +23,9 @@ use super::{PrivateBroker, PrivatePostgres, Tuning, repo_dir};
 pub enum Fault {
     /// Packets silently dropped, both ways.
     Blackhole,
+    /// What the host sends arrives; every packet back is dropped (the
+    /// broker takes a publish, its confirm never comes).
+    Deaf,
     /// Packets refused with a TCP reset.
     Reset,
     /// This percentage of packets dropped, both ways.
@@ -33,6 +36,7 @@ pub enum Fault {
 #[derive(Debug, Clone, Copy)]
 pub enum Link {
     Database,
+    /// The broker's AMQP port, and its stream port when it has one.
     Broker,
     /// Every packet of the host (full isolation).
     All,
@@ -139,7 +143,10 @@ impl Lab {
     fn ports(&self, link: Link) -> String {
         match link {
             Link::Database => self.pg.port.to_string(),
-            Link::Broker => self.broker().port.to_string(),
+            Link::Broker => match self.broker().stream_port() {
+                Some(stream) => format!("{},{stream}", self.broker().port),
+                None => self.broker().port.to_string(),
+            },
             Link::All => "all".into(),
         }
     }
@@ -157,6 +164,7 @@ impl Lab {
         let mut args = vec!["fault", &id, &host, ports];
         match fault {
             Fault::Blackhole => args.push("blackhole"),
+            Fault::Deaf => args.push("deaf"),
             Fault::Reset => args.push("reset"),
             Fault::Loss(p) => {
                 pct = p.to_string();

@@ -767,12 +767,17 @@ impl PrivateBroker {
     /// The stream port's URL, for a broker started with one.
     pub fn stream_url(&self) -> String {
         let port = self
-            .env
-            .iter()
-            .find(|(k, _)| k == "OUTBOXD_STREAM_PORT")
-            .map(|(_, v)| v.clone())
+            .stream_port()
             .expect("a broker started with a stream port");
         format!("rabbitmq-stream://guest:guest@{}:{port}/%2f", self.host)
+    }
+
+    /// Its plain stream port, if it was started with one.
+    pub fn stream_port(&self) -> Option<u16> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "OUTBOXD_STREAM_PORT")
+            .and_then(|(_, v)| v.parse().ok())
     }
 
     fn unstarted(host: &str) -> Self {
