@@ -19,8 +19,12 @@
 //! - [`coordinator`]: membership, target assignment, leases, the fleet loop.
 //! - [`lease`]: a granted lease, its fence and how long it is trusted.
 //! - [`relay`]: per-bucket claim → publish → record loops and wake-ups.
+//! - [`sink`]: the contract between a drainer and a broker (send a batch
+//!   in order, confirmations, refusals), and what each destination got.
 //! - [`amqp`]: the broker connection, confirm channels, batch publishing,
 //!   and the send gate that keeps a stalled worker's frames off the wire.
+//! - [`stream`]: RabbitMQ streams through the stream protocol, effectively
+//!   once: a named producer per bucket, the row's id as publishing id.
 //! - [`net`]: dead-peer detection (keepalive, `TCP_USER_TIMEOUT`) on the
 //!   database and broker connections.
 //! - [`tls`]: TLS on the database and broker links (rustls): client

@@ -281,8 +281,11 @@ async fn rows_reach_a_stream_once_even_when_every_record_was_lost(db: Db) {
     worker.wait(Duration::from_secs(5));
     let messages = read_stream(&url, &stream, 300, Duration::from_secs(30)).await;
     assert_eq!(messages.len(), 300, "the stream holds each row once");
-    let first = &messages[0];
-    assert_eq!(first.data(), Some(&b"m0"[..]));
+    // Buckets drain side by side: the first row is somewhere in the stream.
+    let first = messages
+        .iter()
+        .find(|m| m.data() == Some(&b"m0"[..]))
+        .expect("the first row is in the stream");
     assert_eq!(
         property(first, "tenant"),
         Some(&SimpleValue::String("acme".into()))
