@@ -488,28 +488,67 @@ async fn a_host_deaf_to_the_broker_adds_each_row_to_a_stream_once(db: Db) {
     host_2_faulted_into_a_stream(db, Link::Broker, Fault::Deaf, "deaf to the broker").await;
 }
 
+/// A lab of three hosts with its broker's stream port, a test database on
+/// `db` (a MariaDB server in the lab for MariaDB), and a new stream.
+struct StreamLab {
+    lab: Lab,
+    _maria: Option<PrivateMariaDb>,
+    env: TestEnv,
+    url: String,
+    stream: String,
+}
+
+impl StreamLab {
+    async fn start(db: Db) -> Self {
+        let lab = Lab::with_streams(3);
+        let maria = (db == Db::MariaDb).then(|| PrivateMariaDb::start_on(&lab.gateway));
+        let server_admin_url = match (db, &maria) {
+            (Db::Postgres, _) => Some(lab.pg.admin_url()),
+            (Db::MariaDb, Some(maria)) => Some(maria.admin_url()),
+            _ => None,
+        };
+        let env = TestEnv::with(
+            Tuning {
+                server_admin_url,
+                ..lab.tuning(Tuning::hosts())
+            }
+            .on(db),
+        )
+        .await;
+        let url = lab.broker().stream_url();
+        let stream = new_stream(&url).await;
+        Self {
+            lab,
+            _maria: maria,
+            env,
+            url,
+            stream,
+        }
+    }
+
+    /// A worker on host `h` relaying into the stream, with `extra`
+    /// settings in its environment.
+    fn worker(&self, h: usize, extra: &[(&str, &str)]) -> WorkerProcess {
+        let vars = stream_vars(&self.url, &self.stream);
+        let mut vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        vars.extend_from_slice(extra);
+        self.env
+            .spawn_worker_with(Some(&self.lab.netns(h)), &self.env.config_path, &[], &vars)
+    }
+}
+
 /// Three workers on three hosts publish into a stream on `db` while
 /// producers write; host 2's `link` suffers `fault` until its buckets are
 /// owned by the others (and at least 3 × lease_ttl), then heals; judged
 /// from the stream's first offset.
 async fn host_2_faulted_into_a_stream(db: Db, link: Link, fault: Fault, what: &str) {
-    let lab = Lab::with_streams(3);
-    let maria = (db == Db::MariaDb).then(|| PrivateMariaDb::start_on(&lab.gateway));
-    let server_admin_url = match (db, &maria) {
-        (Db::Postgres, _) => Some(lab.pg.admin_url()),
-        (Db::MariaDb, Some(maria)) => Some(maria.admin_url()),
-        _ => None,
-    };
-    let env = TestEnv::with(
-        Tuning {
-            server_admin_url,
-            ..lab.tuning(Tuning::hosts())
-        }
-        .on(db),
-    )
-    .await;
-    let url = lab.broker().stream_url();
-    let stream = new_stream(&url).await;
+    let StreamLab {
+        lab,
+        _maria,
+        env,
+        url,
+        stream,
+    } = StreamLab::start(db).await;
     let vars = stream_vars(&url, &stream);
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut workers: Vec<WorkerProcess> = (1..=3)
@@ -568,7 +607,101 @@ async fn host_2_faulted_into_a_stream(db: Db, link: Link, fault: Fault, what: &s
     terminate_all(&mut workers);
 }
 
+/// Host 1's worker is killed with rows in the stream it never recorded
+/// (their records are undone, as if its last confirm had come just before
+/// the kill). Host 2, cut from the broker a moment before, takes host 1's
+/// expired leases but cannot send a row; it gives them up — some to host
+/// 3, which joins, the rest when it steps aside after its `broker_grace`.
+/// Host 2 never learnt what host 1 left unrecorded, so it must not
+/// release those leases as settled: their next owner would take the rows
+/// for rows that committed late and send them again.
+async fn leases_taken_from_a_killed_owner_and_given_up_unsent_keep_a_stream_once(db: Db) {
+    let lab = StreamLab::start(db).await;
+    let env = &lab.env;
+    let mut first = lab.worker(1, &[]);
+    // Long enough to take host 1's leases over before stepping aside.
+    let second = lab.worker(2, &[("OUTBOXD_WORKER__BROKER_GRACE", "10s")]);
+    wait_converged(env, 2, Duration::from_secs(20)).await;
+    let (first_id, second_id) = (
+        worker_id_of(env, &first).await,
+        worker_id_of(env, &second).await,
+    );
+    let producers = Producers::start(env, "", &lab.stream, 4, 300.0);
+    env.wait_count("published_at IS NOT NULL", 600, Duration::from_secs(20))
+        .await;
+    let acknowledged = producers.stop().await;
+    let start = Instant::now();
+    while env.count("published_at IS NULL").await > 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "not drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = held_by(env, first_id).await;
+    assert!(!held.is_empty());
+    lab.lab.fault(2, Link::Broker, Fault::Blackhole);
+    first.signal("KILL");
+    first.wait(Duration::from_secs(5));
+    let mut undone = 0;
+    for bucket in held.keys() {
+        undone += env
+            .db
+            .exec(&format!(
+                "UPDATE outbox SET published_at = NULL WHERE id IN (SELECT id FROM \
+                 (SELECT id FROM outbox WHERE partition_key = '{bucket}' ORDER BY id DESC LIMIT 2) t)"
+            ))
+            .await;
+    }
+    let killed_at = Instant::now();
+    loop {
+        let now = held_by(env, second_id).await;
+        if held.keys().all(|b| now.contains_key(b)) {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < REOWN_AFTER_EXPIRY + Duration::from_secs(5),
+            "host 2 did not take host 1's leases over; its log:\n{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let taken_after = killed_at.elapsed();
+    assert_eq!(
+        env.count("published_at IS NULL").await,
+        undone as i64,
+        "host 2 recorded rows without a broker"
+    );
+    let third = lab.worker(3, &[]);
+    let third_id = worker_id_of(env, &third).await;
+    let joined_at = Instant::now();
+    let buckets = leases(env).await.len();
+    while held_by(env, third_id).await.len() < buckets {
+        assert!(
+            joined_at.elapsed() < Duration::from_secs(40),
+            "host 3 never took every bucket; host 2's log:\n{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let handed_after = joined_at.elapsed();
+    lab.lab.heal(2);
+    let start = Instant::now();
+    while env.count("published_at IS NULL").await > 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "not drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let v = judge_stream(env, &lab.url, &lab.stream).await;
+    let (stored, late) = stream_paths(env);
+    println!(
+        "leases of a killed owner taken and given up unsent: {} buckets, {undone} rows in the stream left unrecorded; host 2 took them after {taken_after:.2?}, host 3 held them {handed_after:.2?} after joining; {acknowledged} commits acknowledged; {stored} rows found in the stream and recorded without sending, {late} committed late; {}",
+        held.len(),
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    terminate_all(&mut [second, third]);
+}
+
 on_every_db!(
     a_host_cut_off_and_healed_adds_each_row_to_a_stream_once,
-    a_host_deaf_to_the_broker_adds_each_row_to_a_stream_once
+    a_host_deaf_to_the_broker_adds_each_row_to_a_stream_once,
+    leases_taken_from_a_killed_owner_and_given_up_unsent_keep_a_stream_once
 );

@@ -88,6 +88,11 @@ pub(crate) struct BucketDrainer {
     /// ([`crate::lease`], point 7).
     deduplicated_sent: i64,
     settled_up_to: AtomicI64,
+    /// The lease was taken over after it expired, and its earlier owner
+    /// may have sent rows to a de-duplicating sink without recording
+    /// them: unsettled until a claim finds every ready row of the bucket
+    /// ([`Self::end_inheritance`]).
+    inherited: bool,
     /// The last claim found fewer rows than it asked for, and all of them
     /// were confirmed: the bucket was drained as of that claim.
     drained: bool,
@@ -110,6 +115,10 @@ impl BucketDrainer {
         cancel: CancellationToken,
         gate: Arc<Semaphore>,
     ) -> Self {
+        let inherited = lease.as_ref().is_some_and(|l| !l.was_free) && ctx.sink.deduplicates_any();
+        if let Some(lease) = lease.as_ref().filter(|_| inherited) {
+            lease.trust.set_settled(false);
+        }
         Self {
             partition_key,
             fence: lease.as_ref().map(|l| l.fence),
@@ -124,6 +133,7 @@ impl BucketDrainer {
             unrecorded: None,
             deduplicated_sent: 0,
             settled_up_to: AtomicI64::new(0),
+            inherited,
             drained: false,
             retry_at: None,
             gate,
@@ -259,6 +269,7 @@ impl BucketDrainer {
             },
         };
         if rows.is_empty() {
+            self.end_inheritance(0);
             self.session = Some(session);
             return Ok(Step::Idle);
         }
@@ -325,6 +336,9 @@ impl BucketDrainer {
                 self.unrecorded = Some(ids);
                 // (A careful round asked for one row only.)
                 self.drained = !self.careful && rows.len() < self.ctx.settings.batch_size as usize;
+                if self.drained {
+                    self.end_inheritance(rows.iter().map(|r| r.id).max().unwrap_or(0));
+                }
                 self.next = next;
                 self.careful = false;
                 self.session = Some(session);
@@ -438,7 +452,20 @@ impl BucketDrainer {
     fn settle(&self, id: i64) {
         let up_to = self.settled_up_to.fetch_max(id, Ordering::AcqRel).max(id);
         if let Some(lease) = &self.lease {
-            lease.trust.set_settled(up_to >= self.deduplicated_sent);
+            lease
+                .trust
+                .set_settled(!self.inherited && up_to >= self.deduplicated_sent);
+        }
+    }
+
+    /// A claim found every ready row of the bucket, the highest `up_to` (0
+    /// for none): whatever an earlier owner sent and left unrecorded was
+    /// ready, so it is among them, all at or below `up_to`, and the lease
+    /// is settled once they are recorded like this drainer's own.
+    fn end_inheritance(&mut self, up_to: i64) {
+        if std::mem::take(&mut self.inherited) {
+            self.deduplicated_sent = self.deduplicated_sent.max(up_to);
+            self.settle(0);
         }
     }
 

@@ -67,6 +67,14 @@ pub trait Sink: Send + Sync {
     fn deduplicates(&self, _row: &ClaimedMessage) -> bool {
         false
     }
+
+    /// Whether any row may go where the broker keeps ids
+    /// ([`Self::deduplicates`]): then a lease taken over after it expired
+    /// is unsettled from the start, since its earlier owner may have left
+    /// such rows unrecorded ([`crate::lease`], point 7). False by default.
+    fn deduplicates_any(&self) -> bool {
+        false
+    }
 }
 
 /// One drainer's way to the broker, used by one batch at a time.

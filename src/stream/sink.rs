@@ -153,6 +153,10 @@ impl Sink for StreamSink {
     fn deduplicates(&self, row: &ClaimedMessage) -> bool {
         row.exchange.is_empty() && self.shared.streams.contains(&row.routing_key)
     }
+
+    fn deduplicates_any(&self) -> bool {
+        !self.shared.streams.is_empty()
+    }
 }
 
 /// One drainer's producers, on one connection of the link.
