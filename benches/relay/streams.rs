@@ -10,7 +10,11 @@
 //! - **relay to a stream** — one worker draining n seeded rows on
 //!   PostgreSQL into a fresh stream;
 //! - **relay to a queue** — the same worker and rows into a classic queue
-//!   (section 1's path).
+//!   (section 1's path);
+//! - **claim and record alone** — the floor under any relay that keeps G1:
+//!   the same rows claimed and recorded published by the relay's own
+//!   statements (no lease fence, no broker), 16 buckets at once, each
+//!   claim followed by the record of what it read.
 //!
 //! Then the trickle: 50 messages a second, one per transaction, timed
 //! from just before the `INSERT` to the delivery, to a stream (a
@@ -31,7 +35,7 @@ use lapin::{Connection, ConnectionProperties};
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
 use outboxd::sink::PublishLimits;
-use outboxd::store::outbox::ClaimedMessage;
+use outboxd::store::outbox::{Claim, ClaimToken, ClaimedMessage, Holder, Published};
 use outboxd::stream::sink::stream_message;
 use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
 use serde_json::{Value, json};
@@ -55,8 +59,9 @@ impl Bench {
             let mut bare = Vec::new();
             let mut stream = Vec::new();
             let mut queue = Vec::new();
+            let mut database = Vec::new();
             for round in 0..rounds {
-                let mut order = [0, 1, 2];
+                let mut order = [0, 1, 2, 3];
                 if round % 2 == 1 {
                     order.reverse();
                 }
@@ -64,18 +69,20 @@ impl Bench {
                     let rate = match arm {
                         0 => self.bare_stream(&url, n, batch).await,
                         1 => self.relay_to(Some(&url), n, batch).await,
-                        _ => self.relay_to(None, n, batch).await,
+                        2 => self.relay_to(None, n, batch).await,
+                        _ => self.claim_and_record(n, batch).await,
                     };
                     let name = [
                         "bare stream publisher",
                         "relay to a stream",
                         "relay to a queue",
+                        "claim and record alone",
                     ];
                     println!(
                         "  batch {batch}, round {round}, {}: {rate:.0} msg/s",
                         name[arm]
                     );
-                    [&mut bare, &mut stream, &mut queue][arm].push(rate);
+                    [&mut bare, &mut stream, &mut queue, &mut database][arm].push(rate);
                 }
             }
             let each = |a: &[f64], b: &[f64]| {
@@ -90,6 +97,8 @@ impl Bench {
             };
             let of_bare = ratios(&stream, &bare);
             let of_queue = ratios(&stream, &queue);
+            let of_database = ratios(&stream, &database);
+            let database_of_bare = ratios(&database, &bare);
             self.row(
                 &format!("streams, batch {batch}: relay to a stream ÷ bare"),
                 format!("{of_bare:.2} x"),
@@ -100,11 +109,24 @@ impl Bench {
                 format!("{of_queue:.2} x"),
                 format!("rounds {}, target >= 3", each(&stream, &queue)),
             );
+            self.row(
+                &format!("streams, batch {batch}: claim and record alone ÷ bare"),
+                format!("{database_of_bare:.2} x"),
+                format!("rounds {}", each(&database, &bare)),
+            );
+            self.row(
+                &format!("streams, batch {batch}: relay to a stream ÷ claim and record alone"),
+                format!("{of_database:.2} x"),
+                format!("rounds {}", each(&stream, &database)),
+            );
             out.insert(
                 format!("batch_{batch}"),
                 json!({
                     "bare_stream": bare, "relay_stream": stream, "relay_queue": queue,
+                    "claim_and_record": database,
                     "stream_of_bare": of_bare, "stream_of_queue": of_queue,
+                    "stream_of_claim_and_record": of_database,
+                    "claim_and_record_of_bare": database_of_bare,
                 }),
             );
         }
@@ -191,6 +213,49 @@ impl Bench {
         futures_util::future::join_all(senders).await;
         let rate = n as f64 / start.elapsed().as_secs_f64();
         let _ = client.delete_stream(&stream).await;
+        rate
+    }
+
+    /// The database's part alone: `n` seeded rows claimed and recorded
+    /// published by the relay's statements, every bucket at once, with
+    /// nothing sent anywhere.
+    async fn claim_and_record(&self, n: usize, batch: u32) -> f64 {
+        let (store, _, _) = self
+            .fresh_on(Backend::Postgres, "outboxd_bench_streams", "")
+            .await;
+        self.seed(&store, n, "bench-streams-nowhere", false).await;
+        let labels = Partitioner::new(BUCKETS).labels();
+        let start = Instant::now();
+        let drains = labels.iter().map(|bucket| {
+            let store = store.clone();
+            async move {
+                let holder = Holder {
+                    partition_key: bucket,
+                    token: ClaimToken::new(),
+                    fence: None,
+                    published: Published::Kept,
+                };
+                loop {
+                    let claim = Claim {
+                        holder,
+                        limit: batch,
+                        claim_ttl: Duration::from_secs(15),
+                        min_left: Duration::from_secs(6),
+                        in_flight: &[],
+                    };
+                    let rows = store.claim(claim).await.unwrap();
+                    if rows.is_empty() {
+                        break;
+                    }
+                    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                    let recorded = store.record_published(holder, &ids).await.unwrap();
+                    assert_eq!(recorded as usize, ids.len());
+                }
+            }
+        });
+        futures_util::future::join_all(drains).await;
+        let rate = drained_rate(&store, n, start).await;
+        store.close().await;
         rate
     }
 
