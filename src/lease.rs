@@ -74,9 +74,10 @@
 //!    is not released but left to expire ([`Trust::is_settled`]): its next
 //!    owner then counts those rows as sent. A lease taken over after it
 //!    expired inherits that doubt: it is unsettled from the start, until
-//!    its drainer has claimed every ready row of the bucket once and
-//!    recorded them (a row the earlier owner sent was ready, so it is among
-//!    them); given up before that, it is left to expire too.
+//!    a claim of its drainer has found every ready row of the bucket (a
+//!    row the earlier owner sent was ready, so it is among them) and they
+//!    are recorded (none, for an idle bucket); given up before that, it
+//!    is left to expire too.
 //!
 //! Hence a row's state is only ever recorded by the worker that held the
 //! bucket's lease, and nothing reaches the broker from a worker after its

@@ -91,7 +91,7 @@ pub(crate) struct BucketDrainer {
     /// The lease was taken over after it expired, and its earlier owner
     /// may have sent rows to a de-duplicating sink without recording
     /// them: unsettled until a claim finds every ready row of the bucket
-    /// ([`Self::end_inheritance`]).
+    /// and they are recorded ([`Self::end_inheritance`]).
     inherited: bool,
     /// The last claim found fewer rows than it asked for, and all of them
     /// were confirmed: the bucket was drained as of that claim.
@@ -269,7 +269,12 @@ impl BucketDrainer {
             },
         };
         if rows.is_empty() {
-            self.end_inheritance(0);
+            // Nothing ready, as the database saw it under a lease that was
+            // still ours: the trust outlives the claim only if the lease
+            // did (`crate::lease`).
+            if self.trusted() {
+                self.end_inheritance(0);
+            }
             self.session = Some(session);
             return Ok(Step::Idle);
         }
