@@ -125,7 +125,7 @@ fn leave_to_expire(bucket: &str, epoch: i64) {
     tracing::info!(
         %bucket,
         epoch,
-        "rows sent to a stream under this lease are not all recorded: it is left to expire, so that its next owner counts what the broker stored as sent"
+        "rows sent to a stream under this lease (or by its owner before, whose lease expired) may not all be recorded: it is left to expire, so that its next owner looks them up in the stream"
     );
 }
 
@@ -522,7 +522,7 @@ impl Fleet {
                 Some(Stop::Lost) => continue,
                 Some(Stop::Rebalance) => {}
                 None => {
-                    tracing::warn!(%bucket, epoch = h.epoch, "a drainer ended on its own; releasing its lease to start over");
+                    tracing::warn!(%bucket, epoch = h.epoch, "a drainer ended on its own; giving its lease up to start over");
                 }
             }
             if h.trust.is_settled() {

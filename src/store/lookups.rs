@@ -7,7 +7,7 @@
 //! delete). On the
 //! partitions table ([`PartitionLookups`]): the leases and the lease
 //! events. Each backend renders [`OutboxLookupsSql`] and
-//! [`PartitionLookupsSql`] in its own SQL; nothing here knows which.
+//! `PartitionLookupsSql` in its own SQL; nothing here knows which.
 //!
 //! Reads run on [`Driver::reads`] (a backend with one writer keeps its
 //! readers apart), writes on [`Driver::pool`].
