@@ -719,7 +719,9 @@ async fn hostile_keys_cannot_forge_or_hide_log_lines() {
             env.db.exec("UPDATE outbox SET attempts = 0").await;
         }
     }
-    assert_ok(&run(&env, &["failed", "park", &head.to_string()]));
+    // Parked by hand: with a 200 ms retry backoff the row may be ready
+    // again by the time a `failed park` runs, and so no blocked head.
+    park(&env, &[head], "unroutable").await;
     let listed = stdout(&run(&env, &["failed", "list"]));
     assert!(listed.contains("evil\\u{001B}[2J\\u{000A}"), "{listed}");
     assert!(
