@@ -230,13 +230,21 @@ async fn main() {
         "streams" => streams,
     }
 
+    // As wide as the longest measure's name, so that every value lines up.
+    let w = b
+        .table
+        .iter()
+        .map(|(m, _, _)| m.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(58);
     println!(
-        "\n{:<58} {:>16} {:>22}",
+        "\n{:<w$} {:>16} {:>22}",
         "measure", "value", "baseline / target"
     );
-    println!("{}", "-".repeat(98));
+    println!("{}", "-".repeat(w + 40));
     for (m, v, t) in &b.table {
-        println!("{m:<58} {v:>16} {t:>22}");
+        println!("{m:<w$} {v:>16} {t:>22}");
     }
     if let Some(parent) = Path::new(&out).parent() {
         std::fs::create_dir_all(parent).ok();

@@ -32,8 +32,10 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
+use outboxd::config::Config;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
+use outboxd::relay::RelaySettings;
 use outboxd::sink::PublishLimits;
 use outboxd::store::outbox::{Claim, ClaimToken, ClaimedMessage, Holder, Published};
 use outboxd::stream::sink::stream_message;
@@ -225,6 +227,10 @@ impl Bench {
             .await;
         self.seed(&store, n, "bench-streams-nowhere", false).await;
         let labels = Partitioner::new(BUCKETS).labels();
+        // The claim TTL and the renewal margin a worker derives from the
+        // default configuration.
+        let settings = RelaySettings::from_config(&Config::default());
+        let (claim_ttl, min_left) = (settings.claim_ttl, settings.claim_min_left);
         let start = Instant::now();
         let drains = labels.iter().map(|bucket| {
             let store = store.clone();
@@ -239,8 +245,8 @@ impl Bench {
                     let claim = Claim {
                         holder,
                         limit: batch,
-                        claim_ttl: Duration::from_secs(15),
-                        min_left: Duration::from_secs(6),
+                        claim_ttl,
+                        min_left,
                         in_flight: &[],
                     };
                     let rows = store.claim(claim).await.unwrap();
