@@ -42,6 +42,11 @@
 //! - [`ops`]: operator commands (`status`, `failed`, `purge`, `repartition`)
 //!   and the workers' maintenance task (retention, stray labels).
 
+// The module docs are written for whoever changes the code: they name the
+// private items that do the work (`cargo doc --document-private-items`
+// renders those links).
+#![allow(rustdoc::private_intra_doc_links)]
+
 /// Prints a line on stdout. A closed stdout (the reader went away, e.g. a
 /// pipe) is not worth a panic: the line is dropped.
 #[macro_export]

@@ -1,12 +1,12 @@
 //! Configuration: the typed form of `config/outboxd.toml`.
 //!
 //! Precedence, lowest first: the defaults below (`DEFAULT_*`), the TOML file,
-//! the environment ([`env`]: `OUTBOXD_<SECTION>__<KEY>` for every key, then
-//! `DATABASE_URL` / `AMQP_URL`), command-line flags. Nothing is used before
-//! [`Config::validate`] has accepted it, and every refusal is one line
-//! naming the key or the variable, e.g. `worker.lease_renew (15s) must be
-//! shorter than worker.lease_ttl (15s)`. [`env::Provenance`] says where
-//! each value came from.
+//! the environment ([`env`](mod@env): `OUTBOXD_<SECTION>__<KEY>` for every
+//! key, then `DATABASE_URL` / `AMQP_URL`), command-line flags. Nothing is
+//! used before [`Config::validate`] has accepted it, and every refusal is
+//! one line naming the key or the variable, e.g. `worker.lease_renew (15s)
+//! must be shorter than worker.lease_ttl (15s)`. [`env::Provenance`] says
+//! where each value came from.
 //!
 //! Durations are written as strings with a unit: `"250ms"`, `"15s"`, `"2m"`,
 //! `"1h"`, `"7d"`.
@@ -544,7 +544,7 @@ impl Config {
     }
 
     /// This configuration with the environment's values over it: every
-    /// `OUTBOXD_<SECTION>__<KEY>` ([`env`]), then `DATABASE_URL` and
+    /// `OUTBOXD_<SECTION>__<KEY>` ([`env`](mod@env)), then `DATABASE_URL` and
     /// `AMQP_URL`, each also as `<NAME>_FILE`.
     pub fn with_env(
         &self,

@@ -356,7 +356,7 @@ impl ClaimSql {
     }
 }
 
-/// The columns of a [`MessageSummary`], from the outbox aliased `o`.
+/// The columns of a [`MessageSummary`](super::outbox::MessageSummary), from the outbox aliased `o`.
 pub(crate) const SUMMARY_COLUMNS: &str =
     "o.id, o.partition_key, o.message_key, o.exchange, o.routing_key, o.message_id,
     o.created_at, o.available_at, o.published_at, o.failed_at, o.attempts, o.last_error,

@@ -2,7 +2,7 @@
 //! ([`MessageViews`], written once over the driver for every backend) and
 //! the bucket overview (every bucket's lease and head, then its capped
 //! counts), written once over the driver for every backend. A backend
-//! gives its [`MessagesSql`] and its [`Dialect`]: how the outbox is read
+//! gives its [`MessagesSql`](super::statements::MessagesSql) and its [`Dialect`]: how the outbox is read
 //! through an index.
 //!
 //! Both views cost a bounded amount of work whatever the table size: one
