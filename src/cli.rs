@@ -374,6 +374,15 @@ fn scoped(cli: &Cli, mut config: Config) -> Result<Config, ConfigError> {
     match (&cli.command, cli.source.as_deref()) {
         _ if every_source => Ok(config),
         (Command::Config, _) | (Command::Work(_), None) => Ok(config),
+        // The one source, kept as an entry: `repartition` names its stream
+        // producers after it (`crate::ops::repartition`).
+        (Command::Repartition(_), name) if !config.source.is_empty() => {
+            config.for_source(name)?;
+            if let Some(name) = name {
+                config.source.retain(|s| s.name == name);
+            }
+            Ok(config)
+        }
         // Several sources, none named: the all-sources dashboard.
         (Command::Ui { .. }, None) if config.source.len() > 1 => Ok(config),
         (Command::Work(_), Some(name)) if !config.source.is_empty() => {

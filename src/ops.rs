@@ -249,18 +249,46 @@ pub async fn purge(config: &Config, args: &PurgeArgs) -> anyhow::Result<()> {
 
 /// `outboxd repartition --to N`: see [`crate::store::repartition`]. The
 /// configured count does not matter here (it is usually already the new
-/// one); the schema version does.
+/// one); the schema version does. With `amqp.streams`, the pending rows
+/// the streams already hold under the recorded count's producer names are
+/// found first ([`crate::stream::repartition`]) and recorded published by
+/// the change. `config` is scoped to one source, kept as its entry when
+/// it has one: the producers are named after the source.
 pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Result<()> {
+    let source = config.sources()?.into_iter().next();
+    let (source, config) = match &source {
+        Some(s) => (s.name.as_str(), &s.config),
+        None => (crate::config::sources::DEFAULT_SOURCE, config),
+    };
     let store = Store::connect(
         &crate::store::StoreSettings::from_config(config),
         "outboxd repartition",
     )
     .await?;
     schema::check_version(&*store).await?;
-    let r = store.repartition(args.to, args.dry_run, &actor()).await?;
+    let stored = match store.partition_count().await? {
+        Some(from) => {
+            crate::stream::repartition::stored_pending(config, source, &store, from).await?
+        }
+        None => Vec::new(),
+    };
+    let r = store
+        .repartition(args.to, args.dry_run, &actor(), &stored)
+        .await?;
+    let in_streams = match config.amqp.streams.is_empty() {
+        true => String::new(),
+        false if args.dry_run => format!(
+            "; {} pending row(s) the streams already hold would be recorded published",
+            r.recorded_stored
+        ),
+        false => format!(
+            "; {} pending row(s) the streams already hold recorded published",
+            r.recorded_stored
+        ),
+    };
     if args.dry_run {
         say!(
-            "dry run: {} → {} buckets would re-label {} of {} unpublished row(s); nothing changed",
+            "dry run: {} → {} buckets would re-label {} of {} unpublished row(s){in_streams}; nothing changed",
             r.from,
             r.to,
             r.relabelled,
@@ -269,7 +297,7 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
         return Ok(());
     }
     say!(
-        "repartitioned {} → {} buckets: {} of {} unpublished row(s) re-labelled, every lease cleared",
+        "repartitioned {} → {} buckets: {} of {} unpublished row(s) re-labelled, every lease cleared{in_streams}",
         r.from,
         r.to,
         r.relabelled,

@@ -16,7 +16,8 @@ use common::*;
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::Message;
 use outboxd::store::outbox::{
-    Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState, Published,
+    Claim, ClaimToken, Failure, FailurePolicy, Fence, Holder, MessageState, MessageSummary,
+    Published,
 };
 use outboxd::store::repartition::RepartitionError;
 use outboxd::store::workers::{Joined, LateWatch, Registration, WorkerCounts, WorkerMode};
@@ -874,7 +875,8 @@ async fn workers_join_heartbeat_and_leave(db: Db) {
 
 /// Repartitioning re-labels every unpublished row by its key's bucket under
 /// the new count (ids, and so each key's order, unchanged), refuses while a
-/// worker is live, and a dry run changes nothing; a row with a label that
+/// worker is live, and a dry run changes nothing; rows a stream holds are
+/// recorded published first and keep their label; a row with a label that
 /// is not a bucket is parked with an error naming the right one.
 async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
     let env = TestEnv::on(db).await;
@@ -900,16 +902,39 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         can_publish: true,
     };
     store.register(registration, &|_| true).await.unwrap();
-    match store.repartition(32, false, "test").await {
+    match store.repartition(32, false, "test", &[]).await {
         Err(RepartitionError::WorkersLive(live)) => assert_eq!(live[0].worker_id, w),
         other => panic!("a repartition with a live worker: {other:?}"),
     }
     store.remove_worker(w).await.unwrap();
 
-    let dry = store.repartition(32, true, "test").await.unwrap();
-    assert_eq!((dry.from, dry.to, dry.unpublished), (16, 32, 40));
-    assert!(dry.relabelled > 0);
+    // A bucket's pending rows up to an id, by id.
     let labels_16 = Partitioner::new(16);
+    let bucket = labels_16.label_for(&before[0].1);
+    let of_bucket: Vec<i64> = before
+        .iter()
+        .filter(|(_, key)| labels_16.label_for(key) == bucket)
+        .map(|(id, _)| *id)
+        .collect();
+    let ids = |rows: Vec<MessageSummary>| rows.iter().map(|m| m.id).collect::<Vec<_>>();
+    let all = store.pending_up_to(&bucket, i64::MAX).await.unwrap();
+    assert_eq!(ids(all), of_bucket);
+    let first = store.pending_up_to(&bucket, of_bucket[0]).await.unwrap();
+    assert_eq!(ids(first), of_bucket[..1]);
+
+    // Two rows a stream holds (found by the caller), one moved by the new
+    // count and one not (rk-0's row stays pending for the end).
+    let labels_32 = Partitioner::new(32);
+    let moves = |key: &str| labels_16.label_for(key) != labels_32.label_for(key);
+    let stored = [
+        before[1..].iter().find(|(_, key)| moves(key)).unwrap().0,
+        before[1..].iter().find(|(_, key)| !moves(key)).unwrap().0,
+    ];
+    let dry = store.repartition(32, true, "test", &stored).await.unwrap();
+    assert_eq!((dry.from, dry.to, dry.unpublished), (16, 32, 40));
+    assert_eq!(dry.recorded_stored, 2);
+    assert!(dry.relabelled > 0);
+    assert_eq!(env.count("published_at IS NULL").await, 40);
     let unchanged: Vec<(i64, String)> = env
         .db
         .rows("SELECT id, partition_key FROM outbox ORDER BY id")
@@ -922,9 +947,13 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         );
     }
 
-    let done = store.repartition(32, false, "test").await.unwrap();
-    assert_eq!(done.relabelled, dry.relabelled);
-    let labels_32 = Partitioner::new(32);
+    let done = store.repartition(32, false, "test", &stored).await.unwrap();
+    assert_eq!((done.unpublished, done.recorded_stored), (38, 2));
+    assert_eq!(
+        done.relabelled,
+        dry.relabelled - 1,
+        "the stored row keeps its label"
+    );
     let after: Vec<(i64, String, String)> = env
         .db
         .rows("SELECT id, message_key, partition_key FROM outbox ORDER BY id")
@@ -934,9 +963,19 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         before.iter().map(|r| r.0).collect::<Vec<_>>(),
         "ids, and so each key's order, are unchanged"
     );
-    for (_, key, label) in &after {
-        assert_eq!(*label, labels_32.label_for(key), "{key}");
+    for (id, key, label) in &after {
+        match stored.contains(id) {
+            true => assert_eq!(*label, labels_16.label_for(key), "{key}"),
+            false => assert_eq!(*label, labels_32.label_for(key), "{key}"),
+        }
     }
+    let published: Vec<(i64,)> = env
+        .db
+        .rows("SELECT id FROM outbox WHERE published_at IS NOT NULL ORDER BY id")
+        .await;
+    let mut expected = stored.to_vec();
+    expected.sort();
+    assert_eq!(published.iter().map(|r| r.0).collect::<Vec<_>>(), expected);
     // A bucket row per label of the new count.
     assert_eq!(store.leases().await.unwrap().len(), 32);
 

@@ -266,6 +266,22 @@ pub struct RepartitionSql {
     /// rows: a template whose `{gaps}` becomes the ranges of the pending
     /// index between the known labels (literals). No parameters.
     pub strays: Sql,
+    /// A bucket's pending rows up to an id, by id, as
+    /// [`MessageSummary`](super::outbox::MessageSummary) rows: bucket, id.
+    pub pending_up_to: Sql,
+    /// Records the listed rows published, those still pending: ids.
+    pub record_stored: Sql,
+}
+
+/// [`RepartitionSql::pending_up_to`] with `?` parameters, reading through
+/// `pending` (a [`Dialect::pending`]).
+pub(crate) fn pending_up_to(pending: &str) -> String {
+    format!(
+        "SELECT {SUMMARY_COLUMNS} FROM {pending}
+         WHERE o.partition_key = ? AND o.published_at IS NULL AND o.failed_at IS NULL
+           AND o.id <= ?
+         ORDER BY o.id"
+    )
 }
 
 /// A drainer's statements on the `outbox` table and its bucket's row

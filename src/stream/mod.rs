@@ -3,7 +3,10 @@
 //!
 //! [`sink`] is the relay's sink for streams (effectively once: a producer
 //! per bucket, the row's id as the publishing id); [`link`] its
-//! connections, gated and TLS like the AMQP path's.
+//! connections, gated and TLS like the AMQP path's; [`lookup`] reads a
+//! stream for the rows it holds of a bucket, for a session that took an
+//! expired lease over and for [`repartition`], which finds the pending rows
+//! the streams hold before a bucket count change names new producers.
 //!
 //! [`client`] is a small client of outboxd's own over the
 //! `rabbitmq-stream-protocol` codec, speaking only the protocol's first
@@ -23,6 +26,8 @@
 pub mod client;
 pub mod declare;
 pub mod link;
+pub mod lookup;
+pub mod repartition;
 pub mod sink;
 
 pub use client::{Confirm, Publisher, StreamClient, StreamError, StreamUrl, Subscription};

@@ -37,15 +37,15 @@
 //! unnamed producer, which stores what it is sent: once, but without the
 //! broker's de-duplication. The counters (and the log) count each path.
 //!
-//! A bucket count change names new producers: a row the old producer sent
-//! but whose record was lost is sent again under the new name.
+//! A bucket count change names new producers, of which the broker
+//! remembers nothing: `outboxd repartition` first records the pending rows
+//! the old producers stored ([`super::repartition`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rabbitmq_stream_protocol::ResponseCode;
-use rabbitmq_stream_protocol::commands::subscribe::OffsetSpecification;
 use rabbitmq_stream_protocol::message::{Message, SimpleValue};
 use serde_json::Value as Json;
 use tokio::sync::watch;
@@ -54,15 +54,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{Confirm, Publisher, StreamClient, StreamError};
 use super::link::StreamLink;
+use super::lookup::{self, LookupError};
 use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
 use crate::sink::destinations::Kind;
 use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
-
-/// How long before a row's creation a look-up of the stream starts
-/// reading ([`StreamSession::stored_among`]): room for the difference
-/// between the database's clock and the broker's.
-const LOOKUP_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// Ids a producer's memory keeps (the lowest are forgotten first).
 const MEMORY_LIMIT: usize = 100_000;
@@ -336,15 +332,13 @@ impl StreamSession {
         Ok(self.named.get_mut(&key).expect("declared above"))
     }
 
-    /// Which of `rows` the stream holds. Each is of `bucket`, at or below
-    /// what the broker stored for the bucket's producer, and was never
-    /// seen by this process, which took the lease over after it expired:
-    /// its previous owner sent it and never recorded it, or it committed
-    /// late and nobody sent it. Only the stream can tell. It is read from
-    /// [`LOOKUP_MARGIN`] before the oldest row was created (a row is
-    /// stored after its insert) up to its end as it is now: the previous
-    /// owner's trust ended before this lease was taken, so whatever it
-    /// sent lies below that end.
+    /// Which of `rows` the stream holds ([`lookup::stored_among`]). Each is
+    /// of `bucket`, at or below what the broker stored for the bucket's
+    /// producer, and was never seen by this process, which took the lease
+    /// over after it expired: its previous owner sent it and never recorded
+    /// it, or it committed late and nobody sent it. Only the stream can
+    /// tell. The previous owner's trust ended before this lease was taken,
+    /// so whatever it sent lies below the stream's end as it is now.
     async fn stored_among(
         &mut self,
         stream: &str,
@@ -354,63 +348,14 @@ impl StreamSession {
         let client = self.client().await?;
         let wait = self.shared.link.request_timeout();
         let wanted: HashSet<u64> = rows.iter().map(|r| r.id as u64).collect();
-        let mut found = HashSet::new();
-        let mut last = client
-            .subscribe(stream, OffsetSpecification::Last, 1)
-            .await
-            .map_err(|e| self.refusal(stream, e))?;
-        let chunk = tokio::time::timeout(wait, last.chunks.recv()).await;
-        let _ = client.unsubscribe(last.id).await;
-        let end = match chunk {
-            Ok(Some(chunk)) => chunk.next_offset(),
-            Ok(None) => return Err(self.lost()),
-            // Nothing to deliver: the stream is empty (its retention
-            // removed everything), and holds none of them.
-            Err(_) => return Ok(found),
-        };
         let oldest = rows.iter().map(|r| r.created_at).min().unwrap_or_default();
-        let from = OffsetSpecification::Timestamp((oldest - LOOKUP_MARGIN).timestamp_millis());
-        let mut reader = client
-            .subscribe(stream, from, 4)
-            .await
-            .map_err(|e| self.refusal(stream, e))?;
-        let mut read = 0usize;
-        let outcome = loop {
-            match tokio::time::timeout(wait, reader.chunks.recv()).await {
-                Ok(Some(chunk)) => {
-                    read += chunk.len();
-                    let next = chunk.next_offset();
-                    found.extend(
-                        chunk
-                            .messages
-                            .iter()
-                            .filter_map(|m| row_of(m, bucket))
-                            .filter(|id| wanted.contains(id)),
-                    );
-                    if next >= end || found.len() == wanted.len() {
-                        break Ok(());
-                    }
-                    if let Err(e) = client.credit(reader.id, 1).await {
-                        break Err(unavailable(e));
-                    }
-                }
-                Ok(None) => break Err(self.lost()),
-                // Nothing at or after the time read from (a database clock
-                // ahead of the broker's): those rows are sent again rather
-                // than lost.
-                Err(_) if read == 0 => {
-                    tracing::warn!(
-                        bucket,
-                        stream,
-                        "the stream holds nothing from {LOOKUP_MARGIN:?} before the rows were created; taking them for rows that committed late"
-                    );
-                    break Ok(());
-                }
-                Err(_) => break Err(PublishError::Timeout(wait)),
-            }
-        };
-        let _ = client.unsubscribe(reader.id).await;
-        outcome.map(|()| found)
+        let read = lookup::stored_among(&client, stream, bucket, &wanted, oldest, wait).await;
+        read.map_err(|e| match e {
+            LookupError::Subscribe(e) => self.refusal(stream, e),
+            LookupError::Credit(e) => unavailable(e),
+            LookupError::Closed => self.lost(),
+            LookupError::Timeout(d) => PublishError::Timeout(d),
+        })
     }
 
     /// The stream connection closed under a request.
@@ -698,19 +643,6 @@ impl StreamSession {
             }
         }
         Ok(())
-    }
-}
-
-/// The row id of a message of `bucket` (by its application properties).
-fn row_of(message: &Message, bucket: &str) -> Option<u64> {
-    let properties = message.application_properties()?;
-    match properties.get(HEADER_PARTITION_KEY) {
-        Some(SimpleValue::String(b)) if b == bucket => {}
-        _ => return None,
-    }
-    match properties.get(HEADER_ID) {
-        Some(SimpleValue::Ulong(id)) => Some(*id),
-        _ => None,
     }
 }
 

@@ -8,10 +8,10 @@
 //! wait for it. The flow is [`crate::store::repartition::flow`]; here are
 //! its statements.
 
-use super::steps::LABELS;
+use super::steps::{IDS, LABELS};
 use crate::store::settings::Tables;
 use crate::store::sql::Sql;
-use crate::store::statements::{Relabel, RepartitionSql};
+use crate::store::statements::{Relabel, RepartitionSql, pending_up_to};
 
 /// Unpublished rows whose label the new count (recorded in this
 /// transaction, read by the label function) changes.
@@ -19,7 +19,7 @@ const MOVED: &str =
     "WHERE published_at IS NULL AND partition_key <> {outbox}_partition_for(message_key)";
 
 pub(crate) fn statements(t: &Tables) -> RepartitionSql {
-    let sql = |s: &str| Sql::render(t, &s.replace("{labels}", LABELS));
+    let sql = |s: &str| Sql::render(t, &s.replace("{labels}", LABELS).replace("{ids}", IDS));
     RepartitionSql {
         settings: sql("SELECT partition_count FROM {outbox}_settings FOR UPDATE"),
         count: sql("SELECT partition_count FROM {outbox}_settings"),
@@ -55,5 +55,9 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
              ORDER BY id FOR UPDATE",
         ),
         park: sql("UPDATE {outbox} SET failed_at = UTC_TIMESTAMP(6), last_error = ? WHERE id = ?"),
+        pending_up_to: sql(&pending_up_to(super::VIEWS.pending)),
+        record_stored: sql("UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
+             SET o.published_at = UTC_TIMESTAMP(6)
+             WHERE o.published_at IS NULL AND o.failed_at IS NULL"),
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::store::settings::Tables;
 use crate::store::sql::Sql;
-use crate::store::statements::{Relabel, RepartitionSql};
+use crate::store::statements::{Relabel, RepartitionSql, SUMMARY_COLUMNS};
 
 /// Labels are computed once per distinct key, not once per row: the CRC
 /// in SQL is the expensive part.
@@ -53,5 +53,15 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
              WHERE ({gaps}) AND published_at IS NULL AND failed_at IS NULL
              ORDER BY id FOR UPDATE"),
         park: sql("UPDATE {outbox} SET failed_at = now(), last_error = $1 WHERE id = $2"),
+        // A range of the pending index (see `CLAIM` in `super::outbox` for
+        // the `BETWEEN`).
+        pending_up_to: sql(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM {{outbox}} o
+             WHERE o.partition_key BETWEEN $1 AND $1
+               AND o.published_at IS NULL AND o.failed_at IS NULL AND o.id <= $2
+             ORDER BY o.partition_key, o.id"
+        )),
+        record_stored: sql("UPDATE {outbox} SET published_at = now()
+             WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NULL"),
     }
 }

@@ -1,11 +1,11 @@
 //! The repartition, written once over the driver contract (see [`super`]
 //! for the argument): one transaction that takes the registration lock and
-//! refuses while a worker is live, holds the producers, records the new
-//! count, re-labels the unpublished rows, replaces the bucket rows and
-//! writes the audit record. A backend gives its statements
-//! ([`RepartitionSql`]): how producers are held (a locked settings row its
-//! insert trigger reads, a table lock, or the file's one write lock) and
-//! where labels are computed ([`Relabel`]).
+//! refuses while a worker is live, holds the producers, records the rows a
+//! stream holds, records the new count, re-labels the unpublished rows,
+//! replaces the bucket rows and writes the audit record. A backend gives
+//! its statements ([`RepartitionSql`]): how producers are held (a locked
+//! settings row its insert trigger reads, a table lock, or the file's one
+//! write lock) and where labels are computed ([`Relabel`]).
 //!
 //! Also here: parking rows whose label is no bucket.
 
@@ -20,6 +20,7 @@ use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Driver, Statements};
 use crate::store::error::StoreError;
 use crate::store::membership;
+use crate::store::outbox::MessageSummary;
 use crate::store::sql::{Sql, label_literal};
 use crate::store::statements::{Relabel, RepartitionSql};
 
@@ -30,8 +31,20 @@ impl<D: Driver> RepartitionStore for D {
         to: u32,
         dry_run: bool,
         actor: &str,
+        stored: &[i64],
     ) -> Result<RepartitionReport, RepartitionError> {
-        repartition(self, to, dry_run, actor).await
+        repartition(self, to, dry_run, actor, stored).await
+    }
+
+    async fn pending_up_to(
+        &self,
+        bucket: &str,
+        up_to: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let sql = &self.sql().repartition.pending_up_to;
+        let args = [Arg::Text(Some(bucket)), Arg::Int(up_to)];
+        let doing = "reading a bucket's pending rows";
+        self.reads().fetch_all(sql, &args, doing).await
     }
 
     async fn park_unknown_labels(&self) -> Result<Vec<ParkedUnknown>, StoreError> {
@@ -73,6 +86,7 @@ pub(crate) async fn repartition<D: Driver>(
     to: u32,
     dry_run: bool,
     actor: &str,
+    stored: &[i64],
 ) -> Result<RepartitionReport, RepartitionError> {
     let sql = &d.sql().repartition;
     let mut tx = d.begin().await?;
@@ -93,6 +107,17 @@ pub(crate) async fn repartition<D: Driver>(
         let doing = "locking the outbox table against producers";
         tx.execute(hold, &[], doing).await?;
     }
+    let mut recorded_stored = 0;
+    for chunk in stored.chunks(10_000) {
+        recorded_stored += match dry_run {
+            true => chunk.len() as u64,
+            false => {
+                let doing = "recording published the rows a stream holds";
+                tx.execute(&sql.record_stored, &[Arg::Ids(chunk)], doing)
+                    .await?
+            }
+        };
+    }
     let count = [Arg::Int(i64::from(to))];
     tx.execute(&sql.set_count, &count, "recording the new partition_count")
         .await?;
@@ -102,6 +127,7 @@ pub(crate) async fn repartition<D: Driver>(
         to,
         unpublished,
         relabelled,
+        recorded_stored,
     };
     if dry_run {
         D::rollback(tx).await?;
@@ -110,6 +136,7 @@ pub(crate) async fn repartition<D: Driver>(
     replace_bucket_rows::<D>(&mut tx, sql, to).await?;
     let detail = json!({
         "from": from, "to": to, "unpublished": unpublished, "relabelled": relabelled,
+        "recorded_stored": recorded_stored,
     })
     .to_string();
     let args = [Arg::Text(Some(actor)), Arg::Text(Some(&detail))];

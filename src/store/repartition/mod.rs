@@ -17,13 +17,16 @@
 //!    they do not fail (PostgreSQL: a `SHARE ROW EXCLUSIVE` lock on the
 //!    outbox; MySQL: the settings row, which every insert's trigger reads
 //!    with a shared lock, locked for update);
-//! 3. records the new count (which the database's label function, and so
+//! 3. records published the pending rows the caller found in a stream
+//!    (their worker was killed before it recorded them: under the new
+//!    count's producer names the broker would store them again);
+//! 4. records the new count (which the database's label function, and so
 //!    every enqueue and plain `INSERT`, reads), re-labels every unpublished
 //!    row, pending and parked, from its message key, and drops every claim;
-//! 4. replaces the bucket rows: removed buckets go, new ones come, every
+//! 5. replaces the bucket rows: removed buckets go, new ones come, every
 //!    lease is cleared and every epoch bumped, so a write of any earlier
 //!    lease holder matches no row;
-//! 5. writes an audit record.
+//! 6. writes an audit record.
 //!
 //! Workers started afterwards with the old count refuse to start, and a
 //! worker that somehow outlived the change (a stopped process that
@@ -33,6 +36,7 @@ pub(crate) mod flow;
 
 use async_trait::async_trait;
 
+use super::outbox::MessageSummary;
 use super::workers::LiveWorker;
 use crate::store::error::StoreError;
 
@@ -45,6 +49,9 @@ pub struct RepartitionReport {
     pub unpublished: i64,
     /// Unpublished rows whose label changes.
     pub relabelled: i64,
+    /// Pending rows a stream already holds, recorded published before the
+    /// change (a dry run: found).
+    pub recorded_stored: u64,
 }
 
 /// Why a repartition did not happen.
@@ -99,13 +106,24 @@ pub(crate) fn unknown_label_error(
 pub trait RepartitionStore {
     /// Changes the bucket count to `to` (see the module docs). `dry_run`
     /// counts what would change and changes nothing. `actor` goes to the
-    /// audit record.
+    /// audit record. `stored` are pending rows a stream already holds
+    /// (`crate::stream::repartition`): they are recorded published in the same
+    /// transaction, before the re-labelling, so that no worker sends them
+    /// again under the new bucket count's producer names.
     async fn repartition(
         &self,
         to: u32,
         dry_run: bool,
         actor: &str,
+        stored: &[i64],
     ) -> Result<RepartitionReport, RepartitionError>;
+
+    /// The pending rows of `bucket` with an id up to `up_to`, by id.
+    async fn pending_up_to(
+        &self,
+        bucket: &str,
+        up_to: i64,
+    ) -> Result<Vec<MessageSummary>, StoreError>;
 
     /// Parks every pending row whose label is not one of this deployment's
     /// buckets (a producer that computed labels with another bucket count,

@@ -10,7 +10,7 @@
 
 use super::sql;
 use crate::store::settings::Tables;
-use crate::store::statements::{Relabel, RepartitionSql};
+use crate::store::statements::{Relabel, RepartitionSql, pending_up_to};
 
 pub(crate) fn statements(t: &Tables) -> RepartitionSql {
     let sql = |s: &str| sql(t, s);
@@ -51,5 +51,9 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
              ORDER BY id",
         ),
         park: sql("UPDATE {outbox} SET failed_at = {now}, last_error = ? WHERE id = ?"),
+        pending_up_to: sql(&pending_up_to(super::VIEWS.pending)),
+        record_stored: sql("UPDATE {outbox} SET published_at = {now}
+             WHERE id IN (SELECT value FROM json_each(?))
+               AND published_at IS NULL AND failed_at IS NULL"),
     }
 }

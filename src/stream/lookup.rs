@@ -1,0 +1,149 @@
+//! Which of a bucket's rows a stream holds, read from the stream itself:
+//! from a time up to the stream's end as it is when the read starts, each
+//! message's row id and bucket taken from its application properties.
+//!
+//! Two callers ask it about rows the broker's de-duplication can no longer
+//! tell apart: a session that took a lease over after it expired, about
+//! rows its predecessor may have sent and not recorded ([`super::sink`]);
+//! and `outboxd repartition`, about rows the old bucket count's producers
+//! may have stored ([`super::repartition`]).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rabbitmq_stream_protocol::commands::subscribe::OffsetSpecification;
+use rabbitmq_stream_protocol::message::{Message, SimpleValue};
+
+use super::client::{StreamClient, StreamError};
+use crate::amqp::{HEADER_ID, HEADER_PARTITION_KEY};
+
+/// How long before the oldest row's creation a read starts: room for the
+/// difference between the database's clock and the broker's.
+pub const LOOKUP_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+
+/// Where a read starts again, before the oldest row's creation, when
+/// nothing at all followed [`LOOKUP_MARGIN`]: a broker whose clock is
+/// behind the database's (a clock stepped forward under the broker's
+/// Erlang VM, which catches up by 0.6 s a minute) stamped the rows earlier
+/// than they were created. (A read that finds nothing ends after waiting
+/// for a chunk: one more wait, only then.)
+const FURTHER_BACK: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// Why a read did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// Subscribing was refused or failed.
+    #[error("subscribing: {0}")]
+    Subscribe(StreamError),
+    /// Asking for the next chunk failed.
+    #[error("asking for the next chunk: {0}")]
+    Credit(StreamError),
+    /// The connection closed under the read.
+    #[error("the stream connection closed")]
+    Closed,
+    /// No chunk came within the wait, after some had.
+    #[error("no chunk within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The ids among `wanted`, rows of `bucket` the oldest of which was created
+/// at `oldest`, that `stream` holds. It is read from [`LOOKUP_MARGIN`]
+/// before `oldest` (a row is stored after its insert) up to its end as it
+/// is now — from further back ([`FURTHER_BACK`]) when nothing follows that
+/// start — each chunk awaited at most `wait`: the caller knows that
+/// whatever was sent of them lies below that end.
+pub async fn stored_among(
+    client: &StreamClient,
+    stream: &str,
+    bucket: &str,
+    wanted: &HashSet<u64>,
+    oldest: DateTime<Utc>,
+    wait: Duration,
+) -> Result<HashSet<u64>, LookupError> {
+    let mut last = client
+        .subscribe(stream, OffsetSpecification::Last, 1)
+        .await
+        .map_err(LookupError::Subscribe)?;
+    let chunk = tokio::time::timeout(wait, last.chunks.recv()).await;
+    let _ = client.unsubscribe(last.id).await;
+    let end = match chunk {
+        Ok(Some(chunk)) => chunk.next_offset(),
+        Ok(None) => return Err(LookupError::Closed),
+        // Nothing to deliver: the stream is empty (its retention removed
+        // everything), and holds none of them.
+        Err(_) => return Ok(HashSet::new()),
+    };
+    for margin in [LOOKUP_MARGIN, FURTHER_BACK] {
+        let from = OffsetSpecification::Timestamp((oldest - margin).timestamp_millis());
+        if let Some(found) = read(client, stream, bucket, wanted, from, end, wait).await? {
+            return Ok(found);
+        }
+    }
+    // Nothing from the furthest start on: those rows are sent again
+    // rather than lost.
+    tracing::warn!(
+        bucket,
+        stream,
+        "the stream holds nothing from {FURTHER_BACK:?} before the rows were created; taking them for rows never sent"
+    );
+    Ok(HashSet::new())
+}
+
+/// The ids among `wanted` of `bucket` that `stream` holds from `from` up to
+/// the offset `end`; `None` when nothing at all came from `from` on.
+async fn read(
+    client: &StreamClient,
+    stream: &str,
+    bucket: &str,
+    wanted: &HashSet<u64>,
+    from: OffsetSpecification,
+    end: u64,
+    wait: Duration,
+) -> Result<Option<HashSet<u64>>, LookupError> {
+    let mut found = HashSet::new();
+    let mut reader = client
+        .subscribe(stream, from, 4)
+        .await
+        .map_err(LookupError::Subscribe)?;
+    let mut read = 0usize;
+    let outcome = loop {
+        match tokio::time::timeout(wait, reader.chunks.recv()).await {
+            Ok(Some(chunk)) => {
+                read += chunk.len();
+                let next = chunk.next_offset();
+                found.extend(
+                    chunk
+                        .messages
+                        .iter()
+                        .filter_map(|m| row_of(m, bucket))
+                        .filter(|id| wanted.contains(id)),
+                );
+                if next >= end || found.len() == wanted.len() {
+                    break Ok(Some(found));
+                }
+                if let Err(e) = client.credit(reader.id, 1).await {
+                    break Err(LookupError::Credit(e));
+                }
+            }
+            Ok(None) => break Err(LookupError::Closed),
+            Err(_) if read == 0 => break Ok(None),
+            Err(_) => break Err(LookupError::Timeout(wait)),
+        }
+    };
+    let _ = client.unsubscribe(reader.id).await;
+    outcome
+}
+
+/// The row id of a message of `bucket` (by its application properties).
+fn row_of(message: &Message, bucket: &str) -> Option<u64> {
+    let properties = message.application_properties()?;
+    match properties.get(HEADER_PARTITION_KEY) {
+        Some(SimpleValue::String(b)) if b == bucket => {}
+        _ => return None,
+    }
+    match properties.get(HEADER_ID) {
+        Some(SimpleValue::Ulong(id)) => Some(*id),
+        _ => None,
+    }
+}
