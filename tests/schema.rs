@@ -294,6 +294,52 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     println!("{plan}");
     assert!(plan.contains("outbox_pending_idx"), "{plan}");
     assert!(!plan.contains("outbox_pkey"), "{plan}");
+
+    // The generic plan a prepared statement settles on, with a read-ahead's
+    // ids in flight: they are looked up in a hash built once per claim, not
+    // compared one by one with every row the scan steps over.
+    let in_flight: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE partition_key = 'p03' AND published_at IS NULL ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(in_flight.len() > 50, "{} rows in flight", in_flight.len());
+    let ids = in_flight
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let highest = in_flight.iter().max().unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for statement in [
+        "SET LOCAL plan_cache_mode = force_generic_plan".to_string(),
+        format!(
+            "PREPARE claim_generic (text, bigint, uuid, float8, uuid, bigint, bigint[], bigint, float8) AS {}",
+            backend.claim_statement()
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE) EXECUTE claim_generic('p03', 100, gen_random_uuid(), 15000, NULL, NULL, '{{{ids}}}', {highest}, 11000)"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    // A prepared statement outlives the transaction: not the connection.
+    sqlx::raw_sql("DEALLOCATE claim_generic")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let plan = plan.join("\n");
+    println!("{plan}");
+    assert!(plan.contains("(id > $8)"), "not the generic plan: {plan}");
+    assert!(plan.contains("hashed SubPlan"), "{plan}");
 }
 
 /// MariaDB has no partial indexes: the pending index is `(partition_key,

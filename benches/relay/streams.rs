@@ -16,6 +16,9 @@
 //!   statements (no lease fence, no broker), 16 buckets at once, each
 //!   claim followed by the record of what it read.
 //!
+//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a fifth arm: the
+//! relay to a stream on that build, in the same rounds.
+//!
 //! Then the trickle: 50 messages a second, one per transaction, timed
 //! from just before the `INSERT` to the delivery, to a stream (a
 //! subscriber reading from the stream's end) beside a queue (a consumer),
@@ -56,35 +59,51 @@ impl Bench {
         println!(
             "streams: {n} messages of {PAYLOAD} bytes over {KEYS} keys, one worker on PostgreSQL, {rounds} rounds"
         );
+        let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
+        let this = std::path::Path::new(super::BIN);
         let mut out = serde_json::Map::new();
         for batch in [100u32, 1_000] {
             let mut bare = Vec::new();
             let mut stream = Vec::new();
             let mut queue = Vec::new();
             let mut database = Vec::new();
+            let mut stream_baseline = Vec::new();
             for round in 0..rounds {
-                let mut order = [0, 1, 2, 3];
+                let mut order: Vec<usize> = (0..if baseline.is_some() { 5 } else { 4 }).collect();
                 if round % 2 == 1 {
                     order.reverse();
                 }
                 for arm in order {
                     let rate = match arm {
                         0 => self.bare_stream(&url, n, batch).await,
-                        1 => self.relay_to(Some(&url), n, batch).await,
-                        2 => self.relay_to(None, n, batch).await,
-                        _ => self.claim_and_record(n, batch).await,
+                        1 => self.relay_to(this, Some(&url), n, batch).await,
+                        2 => self.relay_to(this, None, n, batch).await,
+                        3 => self.claim_and_record(n, batch).await,
+                        _ => {
+                            let bin = baseline.as_deref().map(std::path::Path::new);
+                            let bin = bin.expect("a fifth arm only with a baseline build");
+                            self.relay_to(bin, Some(&url), n, batch).await
+                        }
                     };
                     let name = [
                         "bare stream publisher",
                         "relay to a stream",
                         "relay to a queue",
                         "claim and record alone",
+                        "relay to a stream, baseline build",
                     ];
                     println!(
                         "  batch {batch}, round {round}, {}: {rate:.0} msg/s",
                         name[arm]
                     );
-                    [&mut bare, &mut stream, &mut queue, &mut database][arm].push(rate);
+                    [
+                        &mut bare,
+                        &mut stream,
+                        &mut queue,
+                        &mut database,
+                        &mut stream_baseline,
+                    ][arm]
+                        .push(rate);
                 }
             }
             let each = |a: &[f64], b: &[f64]| {
@@ -121,6 +140,13 @@ impl Bench {
                 format!("{of_database:.2} x"),
                 format!("rounds {}", each(&stream, &database)),
             );
+            if !stream_baseline.is_empty() {
+                self.row(
+                    &format!("streams, batch {batch}: relay to a stream ÷ the baseline build's"),
+                    format!("{:.2} x", ratios(&stream, &stream_baseline)),
+                    format!("rounds {}", each(&stream, &stream_baseline)),
+                );
+            }
             out.insert(
                 format!("batch_{batch}"),
                 json!({
@@ -129,6 +155,7 @@ impl Bench {
                     "stream_of_bare": of_bare, "stream_of_queue": of_queue,
                     "stream_of_claim_and_record": of_database,
                     "claim_and_record_of_bare": database_of_bare,
+                    "relay_stream_baseline": stream_baseline,
                 }),
             );
         }
@@ -265,9 +292,15 @@ impl Bench {
         rate
     }
 
-    /// One worker draining `n` seeded rows into a fresh stream (`Some`
-    /// stream port) or a queue (`None`).
-    async fn relay_to(&self, stream_url: Option<&str>, n: usize, batch: u32) -> f64 {
+    /// One worker of `bin` draining `n` seeded rows into a fresh stream
+    /// (`Some` stream port) or a queue (`None`).
+    async fn relay_to(
+        &self,
+        bin: &std::path::Path,
+        stream_url: Option<&str>,
+        n: usize,
+        batch: u32,
+    ) -> f64 {
         let client = match stream_url {
             Some(url) => Some(connect(url).await),
             None => None,
@@ -293,12 +326,7 @@ impl Bench {
             None => Vec::new(),
         };
         let start = Instant::now();
-        let mut worker = spawn_bin(
-            std::path::Path::new(super::BIN),
-            &config,
-            &["--silent"],
-            &vars,
-        );
+        let mut worker = spawn_bin(bin, &config, &["--silent"], &vars);
         let rate = drained_rate(&store, n, start).await;
         super::terminate(&mut worker);
         store.close().await;

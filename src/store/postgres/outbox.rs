@@ -76,7 +76,12 @@ fn newest_first(state: &str, by_key: bool) -> String {
 /// check the claim and the fence again in the statements that write.
 /// Rows still in flight from this drainer's previous batch ($7) are
 /// skipped, never a row behind them; a row above the highest of them
-/// ($8) skips the array's comparisons. The parameters are the contract's
+/// ($8) skips the look-up. The look-up is `NOT IN` a sub-select of the
+/// array, which PostgreSQL hashes once per execution: `<> ALL($7)`
+/// compares every row with the array's elements one by one in the
+/// generic plan a prepared statement settles on (only a constant array
+/// is hashed), and at batch 1,000, with 2,000 ids in flight, that took
+/// 8 ms of a 10 ms claim. The parameters are the contract's
 /// (`ClaimSql::OneStatement`).
 const CLAIM: &str = "WITH first_rows AS (
             SELECT id, message_id, partition_key, message_key, exchange, routing_key,
@@ -86,7 +91,7 @@ const CLAIM: &str = "WITH first_rows AS (
                 SELECT * FROM {outbox}
                 WHERE partition_key BETWEEN $1 AND $1
                   AND published_at IS NULL AND failed_at IS NULL
-                  AND (id > $8 OR id <> ALL($7::bigint[]))
+                  AND (id > $8 OR id NOT IN (SELECT unnest($7::bigint[])))
                 ORDER BY partition_key, id
                 LIMIT $2
             ) head
