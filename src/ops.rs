@@ -14,6 +14,7 @@ use crate::coordinator::housekeeping::Housekeeping;
 use crate::dashboard::api::{Summary, load_summary};
 use crate::logs::Visible;
 use crate::partitioner::Partitioner;
+use crate::store::repartition::RepartitionError;
 use crate::store::workers::WorkerView;
 use crate::store::{HeadAction, Store, schema};
 
@@ -267,10 +268,17 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
     .await?;
     schema::check_version(&*store).await?;
     let stored = match store.partition_count().await? {
-        Some(from) => {
+        Some(from) if !config.amqp.streams.is_empty() => {
+            // Refused before the streams are read (the repartition's
+            // transaction checks again): a live fleet is the usual reason
+            // to be turned away, and needs no stream port to be told.
+            let live = store.live_others(uuid::Uuid::nil()).await?;
+            if !live.is_empty() {
+                return Err(RepartitionError::WorkersLive(live).into());
+            }
             crate::stream::repartition::stored_pending(config, source, &store, from).await?
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
     let r = store
         .repartition(args.to, args.dry_run, &actor(), &stored)

@@ -418,6 +418,20 @@ async fn repartition_with_rows_pending_keeps_per_key_order_and_loses_nothing(db:
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("1 worker(s) are live"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    // With streams configured the refusal comes before the streams are
+    // read: no stream port needed (nothing listens on this one).
+    let out = env
+        .command(&["repartition", "--to", "7"])
+        .env(
+            "OUTBOXD_AMQP__STREAM_URL",
+            "rabbitmq-stream://guest:guest@127.0.0.1:9/%2f",
+        )
+        .env("OUTBOXD_AMQP__STREAMS", "nowhere")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("1 worker(s) are live"), "{err}");
     assert!(worker.terminate(EXIT_WITHIN).success());
     let published_before = env.count("published_at IS NOT NULL").await;
     assert!(
