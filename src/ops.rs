@@ -14,6 +14,7 @@ use crate::coordinator::housekeeping::Housekeeping;
 use crate::dashboard::api::{Summary, load_summary};
 use crate::logs::Visible;
 use crate::partitioner::Partitioner;
+use crate::store::outbox::Published;
 use crate::store::repartition::RepartitionError;
 use crate::store::workers::WorkerView;
 use crate::store::{HeadAction, Store, schema};
@@ -281,7 +282,13 @@ pub async fn repartition(config: &Config, args: &RepartitionArgs) -> anyhow::Res
         _ => Vec::new(),
     };
     let r = store
-        .repartition(args.to, args.dry_run, &actor(), &stored)
+        .repartition(
+            args.to,
+            args.dry_run,
+            &actor(),
+            &stored,
+            Published::from_keep(config.outbox.keep_published),
+        )
         .await?;
     let in_streams = match config.amqp.streams.is_empty() {
         true => String::new(),

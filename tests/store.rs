@@ -902,7 +902,10 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         can_publish: true,
     };
     store.register(registration, &|_| true).await.unwrap();
-    match store.repartition(32, false, "test", &[]).await {
+    match store
+        .repartition(32, false, "test", &[], Published::Kept)
+        .await
+    {
         Err(RepartitionError::WorkersLive(live)) => assert_eq!(live[0].worker_id, w),
         other => panic!("a repartition with a live worker: {other:?}"),
     }
@@ -930,7 +933,10 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         before[1..].iter().find(|(_, key)| moves(key)).unwrap().0,
         before[1..].iter().find(|(_, key)| !moves(key)).unwrap().0,
     ];
-    let dry = store.repartition(32, true, "test", &stored).await.unwrap();
+    let dry = store
+        .repartition(32, true, "test", &stored, Published::Kept)
+        .await
+        .unwrap();
     assert_eq!((dry.from, dry.to, dry.unpublished), (16, 32, 40));
     assert_eq!(dry.recorded_stored, 2);
     assert!(dry.relabelled > 0);
@@ -947,7 +953,10 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
         );
     }
 
-    let done = store.repartition(32, false, "test", &stored).await.unwrap();
+    let done = store
+        .repartition(32, false, "test", &stored, Published::Kept)
+        .await
+        .unwrap();
     assert_eq!((done.unpublished, done.recorded_stored), (38, 2));
     assert_eq!(
         done.relabelled,
@@ -990,6 +999,21 @@ async fn repartitioning_relabels_by_key_and_unknown_labels_are_parked(db: Db) {
     let error = detail.summary.last_error.unwrap();
     assert!(error.contains("unknown bucket label p77"), "{error}");
     assert!(error.contains(&labels_32.label_for("rk-0")), "{error}");
+
+    // With `outbox.keep_published = false` a row a stream holds is
+    // deleted, as a drainer deletes what it publishes.
+    let pending: Vec<(i64,)> = env
+        .db
+        .rows("SELECT id FROM outbox WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id")
+        .await;
+    let held = [pending[0].0];
+    let done = store
+        .repartition(16, false, "test", &held, Published::Deleted)
+        .await
+        .unwrap();
+    assert_eq!(done.recorded_stored, 1);
+    assert_eq!(env.count(&format!("id = {}", held[0])).await, 0);
+    assert_eq!(env.count("true").await, 39);
 }
 
 async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {

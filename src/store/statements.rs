@@ -271,6 +271,9 @@ pub struct RepartitionSql {
     pub pending_up_to: Sql,
     /// Records the listed rows published, those still pending: ids.
     pub record_stored: Sql,
+    /// Deletes the listed rows, those still pending, for
+    /// `outbox.keep_published = false`: ids.
+    pub delete_stored: Sql,
 }
 
 /// [`RepartitionSql::pending_up_to`] with `?` parameters, reading through

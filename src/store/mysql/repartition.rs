@@ -59,5 +59,7 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
         record_stored: sql("UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
              SET o.published_at = UTC_TIMESTAMP(6)
              WHERE o.published_at IS NULL AND o.failed_at IS NULL"),
+        delete_stored: sql("DELETE o FROM {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v
+             WHERE o.published_at IS NULL AND o.failed_at IS NULL"),
     }
 }

@@ -63,5 +63,7 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
         )),
         record_stored: sql("UPDATE {outbox} SET published_at = now()
              WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NULL"),
+        delete_stored: sql("DELETE FROM {outbox}
+             WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NULL"),
     }
 }

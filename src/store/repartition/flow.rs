@@ -20,7 +20,7 @@ use crate::partitioner::Partitioner;
 use crate::store::driver::{Arg, Driver, Statements};
 use crate::store::error::StoreError;
 use crate::store::membership;
-use crate::store::outbox::MessageSummary;
+use crate::store::outbox::{MessageSummary, Published};
 use crate::store::sql::{Sql, label_literal};
 use crate::store::statements::{Relabel, RepartitionSql};
 
@@ -32,8 +32,9 @@ impl<D: Driver> RepartitionStore for D {
         dry_run: bool,
         actor: &str,
         stored: &[i64],
+        published: Published,
     ) -> Result<RepartitionReport, RepartitionError> {
-        repartition(self, to, dry_run, actor, stored).await
+        repartition(self, to, dry_run, actor, stored, published).await
     }
 
     async fn pending_up_to(
@@ -87,6 +88,7 @@ pub(crate) async fn repartition<D: Driver>(
     dry_run: bool,
     actor: &str,
     stored: &[i64],
+    published: Published,
 ) -> Result<RepartitionReport, RepartitionError> {
     let sql = &d.sql().repartition;
     let mut tx = d.begin().await?;
@@ -107,14 +109,17 @@ pub(crate) async fn repartition<D: Driver>(
         let doing = "locking the outbox table against producers";
         tx.execute(hold, &[], doing).await?;
     }
+    let record = match published {
+        Published::Kept => &sql.record_stored,
+        Published::Deleted => &sql.delete_stored,
+    };
     let mut recorded_stored = 0;
     for chunk in stored.chunks(10_000) {
         recorded_stored += match dry_run {
             true => chunk.len() as u64,
             false => {
                 let doing = "recording published the rows a stream holds";
-                tx.execute(&sql.record_stored, &[Arg::Ids(chunk)], doing)
-                    .await?
+                tx.execute(record, &[Arg::Ids(chunk)], doing).await?
             }
         };
     }

@@ -17,9 +17,11 @@
 //!    they do not fail (PostgreSQL: a `SHARE ROW EXCLUSIVE` lock on the
 //!    outbox; MySQL: the settings row, which every insert's trigger reads
 //!    with a shared lock, locked for update);
-//! 3. records published the pending rows the caller found in a stream
-//!    (their worker was killed before it recorded them: under the new
-//!    count's producer names the broker would store them again);
+//! 3. records published the pending rows the caller found in a stream, as
+//!    a drainer would (`published_at` set, or the rows deleted with
+//!    `outbox.keep_published = false`); their worker was killed before it
+//!    recorded them, and under the new count's producer names the broker
+//!    would store them again;
 //! 4. records the new count (which the database's label function, and so
 //!    every enqueue and plain `INSERT`, reads), re-labels every unpublished
 //!    row, pending and parked, from its message key, and drops every claim;
@@ -36,7 +38,7 @@ pub(crate) mod flow;
 
 use async_trait::async_trait;
 
-use super::outbox::MessageSummary;
+use super::outbox::{MessageSummary, Published};
 use super::workers::LiveWorker;
 use crate::store::error::StoreError;
 
@@ -107,7 +109,8 @@ pub trait RepartitionStore {
     /// Changes the bucket count to `to` (see the module docs). `dry_run`
     /// counts what would change and changes nothing. `actor` goes to the
     /// audit record. `stored` are pending rows a stream already holds
-    /// (`crate::stream::repartition`): they are recorded published in the same
+    /// (`crate::stream::repartition`): they are recorded published as a
+    /// drainer records them (`published`: kept, or deleted) in the same
     /// transaction, before the re-labelling, so that no worker sends them
     /// again under the new bucket count's producer names.
     async fn repartition(
@@ -116,6 +119,7 @@ pub trait RepartitionStore {
         dry_run: bool,
         actor: &str,
         stored: &[i64],
+        published: Published,
     ) -> Result<RepartitionReport, RepartitionError>;
 
     /// The pending rows of `bucket` with an id up to `up_to`, by id.

@@ -55,5 +55,8 @@ pub(crate) fn statements(t: &Tables) -> RepartitionSql {
         record_stored: sql("UPDATE {outbox} SET published_at = {now}
              WHERE id IN (SELECT value FROM json_each(?))
                AND published_at IS NULL AND failed_at IS NULL"),
+        delete_stored: sql("DELETE FROM {outbox}
+             WHERE id IN (SELECT value FROM json_each(?))
+               AND published_at IS NULL AND failed_at IS NULL"),
     }
 }
