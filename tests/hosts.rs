@@ -73,7 +73,9 @@ async fn reowned(env: &TestEnv, held: &BTreeMap<String, i64>, from: Uuid) -> boo
 
 /// `outboxd status` (text and JSON) shows `worker` as unable to publish,
 /// with the broker error.
-fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) {
+/// Asserts that `worker`'s row and `outboxd status` say it cannot publish;
+/// returns the row.
+fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) -> serde_json::Value {
     let out = env.command(&["status", "--json"]).output().unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -82,7 +84,8 @@ fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) {
         .unwrap()
         .iter()
         .find(|w| w["worker_id"] == worker.to_string())
-        .expect("the worker's row");
+        .expect("the worker's row")
+        .clone();
     assert_eq!(row["can_publish"], false, "{row}");
     assert!(
         row["broker_error"].as_str().is_some_and(|e| !e.is_empty()),
@@ -94,6 +97,7 @@ fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) {
         text.contains("cannot reach RabbitMQ and holds no buckets"),
         "{text}"
     );
+    row
 }
 
 /// Three workers on three hosts under a producer; host 2's `link` suffers
@@ -488,6 +492,21 @@ async fn a_host_deaf_to_the_broker_adds_each_row_to_a_stream_once(db: Db) {
     host_2_faulted_into_a_stream(db, Link::Broker, Fault::Deaf, "deaf to the broker").await;
 }
 
+/// Host 2 loses the broker's stream port alone while it publishes into a
+/// stream: its database and the broker's AMQP port stay reachable, so its
+/// heartbeat and its leases go on. It cannot drain a bucket into the
+/// stream, so it must step aside after `broker_grace`, say why in its
+/// worker row, and take its share back once the port answers again (G5).
+async fn a_host_that_loses_the_stream_port_hands_its_buckets_over_and_takes_its_share_back(db: Db) {
+    host_2_faulted_into_a_stream(
+        db,
+        Link::StreamPort,
+        Fault::Blackhole,
+        "cut from the stream port",
+    )
+    .await;
+}
+
 /// A lab of three hosts with its broker's stream port, a test database on
 /// `db` (a MariaDB server in the lab for MariaDB), and a new stream.
 struct StreamLab {
@@ -571,6 +590,24 @@ async fn host_2_faulted_into_a_stream(db: Db, link: Link, fault: Fault, what: &s
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let reowned_after = cut_at.elapsed();
+    if link == Link::StreamPort {
+        // Only its own step aside moves host 2's buckets: it notices the
+        // silent port, waits its grace, steps aside and says why; a lease
+        // under which it sent rows it never recorded is left to expire.
+        let bound = DEAD_PEER + BROKER_GRACE + LEASE_TTL + 2 * LEASE_RENEW + Duration::from_secs(3);
+        assert!(
+            reowned_after <= bound,
+            "re-owned after {reowned_after:?}, bound {bound:?}; host 2's log:\n{}",
+            workers[1].log_text()
+        );
+        let row = assert_reported_unable_to_publish(&env, faulted_id);
+        assert!(
+            row["broker_error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("stream port:")),
+            "{row}"
+        );
+    }
     tokio::time::sleep((3 * LEASE_TTL).saturating_sub(cut_at.elapsed())).await;
     lab.heal(2);
     let healed_at = Instant::now();
@@ -705,3 +742,15 @@ on_every_db!(
     a_host_deaf_to_the_broker_adds_each_row_to_a_stream_once,
     leases_taken_from_a_killed_owner_and_given_up_unsent_keep_a_stream_once
 );
+
+/// The stream port's reach is the worker's, whatever its database: one
+/// database is enough.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL and RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_that_loses_the_stream_port_hands_its_buckets_over_on_postgres() {
+    a_host_that_loses_the_stream_port_hands_its_buckets_over_and_takes_its_share_back(Db::Postgres)
+        .await;
+}

@@ -60,6 +60,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AmqpConfig, Redacted};
+use crate::sink::reach::{self, Reach, mark_unreachable};
 use crate::sink::{BatchOutcome, PublishError, PublishLimits};
 use crate::store::outbox::ClaimedMessage;
 
@@ -84,34 +85,6 @@ const MAX_HEADER_DEPTH: usize = 16;
 /// sent as several body frames, 8 bytes of framing each.
 pub const FRAME_MAX: u32 = 16 * 1024;
 
-/// Whether the broker could be reached, as last seen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reach {
-    /// Not reached since the process started: no attempt has succeeded
-    /// yet (`error` is the last attempt's, if one failed).
-    Never {
-        error: Option<String>,
-    },
-    Reachable,
-    /// Every attempt since `since` failed (or the connection was lost then).
-    Unreachable {
-        since: tokio::time::Instant,
-        error: String,
-    },
-}
-
-impl Reach {
-    /// How long the broker has been unreachable (zero while reachable;
-    /// for ever when it was never reached).
-    pub fn unreachable_for(&self) -> Duration {
-        match self {
-            Reach::Never { .. } => Duration::MAX,
-            Reach::Reachable => Duration::ZERO,
-            Reach::Unreachable { since, .. } => since.elapsed(),
-        }
-    }
-}
-
 /// A hint for a connection the server cut before it answered, without a
 /// word: RabbitMQ does that to a plain client on a TLS port, and (with TLS
 /// 1.3, racing its alert) to a TLS client whose certificate it refused.
@@ -130,21 +103,6 @@ fn cut_hint(url: &str, has_client_cert: bool, error: &lapin::Error) -> &'static 
             " (the server cut the TLS connection: it may have refused the client certificate in amqp.tls.cert_file)"
         }
     }
-}
-
-/// Records a failure to reach the broker; the first one since it was last
-/// reachable starts the clock.
-fn mark_unreachable(reach: &watch::Sender<Reach>, error: &str) {
-    reach.send_modify(|r| match r {
-        Reach::Reachable => {
-            *r = Reach::Unreachable {
-                since: tokio::time::Instant::now(),
-                error: error.to_string(),
-            }
-        }
-        Reach::Never { error: last } => *last = Some(error.to_string()),
-        Reach::Unreachable { error: last, .. } => *last = error.to_string(),
-    });
 }
 
 /// After a failed attempt to connect, how long callers are given its
@@ -230,17 +188,13 @@ impl Broker {
     }
 
     fn mark_reachable(&self) {
-        self.reach_tx.send_if_modified(|r| {
-            let was = std::mem::replace(r, Reach::Reachable);
-            match &was {
-                Reach::Unreachable { since, .. } => {
-                    tracing::info!(after = ?since.elapsed(), "RabbitMQ reachable again")
-                }
-                Reach::Never { error: Some(_) } => tracing::info!("RabbitMQ reachable"),
-                _ => {}
+        match reach::mark_reachable(&self.reach_tx) {
+            Some(Reach::Unreachable { since, .. }) => {
+                tracing::info!(after = ?since.elapsed(), "RabbitMQ reachable again")
             }
-            was != Reach::Reachable
-        });
+            Some(Reach::Never { error: Some(_) }) => tracing::info!("RabbitMQ reachable"),
+            _ => {}
+        }
     }
 
     fn mark_unreachable(&self, error: &str) {

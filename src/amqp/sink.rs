@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Broker, ConfirmChannel};
-use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
+use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Reach, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
 
 /// RabbitMQ's exchanges and queues, through publisher confirms.
@@ -41,6 +41,14 @@ impl Sink for AmqpSink {
 
     fn blocked(&self) -> watch::Receiver<Option<String>> {
         self.broker.blocked()
+    }
+
+    fn reach(&self) -> watch::Receiver<Reach> {
+        self.broker.watch_reach()
+    }
+
+    async fn keep_connected(&self, cancel: CancellationToken) {
+        self.broker.clone().keep_connected(cancel).await
     }
 }
 

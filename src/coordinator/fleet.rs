@@ -55,11 +55,11 @@ use uuid::Uuid;
 use super::RenewalBeats;
 use super::assignment::{Assignment, targets};
 use super::housekeeping::Housekeeping;
-use crate::amqp::Reach;
 use crate::lease::{LeaseGrant, Trust, trust_deadline};
 use crate::partitioner::Partitioner;
 use crate::relay::wakeups::FleetSignal;
 use crate::relay::{Drain, Relay};
+use crate::sink::Reach;
 use crate::store::outbox::Fence;
 use crate::store::workers::suspect_after;
 use crate::store::{Channel, Store};
@@ -409,7 +409,7 @@ impl Fleet {
     /// in the worker row (retried every cycle until it is written) and
     /// tells the fleet.
     async fn check_broker(&mut self) {
-        let reach = self.relay.context().broker.reach();
+        let reach = self.relay.context().sink.reach().borrow().clone();
         let can_publish = reach.unreachable_for() <= self.settings.broker_grace;
         let error = match &reach {
             Reach::Unreachable { error, .. } if !can_publish => Some(error.as_str()),

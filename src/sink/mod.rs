@@ -35,8 +35,15 @@
 //!   the drainer is cancelled.
 //! - **Counts.** A sink adds what it delivered to each destination to the
 //!   worker's [`Destinations`] (what the dashboard shows per destination).
+//! - **Reach.** [`Sink::reach`] says whether every link the sink publishes
+//!   through can be reached, the worst of them ([`reach`]); the fleet
+//!   coordinator gives the worker's buckets up when it could not for longer
+//!   than `worker.broker_grace` (G5). [`Sink::keep_connected`] keeps those
+//!   links open while no drainer uses them, so that a broker back is
+//!   noticed and the worker takes its share again.
 
 pub mod destinations;
+pub mod reach;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +53,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use destinations::Destinations;
+pub use reach::Reach;
 
 use crate::store::outbox::ClaimedMessage;
 
@@ -59,6 +67,15 @@ pub trait Sink: Send + Sync {
     /// Why the broker refuses publishes right now (`None`: it does not).
     /// Drainers claim nothing while it refuses.
     fn blocked(&self) -> watch::Receiver<Option<String>>;
+
+    /// Whether the broker can be reached through every link the sink
+    /// publishes through, as last seen and as it changes.
+    fn reach(&self) -> watch::Receiver<Reach>;
+
+    /// Keeps the sink's links connected, and [`Self::reach`] current,
+    /// until `cancel` fires: while no bucket is drained (the worker gave
+    /// its buckets up), this is what notices that the broker is back.
+    async fn keep_connected(&self, cancel: CancellationToken);
 
     /// Whether the broker keeps `row`'s id and drops a repeat (a stream's
     /// named producer): then a lease under which such a row was sent and

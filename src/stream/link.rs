@@ -14,24 +14,36 @@
 //! (doubling, up to `amqp.reconnect_backoff_max`) before trying again,
 //! answering the failure meanwhile: a dead port costs one attempt per
 //! backoff, not one per drainer.
+//!
+//! The link keeps its own [`Reach`]: reachable from a successful connect,
+//! unreachable from the first failed one after it.
+//! [`StreamLink::keep_connected`] keeps one connection open while no
+//! drainer does, so that the reach stays current when the worker has
+//! given its buckets up (the stream sink reports it with the AMQP link's,
+//! [`crate::sink::reach`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_rs::traits::Reactor;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 use tokio_util::compat::FuturesAsyncReadCompatExt;
+use tokio_util::sync::CancellationToken;
 
 use super::client::{StreamClient, StreamError, StreamUrl};
 use crate::amqp::gate::{GatedTokio, SendGate, TlsTarget};
 use crate::config::AmqpConfig;
+use crate::sink::reach::{self, Reach};
 use crate::tls::AmqpTls;
 
 /// Producers a connection is given before the link opens another (the
 /// protocol allows 256; the rest is room for a session's late producer).
 const PRODUCERS_PER_CONNECTION: usize = 200;
+
+/// The reach's error when a connection ended.
+const CLOSED: &str = "the stream connection closed";
 
 /// The first pause after a failed connection attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
@@ -47,6 +59,7 @@ pub struct StreamLink {
     backoff_max: Duration,
     gate: Arc<SendGate>,
     state: Mutex<State>,
+    reach_tx: watch::Sender<Reach>,
 }
 
 #[derive(Default)]
@@ -68,6 +81,7 @@ impl StreamLink {
             backoff_max: config.reconnect_backoff_max,
             gate: Arc::default(),
             state: Mutex::default(),
+            reach_tx: watch::channel(Reach::Never { error: None }).0,
         })
     }
 
@@ -85,13 +99,41 @@ impl StreamLink {
     /// when there is none (or, during the backoff after a failure, answers
     /// that failure at once).
     pub async fn client(&self) -> Result<Arc<StreamClient>, StreamError> {
+        self.client_where(|c| c.publishers() < PRODUCERS_PER_CONNECTION)
+            .await
+    }
+
+    /// Whether the stream port could be reached, as last seen and as it
+    /// changes.
+    pub fn watch_reach(&self) -> watch::Receiver<Reach> {
+        self.reach_tx.subscribe()
+    }
+
+    /// Keeps a connection open until `cancel` fires: while no drainer
+    /// connects, this is what notices that the port is back (or gone).
+    pub async fn keep_connected(&self, cancel: CancellationToken) {
+        loop {
+            // Any open connection will do; a failure backs off in `client_where`.
+            let _ = self.client_where(|_| true).await;
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    /// An open connection `fits` accepts, connecting when there is none.
+    async fn client_where(
+        &self,
+        fits: impl Fn(&StreamClient) -> bool,
+    ) -> Result<Arc<StreamClient>, StreamError> {
         let mut state = self.state.lock().await;
+        let had = state.clients.len();
         state.clients.retain(|c| c.is_open());
-        if let Some(client) = state
-            .clients
-            .iter()
-            .find(|c| c.publishers() < PRODUCERS_PER_CONNECTION)
-        {
+        if had > 0 && state.clients.is_empty() {
+            reach::mark_unreachable(&self.reach_tx, CLOSED);
+        }
+        if let Some(client) = state.clients.iter().find(|c| fits(c)) {
             return Ok(client.clone());
         }
         if let Some((error, next, _)) = &state.failed
@@ -107,6 +149,11 @@ impl StreamLink {
         match self.connect().await {
             Ok(client) => {
                 state.failed = None;
+                if let Some(Reach::Unreachable { since, .. }) =
+                    reach::mark_reachable(&self.reach_tx)
+                {
+                    tracing::info!(after = ?since.elapsed(), "stream port reachable again");
+                }
                 let client = Arc::new(client);
                 state.clients.push(client.clone());
                 Ok(client)
@@ -117,6 +164,7 @@ impl StreamLink {
                     None => FIRST_BACKOFF.min(self.backoff_max),
                 };
                 tracing::warn!(error = %e, retry_in = ?pause, "cannot reach the stream port");
+                reach::mark_unreachable(&self.reach_tx, &e.to_string());
                 state.failed = Some((e.clone(), Instant::now() + pause, pause));
                 Err(e)
             }
@@ -124,13 +172,14 @@ impl StreamLink {
     }
 
     /// Drops `client` (it failed, or timed out): the next session connects
-    /// afresh, and whatever it had buffered dies with it.
+    /// afresh, and whatever it had buffered dies with it. A connection
+    /// that ended counts as the port lost until one connects again.
     pub async fn forget(&self, client: &Arc<StreamClient>) {
-        self.state
-            .lock()
-            .await
-            .clients
-            .retain(|c| !Arc::ptr_eq(c, client));
+        let mut state = self.state.lock().await;
+        state.clients.retain(|c| !Arc::ptr_eq(c, client));
+        if !client.is_open() {
+            reach::mark_unreachable(&self.reach_tx, CLOSED);
+        }
     }
 
     /// A failed connection, explained as the AMQP link explains its own

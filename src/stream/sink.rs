@@ -57,8 +57,12 @@ use super::link::StreamLink;
 use super::lookup::{self, LookupError};
 use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
 use crate::sink::destinations::Kind;
+use crate::sink::reach::{self, Reach};
 use crate::sink::{BatchOutcome, Destinations, PublishError, PublishLimits, Session, Sink};
 use crate::store::outbox::ClaimedMessage;
+
+/// How the stream port is named in a reach's error.
+const STREAM_PORT: &str = "stream port";
 
 /// Ids a producer's memory keeps (the lowest are forgotten first).
 const MEMORY_LIMIT: usize = 100_000;
@@ -67,6 +71,8 @@ const MEMORY_LIMIT: usize = 100_000;
 pub struct StreamSink {
     shared: Arc<Shared>,
     queues: Arc<dyn Sink>,
+    /// The worse of the AMQP link's reach and the stream port's.
+    reach_tx: watch::Sender<Reach>,
 }
 
 /// What the sink's sessions share.
@@ -117,7 +123,22 @@ impl StreamSink {
                 delivered,
             }),
             queues,
+            reach_tx: watch::channel(Reach::Never { error: None }).0,
         }
+    }
+
+    /// Connects to the stream port once, without retrying: for start-up
+    /// checks (a failure is also the link's reach until it connects).
+    pub async fn connect_once(&self) -> Result<(), StreamError> {
+        let connected = self.shared.link.client().await.map(|_| ());
+        // The reach as of now, before [`Sink::keep_connected`] follows it.
+        let worst = Reach::worst(
+            &self.queues.reach().borrow(),
+            &self.shared.link.watch_reach().borrow(),
+            STREAM_PORT,
+        );
+        self.reach_tx.send_replace(worst);
+        connected
     }
 
     /// The producer name of a source's bucket: stable across workers and
@@ -144,6 +165,25 @@ impl Sink for StreamSink {
 
     fn blocked(&self) -> watch::Receiver<Option<String>> {
         self.queues.blocked()
+    }
+
+    fn reach(&self) -> watch::Receiver<Reach> {
+        self.reach_tx.subscribe()
+    }
+
+    async fn keep_connected(&self, cancel: CancellationToken) {
+        let follow = reach::follow_worst(
+            self.queues.reach(),
+            self.shared.link.watch_reach(),
+            STREAM_PORT,
+            self.reach_tx.clone(),
+            cancel.clone(),
+        );
+        tokio::join!(
+            self.queues.keep_connected(cancel.clone()),
+            self.shared.link.keep_connected(cancel),
+            follow,
+        );
     }
 
     fn deduplicates(&self, row: &ClaimedMessage) -> bool {

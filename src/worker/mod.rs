@@ -94,8 +94,9 @@ pub enum WorkError {
 }
 
 /// The relay's sink: the AMQP broker, and the stream port for the rows
-/// `amqp.streams` names when it is set.
-fn sink(
+/// `amqp.streams` names when it is set (tried once here, as the broker is
+/// at start-up).
+async fn sink(
     config: &Config,
     opts: &WorkOptions,
     started: &Started,
@@ -115,13 +116,17 @@ fn sink(
         .as_deref()
         .unwrap_or(crate::config::sources::DEFAULT_SOURCE);
     let prefix = StreamSink::producer_prefix(source, &config.tables.outbox, bucket_count as u32);
-    Ok(Arc::new(StreamSink::new(
+    let streams = StreamSink::new(
         link,
         &config.amqp.streams,
         prefix,
         queues,
         stats.delivered.clone(),
-    )))
+    );
+    if let Err(e) = streams.connect_once().await {
+        tracing::warn!(error = %e, "the stream port is not reachable yet; the relay keeps retrying");
+    }
+    Ok(Arc::new(streams))
 }
 
 /// Runs a worker until `cancel` fires (or, with `--once`, until the ready
@@ -164,7 +169,7 @@ pub async fn run(
         Arc::new(RelayContext {
             store: started.store.clone(),
             broker: started.broker.clone(),
-            sink: sink(config, opts, &started, labels.len(), &stats)?,
+            sink: sink(config, opts, &started, labels.len(), &stats).await?,
             settings: RelaySettings::from_config(config),
             stats: stats.clone(),
             tracer,
@@ -176,7 +181,7 @@ pub async fn run(
         config,
         opts,
         &mut started,
-        &stats,
+        &relay,
         &wakeups,
         &cancel,
     );
@@ -210,7 +215,7 @@ pub async fn run(
         let probes = Probes::new(
             config,
             cancel.clone(),
-            started.broker.watch_reach(),
+            relay.context().sink.reach(),
             publishing,
             loops,
             stats.clone(),
@@ -234,7 +239,7 @@ pub async fn run(
         started.store.clone(),
         stats,
         housekeeping,
-        started.broker.watch_reach(),
+        relay.context().sink.reach(),
     );
     report
         .run(&mut coordination, owned, &cancel, report_turns)
@@ -278,7 +283,7 @@ pub async fn run(
 const FAREWELL: Duration = Duration::from_secs(2);
 
 /// Starts what runs beside the drain, under `tasks`: the heartbeat, the
-/// wake-ups, the broker connection, the flow-control record, the
+/// wake-ups, the sink's connections, the flow-control record, the
 /// maintenance (whose failure stops the worker) and the dashboard. Returns
 /// whether this worker does the fleet-wide chores, which the maintenance
 /// follows and the coordinator sets ([`Housekeeping`]).
@@ -287,11 +292,12 @@ fn start_background(
     config: &Config,
     opts: &WorkOptions,
     started: &mut Started,
-    stats: &Arc<RelayStats>,
+    relay: &Relay,
     wakeups: &Wakeups,
     cancel: &CancellationToken,
 ) -> Housekeeping {
     let store = &started.store;
+    let stats = &relay.context().stats;
     let housekeeping = Housekeeping::default();
     let heartbeat =
         started
@@ -303,11 +309,15 @@ fn start_background(
     for handle in wakeups.start(store, &config.database, idle_backoff, &tasks.token()) {
         tasks.adopt("wake-ups", handle);
     }
-    let broker = started.broker.clone();
-    tasks.spawn("broker connection", broker.keep_connected(tasks.token()));
+    let sink = relay.context().sink.clone();
+    let reach = sink.reach();
+    let token = tasks.token();
+    tasks.spawn("broker connection", async move {
+        sink.keep_connected(token).await
+    });
     tasks.spawn(
         "broker complaints",
-        report::complain_while_unreachable(started.broker.watch_reach(), tasks.token()),
+        report::complain_while_unreachable(reach, tasks.token()),
     );
     let blocked = report::report_blocked(
         store.clone(),

@@ -27,9 +27,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::Reach;
 use crate::config::{Config, fmt_duration};
 use crate::relay::RelayStats;
+use crate::sink::Reach;
 use crate::stamp::Stamp;
 use crate::store::Store;
 

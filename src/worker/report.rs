@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkOptions;
 use super::probes::Beat;
-use crate::amqp::Reach;
 use crate::config::fmt_duration;
 use crate::coordinator::housekeeping::Housekeeping;
 use crate::relay::RelayStats;
 use crate::relay::stats::StatsSnapshot;
+use crate::sink::Reach;
 use crate::store::Store;
 use crate::store::outbox::BucketHead;
 use crate::store::workers::WorkerMode;

@@ -33,11 +33,13 @@ pub enum Fault {
 }
 
 /// Which of the host's traffic a fault applies to.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Link {
     Database,
     /// The broker's AMQP port, and its stream port when it has one.
     Broker,
+    /// The broker's stream port alone (its AMQP port stays reachable).
+    StreamPort,
     /// Every packet of the host (full isolation).
     All,
 }
@@ -147,6 +149,11 @@ impl Lab {
                 Some(stream) => format!("{},{stream}", self.broker().port),
                 None => self.broker().port.to_string(),
             },
+            Link::StreamPort => self
+                .broker()
+                .stream_port()
+                .expect("a lab with streams")
+                .to_string(),
             Link::All => "all".into(),
         }
     }
