@@ -74,10 +74,12 @@
 //!    is not released but left to expire ([`Trust::is_settled`]): its next
 //!    owner then counts those rows as sent. A lease taken over after it
 //!    expired inherits that doubt: it is unsettled from the start, until
-//!    a claim of its drainer has found every ready row of the bucket (a
-//!    row the earlier owner sent was ready, so it is among them) and they
-//!    are recorded (none, for an idle bucket); given up before that, it
-//!    is left to expire too.
+//!    its drainer finds the bucket with no pending row at all (a row the
+//!    earlier owner sent and left unrecorded was pending, so this drainer
+//!    has recorded it since); given up before that, it is left to expire
+//!    too. Finding no *ready* row is not enough: a head the earlier owner
+//!    put in backoff (a batch whose confirm never came, its rows perhaps
+//!    stored) hides the rows behind it from every claim.
 //!
 //! Hence a row's state is only ever recorded by the worker that held the
 //! bucket's lease, and nothing reaches the broker from a worker after its

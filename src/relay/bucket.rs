@@ -90,8 +90,8 @@ pub(crate) struct BucketDrainer {
     settled_up_to: AtomicI64,
     /// The lease was taken over after it expired, and its earlier owner
     /// may have sent rows to a de-duplicating sink without recording
-    /// them: unsettled until a claim finds every ready row of the bucket
-    /// and they are recorded ([`Self::end_inheritance`]).
+    /// them: unsettled until the bucket has no pending row left
+    /// ([`Self::end_inheritance`]).
     inherited: bool,
     /// The last claim found fewer rows than it asked for, and all of them
     /// were confirmed: the bucket was drained as of that claim.
@@ -269,12 +269,7 @@ impl BucketDrainer {
             },
         };
         if rows.is_empty() {
-            // Nothing ready, as the database saw it under a lease that was
-            // still ours: the trust outlives the claim only if the lease
-            // did (`crate::lease`).
-            if self.trusted() {
-                self.end_inheritance(0);
-            }
+            self.end_inheritance().await;
             self.session = Some(session);
             return Ok(Step::Idle);
         }
@@ -341,9 +336,6 @@ impl BucketDrainer {
                 self.unrecorded = Some(ids);
                 // (A careful round asked for one row only.)
                 self.drained = !self.careful && rows.len() < self.ctx.settings.batch_size as usize;
-                if self.drained {
-                    self.end_inheritance(rows.iter().map(|r| r.id).max().unwrap_or(0));
-                }
                 self.next = next;
                 self.careful = false;
                 self.session = Some(session);
@@ -463,13 +455,26 @@ impl BucketDrainer {
         }
     }
 
-    /// A claim found every ready row of the bucket, the highest `up_to` (0
-    /// for none): whatever an earlier owner sent and left unrecorded was
-    /// ready, so it is among them, all at or below `up_to`, and the lease
-    /// is settled once they are recorded like this drainer's own.
-    fn end_inheritance(&mut self, up_to: i64) {
-        if std::mem::take(&mut self.inherited) {
-            self.deduplicated_sent = self.deduplicated_sent.max(up_to);
+    /// After a claim that found nothing: an inherited doubt ends when the
+    /// bucket has no pending row at all, as the database saw it under a
+    /// lease that was still ours (the trust outlives the read only if the
+    /// lease did, `crate::lease`). Whatever an earlier owner sent and left
+    /// unrecorded was pending, so it has been recorded since, by this
+    /// drainer. An empty claim alone does not say it: a head in backoff
+    /// (the earlier owner's batch failed, its rows perhaps stored) hides
+    /// every row behind it from the claim.
+    async fn end_inheritance(&mut self) {
+        if !self.inherited {
+            return;
+        }
+        let heads = self
+            .ctx
+            .store
+            .bucket_heads(std::slice::from_ref(&self.partition_key))
+            .await;
+        let empty = matches!(&heads, Ok(heads) if heads.iter().all(|h| h.id.is_none()));
+        if empty && self.trusted() {
+            self.inherited = false;
             self.settle(0);
         }
     }
