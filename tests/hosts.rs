@@ -72,9 +72,7 @@ async fn reowned(env: &TestEnv, held: &BTreeMap<String, i64>, from: Uuid) -> boo
 }
 
 /// `outboxd status` (text and JSON) shows `worker` as unable to publish,
-/// with the broker error.
-/// Asserts that `worker`'s row and `outboxd status` say it cannot publish;
-/// returns the row.
+/// with the broker error; returns the worker's row of the JSON.
 fn assert_reported_unable_to_publish(env: &TestEnv, worker: Uuid) -> serde_json::Value {
     let out = env.command(&["status", "--json"]).output().unwrap();
     assert!(out.status.success());
