@@ -9,14 +9,17 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::streams::{judge_stream, new_stream, property, read_stream, stream_paths, stream_vars};
 use common::*;
+use outboxd::amqp::{HEADER_ID, HEADER_PARTITION_KEY};
 use outboxd::checker::Verdict;
 use outboxd::demo::QueueReader;
 use outboxd::producer::Message as Row;
+use outboxd::stream::gather::Gather;
 use outboxd::stream::{
     Confirm, Message, OffsetSpecification, SimpleValue, StreamClient, StreamUrl,
 };
@@ -133,6 +136,75 @@ async fn a_named_producer_s_repeats_are_confirmed_and_stored_once() {
     client.delete_stream(&stream).await.unwrap();
     other.close().await;
     client.close().await;
+}
+
+/// A message as the relay's stream sink marks it: its bucket and row id as
+/// application properties, which a takeover's look-up reads.
+fn row_message(bucket: &str, id: u64) -> (u64, Message) {
+    let message = Message::builder()
+        .application_properties()
+        .insert(HEADER_PARTITION_KEY, bucket)
+        .insert(HEADER_ID, SimpleValue::Ulong(id))
+        .message_builder()
+        .body(format!("m{id}"))
+        .build();
+    (id, message)
+}
+
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn look_ups_asked_at_once_share_one_read_and_answer_each_bucket() {
+    let client = Arc::new(StreamClient::connect(&stream_url(), WAIT).await.unwrap());
+    let stream = unique("outbox-stream");
+    let retention = HashMap::from([("max-length-bytes".to_string(), "10000000".to_string())]);
+    client.create_stream(&stream, retention).await.unwrap();
+    let created = chrono::Utc::now();
+    let bucket = |id: u64| format!("p{:02}", id % 16);
+    let mut producer = client
+        .declare_publisher(Some(&unique("source/all")), &stream)
+        .await
+        .unwrap();
+    client
+        .publish(
+            producer.id,
+            (1..=320).map(|id| row_message(&bucket(id), id)).collect(),
+        )
+        .await
+        .unwrap();
+    confirmed(&mut producer.confirms, 320).await;
+
+    // As after the kill of a worker that held 16 buckets: each asks about
+    // its own rows, among them one the stream does not hold.
+    let gather = Arc::new(Gather::default());
+    let ask = |b: u64, wanted: HashSet<u64>| {
+        let (gather, client, stream) = (gather.clone(), client.clone(), stream.clone());
+        async move {
+            gather
+                .stored_among(client, &stream, &bucket(b), wanted, created, WAIT)
+                .await
+                .unwrap()
+        }
+    };
+    let questions = (0..16).map(|b| {
+        let stored: HashSet<u64> = (1..=320).filter(|id| id % 16 == b).skip(10).collect();
+        let mut wanted = stored.clone();
+        wanted.insert(1_000 + b);
+        let answer = ask(b, wanted);
+        async move { (answer.await, stored) }
+    });
+    for (found, stored) in futures_util::future::join_all(questions).await {
+        assert_eq!(found, stored, "each bucket's stored rows, and only those");
+    }
+    assert_eq!(gather.reads(), 1, "16 questions asked at once, one read");
+
+    // A question asked after that read gets a read of its own.
+    assert_eq!(ask(3, HashSet::from([3, 1_003])).await, HashSet::from([3]));
+    assert_eq!(gather.reads(), 2);
+
+    client.delete_stream(&stream).await.unwrap();
 }
 
 #[cfg_attr(

@@ -1,6 +1,6 @@
 //! Section 15 (`--only streams`): the relay into a RabbitMQ stream, beside
 //! what bounds it, in the same run. Per round and per batch size (100, the
-//! default, and 1,000), three arms in turn, their order alternating:
+//! default, and 1,000), five arms in turn, their order alternating:
 //!
 //! - **bare stream publisher** — the ceiling: no database; this process
 //!   sends the same messages (built by the relay's own
@@ -16,7 +16,11 @@
 //!   statements (no lease fence, no broker), 16 buckets at once, each
 //!   claim followed by the record of what it read.
 //!
-//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a fifth arm: the
+//! - **relay to a stream, rows deleted on publish** — the relay to a
+//!   stream with `outbox.keep_published = false`: the cheapest record G1
+//!   allows (a `DELETE` instead of an `UPDATE`).
+//!
+//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a sixth arm: the
 //! relay to a stream on that build, in the same rounds.
 //!
 //! Then the trickle: 50 messages a second, one per transaction, timed
@@ -24,11 +28,15 @@
 //! subscriber reading from the stream's end) beside a queue (a consumer),
 //! one worker each, in turn.
 //!
+//! Last, a takeover's look-up (`outboxd::stream::gather`) on a busy
+//! stream: how long reading a million messages stored since the rows in
+//! question were created takes, for one bucket and for 16 at once.
+//!
 //! Targets (issue text, same run): relay to a stream ≥ 0.75 × the bare
 //! stream publisher and ≥ 3 × the relay to a queue; the trickle's p99 to a
 //! stream within 1.5 × the queue's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
@@ -41,6 +49,7 @@ use outboxd::producer::{Message, Producer};
 use outboxd::relay::RelaySettings;
 use outboxd::sink::PublishLimits;
 use outboxd::store::outbox::{Claim, ClaimToken, ClaimedMessage, Holder, Published};
+use outboxd::stream::gather::Gather;
 use outboxd::stream::sink::stream_message;
 use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
 use serde_json::{Value, json};
@@ -49,6 +58,11 @@ use sqlx::postgres::PgPoolOptions;
 use super::{BUCKETS, Backend, Bench, KEYS, PAYLOAD, drained_rate, median_of, ms, pct, spawn_bin};
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// `outbox.keep_published`: the record sets `published_at` (the default)…
+const KEPT: bool = true;
+/// …or deletes the row (the cheaper record G1 allows).
+const DELETED: bool = false;
 
 impl Bench {
     pub(crate) async fn streams(&mut self) {
@@ -67,22 +81,24 @@ impl Bench {
             let mut stream = Vec::new();
             let mut queue = Vec::new();
             let mut database = Vec::new();
+            let mut deleting = Vec::new();
             let mut stream_baseline = Vec::new();
             for round in 0..rounds {
-                let mut order: Vec<usize> = (0..if baseline.is_some() { 5 } else { 4 }).collect();
+                let mut order: Vec<usize> = (0..if baseline.is_some() { 6 } else { 5 }).collect();
                 if round % 2 == 1 {
                     order.reverse();
                 }
                 for arm in order {
                     let rate = match arm {
                         0 => self.bare_stream(&url, n, batch).await,
-                        1 => self.relay_to(this, Some(&url), n, batch).await,
-                        2 => self.relay_to(this, None, n, batch).await,
+                        1 => self.relay_to(this, Some(&url), n, batch, KEPT).await,
+                        2 => self.relay_to(this, None, n, batch, KEPT).await,
                         3 => self.claim_and_record(n, batch).await,
+                        4 => self.relay_to(this, Some(&url), n, batch, DELETED).await,
                         _ => {
                             let bin = baseline.as_deref().map(std::path::Path::new);
-                            let bin = bin.expect("a fifth arm only with a baseline build");
-                            self.relay_to(bin, Some(&url), n, batch).await
+                            let bin = bin.expect("a sixth arm only with a baseline build");
+                            self.relay_to(bin, Some(&url), n, batch, KEPT).await
                         }
                     };
                     let name = [
@@ -90,6 +106,7 @@ impl Bench {
                         "relay to a stream",
                         "relay to a queue",
                         "claim and record alone",
+                        "relay to a stream, rows deleted on publish",
                         "relay to a stream, baseline build",
                     ];
                     println!(
@@ -101,6 +118,7 @@ impl Bench {
                         &mut stream,
                         &mut queue,
                         &mut database,
+                        &mut deleting,
                         &mut stream_baseline,
                     ][arm]
                         .push(rate);
@@ -140,6 +158,13 @@ impl Bench {
                 format!("{of_database:.2} x"),
                 format!("rounds {}", each(&stream, &database)),
             );
+            self.row(
+                &format!(
+                    "streams, batch {batch}: rows deleted on publish, relay to a stream ÷ bare"
+                ),
+                format!("{:.2} x", ratios(&deleting, &bare)),
+                format!("rounds {}", each(&deleting, &bare)),
+            );
             if !stream_baseline.is_empty() {
                 self.row(
                     &format!("streams, batch {batch}: relay to a stream ÷ the baseline build's"),
@@ -151,7 +176,7 @@ impl Bench {
                 format!("batch_{batch}"),
                 json!({
                     "bare_stream": bare, "relay_stream": stream, "relay_queue": queue,
-                    "claim_and_record": database,
+                    "claim_and_record": database, "relay_stream_deleting": deleting,
                     "stream_of_bare": of_bare, "stream_of_queue": of_queue,
                     "stream_of_claim_and_record": of_database,
                     "claim_and_record_of_bare": database_of_bare,
@@ -182,67 +207,80 @@ impl Bench {
                 "queue_p50_ms": p(&to_queue, 0.5), "queue_p99_ms": p(&to_queue, 0.99),
             }),
         );
+        let stored = if self.quick { 200_000 } else { 1_000_000 };
+        let (one, all, reads) = self.lookup_cost(&url, stored).await;
+        let rate = stored as f64 / one.as_secs_f64();
+        self.row(
+            "streams, a takeover's look-up: one bucket",
+            format!("{:.2} s", one.as_secs_f64()),
+            format!("{stored} messages stored since the rows' creation, {rate:.0} msg/s read"),
+        );
+        self.row(
+            "streams, a takeover's look-up: 16 buckets at once",
+            format!("{:.2} s", all.as_secs_f64()),
+            format!(
+                "{:.1} x one bucket's, {reads} read(s)",
+                all.as_secs_f64() / one.as_secs_f64()
+            ),
+        );
+        out.insert(
+            "lookup".into(),
+            json!({
+                "messages": stored, "one_bucket_s": one.as_secs_f64(),
+                "all_buckets_s": all.as_secs_f64(), "all_buckets_reads": reads,
+            }),
+        );
         self.results.insert("streams".into(), Value::Object(out));
     }
 
     /// The ceiling: `n` messages through 16 named producers, one per
     /// bucket, each with one batch of `batch` in flight.
     async fn bare_stream(&self, url: &str, n: usize, batch: u32) -> f64 {
-        let client = connect(url).await;
+        let client = std::sync::Arc::new(connect(url).await);
         let stream = fresh_stream(&client).await;
-        let partitioner = Partitioner::new(BUCKETS);
-        let limits = limits();
-        let mut per_bucket: HashMap<String, Vec<(u64, outboxd::stream::Message)>> = HashMap::new();
-        for i in 0..n {
-            let message_key = format!("key-{}", i % KEYS);
-            let row = ClaimedMessage {
-                id: i as i64 + 1,
-                message_id: uuid::Uuid::new_v4(),
-                partition_key: partitioner.label_for(&message_key),
-                message_key,
-                exchange: String::new(),
-                routing_key: stream.clone(),
-                headers: json!({}),
-                content_type: None,
-                payload: vec![b'x'; PAYLOAD],
-                attempts: 0,
-                created_at: chrono::Utc::now(),
-            };
-            let message = stream_message(&row, &limits).unwrap();
-            per_bucket
-                .entry(row.partition_key)
-                .or_default()
-                .push((row.id as u64, message));
-        }
-        let client = std::sync::Arc::new(client);
+        let per_bucket = stream_messages(&stream, n);
         let start = Instant::now();
-        let senders = per_bucket.into_iter().map(|(bucket, messages)| {
-            let (client, stream) = (client.clone(), stream.clone());
-            async move {
-                let name = format!("bench/{bucket}");
-                let mut producer = client
-                    .declare_publisher(Some(&name), &stream)
-                    .await
-                    .unwrap();
-                let mut messages = messages.into_iter().peekable();
-                while messages.peek().is_some() {
-                    let chunk: Vec<_> = messages.by_ref().take(batch as usize).collect();
-                    let count = chunk.len();
-                    client.publish(producer.id, chunk).await.unwrap();
-                    let mut confirmed = 0;
-                    while confirmed < count {
-                        match tokio::time::timeout(WAIT, producer.confirms.recv()).await {
-                            Ok(Some(Confirm::Stored(ids))) => confirmed += ids.len(),
-                            other => panic!("bare stream publisher: {other:?}"),
-                        }
-                    }
-                }
-            }
-        });
-        futures_util::future::join_all(senders).await;
+        publish_all(&client, &stream, per_bucket, batch).await;
         let rate = n as f64 / start.elapsed().as_secs_f64();
         let _ = client.delete_stream(&stream).await;
         rate
+    }
+
+    /// A takeover's look-up on a busy stream, as the relay's stream sink
+    /// makes it (`outboxd::stream::gather`): `n` messages of the 16
+    /// buckets stored after the rows in question were created, then the
+    /// look-up of one id the stream does not hold (a row that committed
+    /// late), which reads to the stream's end — for one bucket, then for
+    /// all 16 at once on one connection, as after the kill of a worker that
+    /// held them. Returns both times and the reads the second made.
+    async fn lookup_cost(&self, url: &str, n: usize) -> (Duration, Duration, u64) {
+        let client = std::sync::Arc::new(connect(url).await);
+        let stream = fresh_stream(&client).await;
+        let per_bucket = stream_messages(&stream, n);
+        let labels = Partitioner::new(BUCKETS).labels();
+        let created = chrono::Utc::now();
+        publish_all(&client, &stream, per_bucket, 1_000).await;
+        let look_up = |gather: std::sync::Arc<Gather>, bucket: String| {
+            let (client, stream) = (client.clone(), stream.clone());
+            async move {
+                let never_sent = HashSet::from([n as u64 + 1]);
+                let found = gather
+                    .stored_among(client, &stream, &bucket, never_sent, created, WAIT)
+                    .await
+                    .unwrap();
+                assert!(found.is_empty(), "the look-up found a row never sent");
+            }
+        };
+        let start = Instant::now();
+        look_up(std::sync::Arc::default(), labels[0].clone()).await;
+        let one = start.elapsed();
+        let gather = std::sync::Arc::new(Gather::default());
+        let start = Instant::now();
+        let all = labels.into_iter().map(|b| look_up(gather.clone(), b));
+        futures_util::future::join_all(all).await;
+        let all = start.elapsed();
+        let _ = client.delete_stream(&stream).await;
+        (one, all, gather.reads())
     }
 
     /// The database's part alone: `n` seeded rows claimed and recorded
@@ -293,13 +331,15 @@ impl Bench {
     }
 
     /// One worker of `bin` draining `n` seeded rows into a fresh stream
-    /// (`Some` stream port) or a queue (`None`).
+    /// (`Some` stream port) or a queue (`None`), keeping the rows it
+    /// publishes ([`KEPT`]) or deleting them ([`DELETED`]).
     async fn relay_to(
         &self,
         bin: &std::path::Path,
         stream_url: Option<&str>,
         n: usize,
         batch: u32,
+        keep_published: bool,
     ) -> f64 {
         let client = match stream_url {
             Some(url) => Some(connect(url).await),
@@ -313,7 +353,7 @@ impl Bench {
                 queue
             }
         };
-        let toml = format!("\n[outbox]\nbatch_size = {batch}\n");
+        let toml = format!("\n[outbox]\nbatch_size = {batch}\nkeep_published = {keep_published}\n");
         let (store, config, _) = self
             .fresh_on(Backend::Postgres, "outboxd_bench_streams", &toml)
             .await;
@@ -494,4 +534,71 @@ async fn read_queue_times(amqp_url: String, queue: String, count: usize) -> Vec<
 fn since(payload: &[u8], now: u128) -> Duration {
     let then: u128 = std::str::from_utf8(payload).unwrap().parse().unwrap();
     Duration::from_nanos(now.saturating_sub(then) as u64)
+}
+
+/// `n` messages for `stream`, as the relay builds them, with publishing ids
+/// 1..=n, grouped by bucket.
+fn stream_messages(
+    stream: &str,
+    n: usize,
+) -> HashMap<String, Vec<(u64, outboxd::stream::Message)>> {
+    let partitioner = Partitioner::new(BUCKETS);
+    let limits = limits();
+    let mut per_bucket: HashMap<String, Vec<(u64, outboxd::stream::Message)>> = HashMap::new();
+    for i in 0..n {
+        let message_key = format!("key-{}", i % KEYS);
+        let row = ClaimedMessage {
+            id: i as i64 + 1,
+            message_id: uuid::Uuid::new_v4(),
+            partition_key: partitioner.label_for(&message_key),
+            message_key,
+            exchange: String::new(),
+            routing_key: stream.to_string(),
+            headers: json!({}),
+            content_type: None,
+            payload: vec![b'x'; PAYLOAD],
+            attempts: 0,
+            created_at: chrono::Utc::now(),
+        };
+        let message = stream_message(&row, &limits).unwrap();
+        per_bucket
+            .entry(row.partition_key)
+            .or_default()
+            .push((row.id as u64, message));
+    }
+    per_bucket
+}
+
+/// Publishes every bucket's messages through its own named producer, one
+/// batch of `batch` in flight each, all buckets at once.
+async fn publish_all(
+    client: &std::sync::Arc<StreamClient>,
+    stream: &str,
+    per_bucket: HashMap<String, Vec<(u64, outboxd::stream::Message)>>,
+    batch: u32,
+) {
+    let senders = per_bucket.into_iter().map(|(bucket, messages)| {
+        let (client, stream) = (client.clone(), stream.to_string());
+        async move {
+            let name = format!("bench/{bucket}");
+            let mut producer = client
+                .declare_publisher(Some(&name), &stream)
+                .await
+                .unwrap();
+            let mut messages = messages.into_iter().peekable();
+            while messages.peek().is_some() {
+                let chunk: Vec<_> = messages.by_ref().take(batch as usize).collect();
+                let count = chunk.len();
+                client.publish(producer.id, chunk).await.unwrap();
+                let mut confirmed = 0;
+                while confirmed < count {
+                    match tokio::time::timeout(WAIT, producer.confirms.recv()).await {
+                        Ok(Some(Confirm::Stored(ids))) => confirmed += ids.len(),
+                        other => panic!("bare stream publisher: {other:?}"),
+                    }
+                }
+            }
+        }
+    });
+    futures_util::future::join_all(senders).await;
 }

@@ -8,7 +8,7 @@
 //! and `outboxd repartition`, about rows the old bucket count's producers
 //! may have stored ([`super::repartition`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -31,7 +31,7 @@ pub const LOOKUP_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 const FURTHER_BACK: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
 /// Why a read did not finish.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
     /// Subscribing was refused or failed.
     #[error("subscribing: {0}")]
@@ -47,20 +47,23 @@ pub enum LookupError {
     Timeout(Duration),
 }
 
-/// The ids among `wanted`, rows of `bucket` the oldest of which was created
-/// at `oldest`, that `stream` holds. It is read from [`LOOKUP_MARGIN`]
-/// before `oldest` (a row is stored after its insert) up to its end as it
-/// is now — from further back ([`FURTHER_BACK`]) when nothing follows that
-/// start — each chunk awaited at most `wait`: the caller knows that
-/// whatever was sent of them lies below that end.
+/// Row ids, by bucket.
+pub type Rows = HashMap<String, HashSet<u64>>;
+
+/// The ids among `wanted` (rows by bucket, the oldest of them created at
+/// `oldest`) that `stream` holds. It is read from [`LOOKUP_MARGIN`] before
+/// `oldest` (a row is stored after its insert) up to its end as it is now
+/// — from further back ([`FURTHER_BACK`]) when nothing follows that start
+/// — each chunk awaited at most `wait`: the caller knows that whatever was
+/// sent of them lies below that end. One read answers for every bucket in
+/// `wanted` ([`super::gather`] gathers the buckets that ask at once).
 pub async fn stored_among(
     client: &StreamClient,
     stream: &str,
-    bucket: &str,
-    wanted: &HashSet<u64>,
+    wanted: &Rows,
     oldest: DateTime<Utc>,
     wait: Duration,
-) -> Result<HashSet<u64>, LookupError> {
+) -> Result<Rows, LookupError> {
     let mut last = client
         .subscribe(stream, OffsetSpecification::Last, 1)
         .await
@@ -72,36 +75,36 @@ pub async fn stored_among(
         Ok(None) => return Err(LookupError::Closed),
         // Nothing to deliver: the stream is empty (its retention removed
         // everything), and holds none of them.
-        Err(_) => return Ok(HashSet::new()),
+        Err(_) => return Ok(Rows::new()),
     };
     for margin in [LOOKUP_MARGIN, FURTHER_BACK] {
         let from = OffsetSpecification::Timestamp((oldest - margin).timestamp_millis());
-        if let Some(found) = read(client, stream, bucket, wanted, from, end, wait).await? {
+        if let Some(found) = read(client, stream, wanted, from, end, wait).await? {
             return Ok(found);
         }
     }
     // Nothing from the furthest start on: those rows are sent again
     // rather than lost.
     tracing::warn!(
-        bucket,
         stream,
         "the stream holds nothing from {FURTHER_BACK:?} before the rows were created; taking them for rows never sent"
     );
-    Ok(HashSet::new())
+    Ok(Rows::new())
 }
 
-/// The ids among `wanted` of `bucket` that `stream` holds from `from` up to
-/// the offset `end`; `None` when nothing at all came from `from` on.
+/// The ids among `wanted` that `stream` holds from `from` up to the offset
+/// `end`; `None` when nothing at all came from `from` on.
 async fn read(
     client: &StreamClient,
     stream: &str,
-    bucket: &str,
-    wanted: &HashSet<u64>,
+    wanted: &Rows,
     from: OffsetSpecification,
     end: u64,
     wait: Duration,
-) -> Result<Option<HashSet<u64>>, LookupError> {
-    let mut found = HashSet::new();
+) -> Result<Option<Rows>, LookupError> {
+    let all: usize = wanted.values().map(HashSet::len).sum();
+    let mut found = Rows::new();
+    let mut found_count = 0;
     let mut reader = client
         .subscribe(stream, from, 4)
         .await
@@ -112,14 +115,14 @@ async fn read(
             Ok(Some(chunk)) => {
                 read += chunk.len();
                 let next = chunk.next_offset();
-                found.extend(
-                    chunk
-                        .messages
-                        .iter()
-                        .filter_map(|m| row_of(m, bucket))
-                        .filter(|id| wanted.contains(id)),
-                );
-                if next >= end || found.len() == wanted.len() {
+                for (bucket, id) in chunk.messages.iter().filter_map(row_of) {
+                    if wanted.get(bucket).is_some_and(|ids| ids.contains(&id))
+                        && found.entry(bucket.to_string()).or_default().insert(id)
+                    {
+                        found_count += 1;
+                    }
+                }
+                if next >= end || found_count == all {
                     break Ok(Some(found));
                 }
                 if let Err(e) = client.credit(reader.id, 1).await {
@@ -132,18 +135,23 @@ async fn read(
         }
     };
     let _ = client.unsubscribe(reader.id).await;
+    tracing::debug!(
+        stream,
+        messages = read,
+        buckets = wanted.len(),
+        "read the stream"
+    );
     outcome
 }
 
-/// The row id of a message of `bucket` (by its application properties).
-fn row_of(message: &Message, bucket: &str) -> Option<u64> {
+/// The bucket and row id of a message (by its application properties).
+fn row_of(message: &Message) -> Option<(&str, u64)> {
     let properties = message.application_properties()?;
-    match properties.get(HEADER_PARTITION_KEY) {
-        Some(SimpleValue::String(b)) if b == bucket => {}
-        _ => return None,
-    }
+    let Some(SimpleValue::String(bucket)) = properties.get(HEADER_PARTITION_KEY) else {
+        return None;
+    };
     match properties.get(HEADER_ID) {
-        Some(SimpleValue::Ulong(id)) => Some(*id),
+        Some(SimpleValue::Ulong(id)) => Some((bucket.as_str(), *id)),
         _ => None,
     }
 }

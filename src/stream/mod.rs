@@ -4,9 +4,10 @@
 //! [`sink`] is the relay's sink for streams (effectively once: a producer
 //! per bucket, the row's id as the publishing id); [`link`] its
 //! connections, gated and TLS like the AMQP path's; [`lookup`] reads a
-//! stream for the rows it holds of a bucket, for a session that took an
-//! expired lease over and for [`repartition`], which finds the pending rows
-//! the streams hold before a bucket count change names new producers.
+//! stream for the rows it holds of some buckets, for the sessions that took
+//! expired leases over (their questions gathered into shared reads by
+//! [`gather`]) and for [`repartition`], which finds the pending rows the
+//! streams hold before a bucket count change names new producers.
 //!
 //! [`client`] is a small client of outboxd's own over the
 //! `rabbitmq-stream-protocol` codec, speaking only the protocol's first
@@ -25,6 +26,7 @@
 
 pub mod client;
 pub mod declare;
+pub mod gather;
 pub mod link;
 pub mod lookup;
 pub mod repartition;

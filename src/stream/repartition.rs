@@ -9,20 +9,23 @@
 //! before the fleet stopped — would be stored a second time. So, for each
 //! old bucket and each stream, the pending rows at or below the last id the
 //! broker stored for that producer are looked up in the stream
-//! ([`super::lookup`]), and the repartition records those it finds
-//! published, in its own transaction ([`crate::store::repartition`]). The
+//! ([`super::lookup`]; one read of each stream for every bucket), and the
+//! repartition records those it finds published, in its own transaction
+//! ([`crate::store::repartition`]). The
 //! others committed late or were never sent: they go out under the new
 //! names. No worker is live while the repartition runs (it refuses
 //! otherwise), so nothing is sent meanwhile.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
 
 use anyhow::Context;
 use rabbitmq_stream_protocol::ResponseCode;
 
 use super::client::StreamError;
 use super::link::StreamLink;
-use super::lookup;
+use super::lookup::{self, Rows};
 use super::sink::StreamSink;
 use crate::config::Config;
 use crate::partitioner::Partitioner;
@@ -48,7 +51,8 @@ pub async fn stored_pending(
         .context("the stream port, to find the rows the streams already hold")?;
     let wait = link.request_timeout();
     let prefix = StreamSink::producer_prefix(source, &config.tables.outbox, buckets);
-    let mut stored = Vec::new();
+    // Per stream: the rows to look for, by bucket, and the oldest of them.
+    let mut wanted: HashMap<&str, (Rows, Option<DateTime<Utc>>)> = HashMap::new();
     for bucket in Partitioner::new(buckets).labels() {
         let name = format!("{prefix}/{bucket}");
         let mut last = Vec::with_capacity(streams.len());
@@ -80,19 +84,28 @@ pub async fn stored_pending(
             let Some(oldest) = rows.iter().map(|r| r.created_at).min() else {
                 continue;
             };
-            let wanted: HashSet<u64> = rows.iter().map(|r| r.id as u64).collect();
-            let found = lookup::stored_among(&client, stream, &bucket, &wanted, oldest, wait)
-                .await
-                .with_context(|| format!("reading stream {stream} for bucket {bucket}"))?;
+            let (rows_of, oldest_of) = wanted.entry(stream.as_str()).or_default();
+            rows_of.insert(bucket.clone(), rows.iter().map(|r| r.id as u64).collect());
+            *oldest_of = Some(oldest_of.map_or(oldest, |o| o.min(oldest)));
+        }
+    }
+    let mut stored = Vec::new();
+    for (stream, (rows, oldest)) in wanted {
+        let oldest = oldest.expect("set with the first rows");
+        let found = lookup::stored_among(&client, stream, &rows, oldest, wait)
+            .await
+            .with_context(|| format!("reading stream {stream}"))?;
+        for (bucket, ids) in &rows {
+            let in_stream = found.get(bucket).map_or(0, HashSet::len);
             tracing::info!(
                 bucket,
                 stream,
-                in_stream = found.len(),
-                not_in_stream = wanted.len() - found.len(),
-                "pending rows below the broker's last stored id ({last}) of the old bucket count's producer, looked up in the stream"
+                in_stream,
+                not_in_stream = ids.len() - in_stream,
+                "pending rows below the broker's last stored id of the old bucket count's producer, looked up in the stream"
             );
-            stored.extend(found.into_iter().map(|id| id as i64));
         }
+        stored.extend(found.into_values().flatten().map(|id| id as i64));
     }
     stored.sort_unstable();
     Ok(stored)

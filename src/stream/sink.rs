@@ -53,8 +53,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{Confirm, Publisher, StreamClient, StreamError};
+use super::gather::Gather;
 use super::link::StreamLink;
-use super::lookup::{self, LookupError};
+use super::lookup::LookupError;
 use crate::amqp::{HEADER_ID, HEADER_LEASE_EPOCH, HEADER_MESSAGE_KEY, HEADER_PARTITION_KEY};
 use crate::sink::destinations::Kind;
 use crate::sink::reach::{self, Reach};
@@ -83,6 +84,8 @@ struct Shared {
     prefix: String,
     memory: Mutex<HashMap<ProducerKey, Memory>>,
     delivered: Arc<Destinations>,
+    /// The sessions' look-ups after taking leases over, read together.
+    lookups: Arc<Gather>,
 }
 
 /// A stream and a bucket: one named producer.
@@ -121,6 +124,7 @@ impl StreamSink {
                 prefix,
                 memory: Mutex::default(),
                 delivered,
+                lookups: Arc::default(),
             }),
             queues,
             reach_tx: watch::channel(Reach::Never { error: None }).0,
@@ -372,7 +376,8 @@ impl StreamSession {
         Ok(self.named.get_mut(&key).expect("declared above"))
     }
 
-    /// Which of `rows` the stream holds ([`lookup::stored_among`]). Each is
+    /// Which of `rows` the stream holds ([`super::lookup`]), read with the
+    /// other sessions' questions about it ([`super::gather`]). Each is
     /// of `bucket`, at or below what the broker stored for the bucket's
     /// producer, and was never seen by this process, which took the lease
     /// over after it expired: its previous owner sent it and never recorded
@@ -389,7 +394,10 @@ impl StreamSession {
         let wait = self.shared.link.request_timeout();
         let wanted: HashSet<u64> = rows.iter().map(|r| r.id as u64).collect();
         let oldest = rows.iter().map(|r| r.created_at).min().unwrap_or_default();
-        let read = lookup::stored_among(&client, stream, bucket, &wanted, oldest, wait).await;
+        let gather = &self.shared.lookups;
+        let read = gather
+            .stored_among(client, stream, bucket, wanted, oldest, wait)
+            .await;
         read.map_err(|e| match e {
             LookupError::Subscribe(e) => self.refusal(stream, e),
             LookupError::Credit(e) => unavailable(e),
