@@ -2,7 +2,8 @@
 //! against RabbitMQ's stream port, which `scripts/services.sh` enables — a
 //! named producer's repeats stored once, its last stored id read back by
 //! any connection, an id below it dropped though confirmed (why a row that
-//! commits late cannot go through the bucket's named producer) — and the
+//! commits late cannot go through the bucket's named producer), the
+//! look-ups of buckets taken over at once answered by one read — and the
 //! relay's stream sink under faults, with a consumer reading the whole
 //! stream from its first offset: each committed row once, in order per
 //! key, on every database.
