@@ -109,6 +109,7 @@ async fn read(
         .subscribe(stream, from, 4)
         .await
         .map_err(LookupError::Subscribe)?;
+    let started = std::time::Instant::now();
     let mut read = 0usize;
     let outcome = loop {
         match tokio::time::timeout(wait, reader.chunks.recv()).await {
@@ -135,11 +136,12 @@ async fn read(
         }
     };
     let _ = client.unsubscribe(reader.id).await;
-    tracing::debug!(
+    tracing::info!(
         stream,
         messages = read,
         buckets = wanted.len(),
-        "read the stream"
+        ms = started.elapsed().as_millis() as u64,
+        "read the stream for rows an earlier owner may have sent"
     );
     outcome
 }
