@@ -16,6 +16,10 @@
 //! asked — after the lease it is asked for was taken, so after its earlier
 //! owner stopped sending.
 //!
+//! A question about rows created long ago (a backlog) lengthens the read
+//! for every question it shares; asked apart, each would have read as
+//! much, at the same time, over the same connection.
+//!
 //! A read runs in a task of its own: a drainer stopped while it waits
 //! leaves the read to the others.
 

@@ -1,12 +1,14 @@
-//! Which of a bucket's rows a stream holds, read from the stream itself:
+//! Which of some buckets' rows a stream holds, read from the stream itself:
 //! from a time up to the stream's end as it is when the read starts, each
-//! message's row id and bucket taken from its application properties.
+//! message's row id and bucket taken from its application properties. One
+//! read answers for every bucket asked about.
 //!
 //! Two callers ask it about rows the broker's de-duplication can no longer
-//! tell apart: a session that took a lease over after it expired, about
-//! rows its predecessor may have sent and not recorded ([`super::sink`]);
-//! and `outboxd repartition`, about rows the old bucket count's producers
-//! may have stored ([`super::repartition`]).
+//! tell apart: the sessions that took leases over after they expired,
+//! about rows their predecessors may have sent and not recorded
+//! ([`super::sink`], their questions gathered by [`super::gather`]); and
+//! `outboxd repartition`, about rows the old bucket count's producers may
+//! have stored ([`super::repartition`]).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

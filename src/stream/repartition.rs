@@ -11,10 +11,10 @@
 //! broker stored for that producer are looked up in the stream
 //! ([`super::lookup`]; one read of each stream for every bucket), and the
 //! repartition records those it finds published, in its own transaction
-//! ([`crate::store::repartition`]). The
-//! others committed late or were never sent: they go out under the new
-//! names. No worker is live while the repartition runs (it refuses
-//! otherwise), so nothing is sent meanwhile.
+//! ([`crate::store::repartition`]). The others committed late or were
+//! never sent: they go out under the new names. No worker is live while
+//! the repartition runs (it refuses otherwise), so nothing is sent
+//! meanwhile.
 
 use std::collections::{HashMap, HashSet};
 
