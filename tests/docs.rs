@@ -2,7 +2,8 @@
 //! book's reference and the reference names no key the code lacks; every
 //! relative link and anchor in README.md, BENCHMARKS.md, CHANGELOG.md and
 //! `docs/` resolves; every error line in the troubleshooting page is one the
-//! code can print; the history of the work stays in git. No service needed.
+//! code can print; the code map in the contributing page names only what
+//! exists; the history of the work stays in git. No service needed.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -418,5 +419,49 @@ fn every_metric_is_in_the_observability_page() {
     assert!(
         missing.is_empty(),
         "OTLP metrics missing from docs/observability.md: {missing:?}"
+    );
+}
+
+/// The code map in docs/contributing.md (`## The code`): every path in its
+/// first column exists, and so does every `.rs` file its lines name under a
+/// directory entry (`gate.rs` under `src/amqp/`).
+#[test]
+fn every_path_in_the_code_map_exists() {
+    let page = read(&root().join("docs/contributing.md"));
+    let section = &page[page
+        .find("\n## The code\n")
+        .expect("docs/contributing.md has a code map")..];
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the code map is a code block");
+    let mut missing = Vec::new();
+    let mut entry = PathBuf::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let indented = line.starts_with(' ');
+        if !indented {
+            let path = line.split_whitespace().next().expect("a path");
+            entry = PathBuf::from(path);
+            if !root().join(&entry).exists() {
+                missing.push(path.to_string());
+            }
+        }
+        // The `.rs` files an entry's lines name are under it, when it is a
+        // directory.
+        if !entry.to_string_lossy().ends_with('/') {
+            continue;
+        }
+        let words = line
+            .split(|c: char| c.is_whitespace() || ",:;()".contains(c))
+            .skip(usize::from(!indented));
+        for name in words.filter(|w| w.ends_with(".rs")) {
+            if !root().join(&entry).join(name).exists() {
+                missing.push(format!("{}{name}", entry.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the code map names what is not there: {missing:?}"
     );
 }
