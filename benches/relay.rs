@@ -762,20 +762,7 @@ impl Bench {
         let partitioner = Partitioner::new(BUCKETS);
         let mut messages: Vec<Vec<BasicProperties>> = vec![Vec::new(); channels];
         for i in 0..n {
-            let message_key = format!("key-{}", i % keys);
-            let row = ClaimedMessage {
-                id: i as i64 + 1,
-                message_id: uuid::Uuid::new_v4(),
-                partition_key: partitioner.label_for(&message_key),
-                message_key,
-                exchange: String::new(),
-                routing_key: queue.to_string(),
-                headers: json!({}),
-                content_type: None,
-                payload: Vec::new(),
-                attempts: 0,
-                created_at: chrono::Utc::now(),
-            };
+            let row = claimed_row(&partitioner, i, keys, queue, Vec::new());
             // A fresh database's leases are all at epoch 1.
             messages[i % channels].push(message_properties(&row, Some(1)).unwrap());
         }
@@ -1610,6 +1597,31 @@ async fn drained_rate(store: &Store, n: usize, start: Instant) -> f64 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The `i`-th of the harness's messages (id `i + 1`, one of `keys` keys,
+/// to `routing_key` on the default exchange) as the relay claims it.
+fn claimed_row(
+    partitioner: &Partitioner,
+    i: usize,
+    keys: usize,
+    routing_key: &str,
+    payload: Vec<u8>,
+) -> ClaimedMessage {
+    let message_key = format!("key-{}", i % keys);
+    ClaimedMessage {
+        id: i as i64 + 1,
+        message_id: uuid::Uuid::new_v4(),
+        partition_key: partitioner.label_for(&message_key),
+        message_key,
+        exchange: String::new(),
+        routing_key: routing_key.to_string(),
+        headers: json!({}),
+        content_type: None,
+        payload,
+        attempts: 0,
+        created_at: chrono::Utc::now(),
+    }
 }
 
 /// The median of `v` (the upper one of an even count).

@@ -48,14 +48,17 @@ use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
 use outboxd::relay::RelaySettings;
 use outboxd::sink::PublishLimits;
-use outboxd::store::outbox::{Claim, ClaimToken, ClaimedMessage, Holder, Published};
+use outboxd::store::outbox::{Claim, ClaimToken, Holder, Published};
 use outboxd::stream::gather::Gather;
 use outboxd::stream::sink::stream_message;
 use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 
-use super::{BUCKETS, Backend, Bench, KEYS, PAYLOAD, drained_rate, median_of, ms, pct, spawn_bin};
+use super::{
+    BUCKETS, Backend, Bench, KEYS, PAYLOAD, claimed_row, drained_rate, median_of, ms, pct,
+    spawn_bin,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -581,20 +584,7 @@ fn stream_messages(
     let limits = limits();
     let mut per_bucket: HashMap<String, Vec<(u64, outboxd::stream::Message)>> = HashMap::new();
     for i in 0..n {
-        let message_key = format!("key-{}", i % KEYS);
-        let row = ClaimedMessage {
-            id: i as i64 + 1,
-            message_id: uuid::Uuid::new_v4(),
-            partition_key: partitioner.label_for(&message_key),
-            message_key,
-            exchange: String::new(),
-            routing_key: stream.to_string(),
-            headers: json!({}),
-            content_type: None,
-            payload: vec![b'x'; PAYLOAD],
-            attempts: 0,
-            created_at: chrono::Utc::now(),
-        };
+        let row = claimed_row(&partitioner, i, KEYS, stream, vec![b'x'; PAYLOAD]);
         let message = stream_message(&row, &limits).unwrap();
         per_bucket
             .entry(row.partition_key)
