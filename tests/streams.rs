@@ -14,10 +14,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::streams::{judge_stream, new_stream, property, read_stream, stream_paths, stream_vars};
+use common::streams::{assert_each_row_once, new_stream, property, read_stream, stream_vars};
 use common::*;
 use outboxd::amqp::{HEADER_ID, HEADER_PARTITION_KEY};
-use outboxd::checker::Verdict;
 use outboxd::demo::QueueReader;
 use outboxd::producer::Message as Row;
 use outboxd::stream::gather::Gather;
@@ -531,18 +530,14 @@ async fn sigkill_storm_into_a_stream_delivers_each_row_once(db: Db) {
     }
     let acknowledged = producers.stop().await;
     let drained = wait_drained(&env, Duration::from_secs(60)).await;
-    let v = judge_stream(&env, &url, &stream).await;
     let handovers: i64 = env
         .db
         .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire' AND old_owner IS NOT NULL")
         .await;
-    let (stored, late) = stream_paths(&env);
-    println!(
-        "SIGKILL storm into a stream: {kills} kills, {handovers} buckets taken from a killed owner, {acknowledged} commits acknowledged; {stored} rows found stored and recorded without sending, {late} committed late; drained {drained:?} after the last kill; {}",
-        v.summary()
+    let what = format!(
+        "SIGKILL storm into a stream: {kills} kills, {handovers} buckets taken from a killed owner, {acknowledged} commits acknowledged, drained {drained:?} after the last kill"
     );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    assert_each_row_once(&env, &url, &stream, &what).await;
     terminate_all(&mut fleet);
 }
 
@@ -572,18 +567,12 @@ async fn handing_buckets_over_2_6_2_into_a_stream_delivers_each_row_once(db: Db)
     }
     producers.stop().await;
     wait_drained(&env, Duration::from_secs(60)).await;
-    let v = judge_stream(&env, &url, &stream).await;
     let acquisitions: i64 = env
         .db
         .value("SELECT count(*) FROM outbox_lease_events WHERE action = 'acquire'")
         .await;
-    let (stored, late) = stream_paths(&env);
-    println!(
-        "2 ↔ 6 into a stream: {changes} changes, {acquisitions} lease acquisitions; {stored} rows found stored, {late} committed late; {}",
-        v.summary()
-    );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    let what = format!("2 ↔ 6 into a stream: {changes} changes, {acquisitions} lease acquisitions");
+    assert_each_row_once(&env, &url, &stream, &what).await;
     terminate_all(&mut fleet);
 }
 
@@ -614,14 +603,8 @@ async fn a_worker_stopped_past_its_lease_adds_nothing_to_the_stream(db: Db) {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let acknowledged = producers.stop().await;
     wait_drained(&env, Duration::from_secs(60)).await;
-    let v = judge_stream(&env, &url, &stream).await;
-    let (stored, late) = stream_paths(&env);
-    println!(
-        "SIGSTOP 9 s into a stream: {acknowledged} commits acknowledged; {stored} rows found stored, {late} committed late; {}",
-        v.summary()
-    );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    let what = format!("SIGSTOP 9 s into a stream: {acknowledged} commits acknowledged");
+    assert_each_row_once(&env, &url, &stream, &what).await;
     terminate_all(&mut fleet);
 }
 
@@ -667,14 +650,8 @@ async fn a_stream_broker_killed_twice_delivers_each_row_once(db: Db) {
     }
     let acknowledged = producers.stop().await;
     wait_drained(&env, Duration::from_secs(90)).await;
-    let v = judge_stream(&env, &url, &stream).await;
-    let (stored, late) = stream_paths(&env);
-    println!(
-        "stream broker kill -9 x{kills}: {acknowledged} commits acknowledged; {stored} rows found stored, {late} committed late; {}",
-        v.summary()
-    );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    let what = format!("stream broker kill -9 x{kills}: {acknowledged} commits acknowledged");
+    assert_each_row_once(&env, &url, &stream, &what).await;
     terminate_all(&mut fleet);
 }
 
@@ -700,13 +677,11 @@ async fn repartitioning_with_rows_pending_keeps_a_stream_once_and_in_order(db: D
         said.contains("; 0 pending row(s) the streams already hold"),
         "{said}"
     );
-    let v = drain_with_7_buckets(&env, &url, &stream).await;
-    println!(
-        "repartition 16 → 7 into a stream with {published_before} of 10,000 published before it: {}",
-        v.summary()
+    drain_with_7_buckets(&env, &url, &stream).await;
+    let what = format!(
+        "repartition 16 → 7 into a stream with {published_before} of 10,000 published before it"
     );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    assert_each_row_once(&env, &url, &stream, &what).await;
 }
 
 /// `outboxd repartition --to 7` with the stream's settings, as soon as no
@@ -733,9 +708,8 @@ async fn repartition_to_7(env: &TestEnv, url: &str, stream: &str) -> String {
     }
 }
 
-/// Two workers with the new count of 7 drain what is left; the stream's
-/// verdict over every committed row.
-async fn drain_with_7_buckets(env: &TestEnv, url: &str, stream: &str) -> Verdict {
+/// Two workers with the new count of 7 drain what is left.
+async fn drain_with_7_buckets(env: &TestEnv, url: &str, stream: &str) {
     let toml = std::fs::read_to_string(&env.config_path).unwrap();
     std::fs::write(
         &env.config_path,
@@ -746,9 +720,7 @@ async fn drain_with_7_buckets(env: &TestEnv, url: &str, stream: &str) -> Verdict
         .map(|_| stream_worker(env, url, stream, &["--silent"]))
         .collect();
     wait_drained(env, Duration::from_secs(60)).await;
-    let v = judge_stream(env, url, stream).await;
     terminate_all(&mut fleet);
-    v
 }
 
 /// The bucket count changed after a worker was killed with rows in the
@@ -789,13 +761,11 @@ async fn repartitioning_after_a_kill_sends_nothing_the_stream_holds_again(db: Db
         published_before + recorded,
         "{said}"
     );
-    let v = drain_with_7_buckets(&env, &url, &stream).await;
-    println!(
-        "repartition 16 → 7 into a stream after a kill: {recorded} pending rows found in the stream and recorded; {}",
-        v.summary()
+    drain_with_7_buckets(&env, &url, &stream).await;
+    let what = format!(
+        "repartition 16 → 7 into a stream after a kill: {recorded} pending rows found in the stream and recorded by the repartition"
     );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    assert_each_row_once(&env, &url, &stream, &what).await;
 }
 
 /// A worker is killed with its last rows in the stream, unrecorded, and
@@ -847,14 +817,8 @@ async fn leases_inherited_behind_a_head_in_backoff_keep_a_stream_once(db: Db) {
     wait_drained(&env, Duration::from_secs(60)).await;
     assert!(second.terminate(Duration::from_secs(10)).success());
     assert!(third.terminate(Duration::from_secs(10)).success());
-    let v = judge_stream(&env, &url, &stream).await;
-    let (stored, late) = stream_paths(&env);
-    println!(
-        "leases inherited behind a head in backoff, 8 handed over: {stored} rows found in the stream and recorded without sending, {late} sent as committed late; {}",
-        v.summary()
-    );
-    assert!(v.is_clean(), "{}", v.summary());
-    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    let what = "leases inherited behind a head in backoff, 8 handed over";
+    assert_each_row_once(&env, &url, &stream, what).await;
 }
 
 on_every_db!(

@@ -110,6 +110,22 @@ pub async fn judge_stream(env: &TestEnv, url: &str, stream: &str) -> Verdict {
     checker.verdict(env.all_ids().await)
 }
 
+/// Judges the stream against every committed row ([`judge_stream`]),
+/// prints the verdict after `what`, with the rows the workers' logs say
+/// they found stored and sent as committed late ([`stream_paths`]), and
+/// fails unless each row is in the stream once, in order per key.
+pub async fn assert_each_row_once(env: &TestEnv, url: &str, stream: &str, what: &str) -> Verdict {
+    let v = judge_stream(env, url, stream).await;
+    let (stored, late) = stream_paths(env);
+    println!(
+        "{what}; {stored} rows found in the stream and recorded without sending, {late} committed late; {}",
+        v.summary()
+    );
+    assert!(v.is_clean(), "{}", v.summary());
+    assert_eq!(v.duplicates, 0, "{}", v.summary());
+    v
+}
+
 /// What the test's workers (killed ones too) said they did with rows for
 /// a stream: rows found already stored (recorded without sending) and
 /// rows committed late (sent through an unnamed producer), summed from
