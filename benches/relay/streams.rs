@@ -26,7 +26,9 @@
 //! Then the trickle: 50 messages a second, one per transaction, timed
 //! from just before the `INSERT` to the delivery, to a stream (a
 //! subscriber reading from the stream's end) beside a queue (a consumer),
-//! one worker each, in turn.
+//! one worker each: four rounds of 250 messages (50 with `--quick`), stream
+//! and queue in turn, the order alternating, each round after five
+//! messages not counted (the worker's first claims after its start).
 //!
 //! Last, a takeover's look-up (`outboxd::stream::gather`) on a busy
 //! stream: how long reading a million messages stored since the rows in
@@ -62,6 +64,13 @@ use super::{
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The trickle's rounds, stream and queue in turn.
+const TRICKLE_ROUNDS: usize = 4;
+/// The first messages of a round, not counted: a worker's first claims
+/// and publishes after its start take 7–12 ms, to a stream and to a queue
+/// alike, where the rest of the trickle takes 3.
+const TRICKLE_WARM_UP: usize = 5;
+
 /// `outbox.keep_published`: the record sets `published_at` (the default)…
 const KEPT: bool = true;
 /// …or deletes the row (the cheaper record G1 allows).
@@ -71,7 +80,28 @@ impl Bench {
     pub(crate) async fn streams(&mut self) {
         let url = std::env::var("OUTBOXD_STREAM_URL")
             .expect("OUTBOXD_STREAM_URL is not set: run scripts/bench.sh");
-        let n = if self.quick { 20_000 } else { 100_000 };
+        // `OUTBOXD_BENCH_STREAMS_ROWS=N` and `OUTBOXD_BENCH_STREAMS_BATCHES=a,b`
+        // set the rows and the batch sizes (for a sweep of batch sizes, with
+        // rows enough that every bucket claims several batches).
+        let n = std::env::var("OUTBOXD_BENCH_STREAMS_ROWS")
+            .ok()
+            .map(|v| {
+                v.parse()
+                    .expect("OUTBOXD_BENCH_STREAMS_ROWS is a row count")
+            })
+            .unwrap_or(if self.quick { 20_000 } else { 100_000 });
+        let batches: Vec<u32> = std::env::var("OUTBOXD_BENCH_STREAMS_BATCHES")
+            .ok()
+            .map(|v| {
+                v.split(',')
+                    .map(|b| {
+                        b.trim()
+                            .parse()
+                            .expect("OUTBOXD_BENCH_STREAMS_BATCHES lists batch sizes")
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![100, 1_000]);
         let rounds = self.repeat.max(3);
         println!(
             "streams: {n} messages of {PAYLOAD} bytes over {KEYS} keys, one worker on PostgreSQL, {rounds} rounds"
@@ -79,7 +109,7 @@ impl Bench {
         let baseline = std::env::var("OUTBOXD_BENCH_BASELINE_BIN").ok();
         let this = std::path::Path::new(super::BIN);
         let mut out = serde_json::Map::new();
-        for batch in [100u32, 1_000] {
+        for batch in batches {
             let mut bare = Vec::new();
             let mut stream = Vec::new();
             let mut queue = Vec::new();
@@ -403,61 +433,93 @@ impl Bench {
         rate
     }
 
-    /// The trickle to a stream, then to a queue: insert-to-delivery times.
+    /// The trickle to a stream and to a queue, in alternating rounds (a
+    /// noisy minute of the machine falls on both): insert-to-delivery
+    /// times, each sorted.
     async fn stream_trickles(&self, url: &str) -> (Vec<Duration>, Vec<Duration>) {
         let count = if self.quick { 200 } else { 1_000 };
-        let mut times = Vec::new();
-        for to_stream in [true, false] {
-            let client = connect(url).await;
-            let to = if to_stream {
-                fresh_stream(&client).await
+        let (mut to_stream, mut to_queue) = (Vec::new(), Vec::new());
+        for round in 0..TRICKLE_ROUNDS {
+            let order = if round % 2 == 0 {
+                [true, false]
             } else {
-                let queue = "bench-streams-trickle".to_string();
-                self.declare_purged(&queue).await;
-                queue
+                [false, true]
             };
-            let (store, config, db_url) = self
-                .fresh_on(Backend::Postgres, "outboxd_bench_streams_trickle", "")
-                .await;
-            let vars = if to_stream {
-                vec![
-                    ("OUTBOXD_AMQP__STREAM_URL", url.to_string()),
-                    ("OUTBOXD_AMQP__STREAMS", to.clone()),
-                ]
-            } else {
-                Vec::new()
-            };
-            let mut worker = spawn_bin(
-                std::path::Path::new(super::BIN),
-                &config,
-                &["--silent"],
-                &vars,
-            );
-            // The worker's leases first.
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let deliveries = if to_stream {
-                tokio::spawn(read_stream_times(client, to.clone(), count))
-            } else {
-                tokio::spawn(read_queue_times(self.amqp_url.clone(), to.clone(), count))
-            };
-            produce_trickle(&db_url, &to, count, 50).await;
-            let mut got = tokio::time::timeout(Duration::from_secs(120), deliveries)
-                .await
-                .expect("every trickled message delivered")
-                .unwrap();
-            got.sort();
-            println!(
-                "  trickle to a {}: p50 {:.1} ms, p99 {:.1} ms",
-                if to_stream { "stream" } else { "queue" },
-                ms(pct(&got, 0.5)),
-                ms(pct(&got, 0.99))
-            );
-            times.push(got);
-            super::terminate(&mut worker);
-            store.close().await;
+            for stream in order {
+                let got = self.trickle(url, stream, count / TRICKLE_ROUNDS).await;
+                if stream {
+                    &mut to_stream
+                } else {
+                    &mut to_queue
+                }
+                .extend(got);
+            }
         }
-        let queue = times.pop().unwrap();
-        (times.pop().unwrap(), queue)
+        for (name, times) in [("stream", &mut to_stream), ("queue", &mut to_queue)] {
+            times.sort();
+            println!(
+                "  trickle to a {name}: p50 {:.1} ms, p99 {:.1} ms",
+                ms(pct(times, 0.5)),
+                ms(pct(times, 0.99))
+            );
+        }
+        (to_stream, to_queue)
+    }
+
+    /// One worker on a fresh database; `count` messages trickled at 50 a
+    /// second to a fresh stream or to a queue.
+    async fn trickle(&self, url: &str, to_stream: bool, count: usize) -> Vec<Duration> {
+        let kind = if to_stream { "stream" } else { "queue" };
+        let client = connect(url).await;
+        let to = if to_stream {
+            fresh_stream(&client).await
+        } else {
+            let queue = "bench-streams-trickle".to_string();
+            self.declare_purged(&queue).await;
+            queue
+        };
+        let (store, config, db_url) = self
+            .fresh_on(Backend::Postgres, "outboxd_bench_streams_trickle", "")
+            .await;
+        let vars = if to_stream {
+            vec![
+                ("OUTBOXD_AMQP__STREAM_URL", url.to_string()),
+                ("OUTBOXD_AMQP__STREAMS", to.clone()),
+            ]
+        } else {
+            Vec::new()
+        };
+        let mut worker = spawn_bin(
+            std::path::Path::new(super::BIN),
+            &config,
+            &["--silent"],
+            &vars,
+        );
+        // The worker's leases first.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let sent = TRICKLE_WARM_UP + count;
+        let deliveries = if to_stream {
+            tokio::spawn(read_stream_times(client, to.clone(), sent))
+        } else {
+            tokio::spawn(read_queue_times(self.amqp_url.clone(), to.clone(), sent))
+        };
+        produce_trickle(&db_url, &to, sent, 50).await;
+        let mut got = tokio::time::timeout(Duration::from_secs(120), deliveries)
+            .await
+            .expect("every trickled message delivered")
+            .unwrap();
+        got.sort();
+        got.drain(..TRICKLE_WARM_UP);
+        super::terminate(&mut worker);
+        store.close().await;
+        if to_stream {
+            let client = connect(url).await;
+            let _ = client.delete_stream(&to).await;
+        }
+        if let Ok(dir) = std::env::var("OUTBOXD_BENCH_TRICKLE_DUMP") {
+            dump(std::path::Path::new(&dir), kind, &got);
+        }
+        got.into_iter().map(|(_, took)| took).collect()
     }
 }
 
@@ -516,7 +578,7 @@ async fn produce_trickle(db_url: &str, to: &str, count: usize, rate: u64) {
 
 /// Reads `count` messages from the stream's end; each one's time since
 /// its payload's.
-async fn read_stream_times(client: StreamClient, stream: String, count: usize) -> Vec<Duration> {
+async fn read_stream_times(client: StreamClient, stream: String, count: usize) -> Vec<Trickled> {
     let mut reader = client
         .subscribe(&stream, OffsetSpecification::Next, 10)
         .await
@@ -526,7 +588,7 @@ async fn read_stream_times(client: StreamClient, stream: String, count: usize) -
         let chunk = reader.chunks.recv().await.expect("the stream connection");
         let now = now_nanos();
         for m in chunk {
-            times.push(since(m.data().unwrap_or_default(), now));
+            times.push(trickled(m.data().unwrap_or_default(), now));
         }
         client.credit(reader.id, 1).await.unwrap();
     }
@@ -535,7 +597,7 @@ async fn read_stream_times(client: StreamClient, stream: String, count: usize) -
 
 /// Consumes `count` messages from `queue`; each one's time since its
 /// payload's.
-async fn read_queue_times(amqp_url: String, queue: String, count: usize) -> Vec<Duration> {
+async fn read_queue_times(amqp_url: String, queue: String, count: usize) -> Vec<Trickled> {
     let conn = Connection::connect(&amqp_url, ConnectionProperties::default())
         .await
         .unwrap();
@@ -552,15 +614,37 @@ async fn read_queue_times(amqp_url: String, queue: String, count: usize) -> Vec<
     let mut times = Vec::new();
     while times.len() < count {
         let delivery = consumer.next().await.unwrap().unwrap();
-        times.push(since(&delivery.data, now_nanos()));
+        times.push(trickled(&delivery.data, now_nanos()));
         delivery.ack(BasicAckOptions::default()).await.unwrap();
     }
     times
 }
 
-fn since(payload: &[u8], now: u128) -> Duration {
+/// A trickled message: when its `INSERT` began (Unix ns, its payload) and
+/// how long after that it was delivered.
+type Trickled = (u128, Duration);
+
+fn trickled(payload: &[u8], now: u128) -> Trickled {
     let then: u128 = std::str::from_utf8(payload).unwrap().parse().unwrap();
-    Duration::from_nanos(now.saturating_sub(then) as u64)
+    (then, Duration::from_nanos(now.saturating_sub(then) as u64))
+}
+
+/// With `OUTBOXD_BENCH_TRICKLE_DUMP=<dir>`, a round's counted messages
+/// (`times`, in the order they were produced), one line each:
+/// milliseconds from the first `INSERT` to its own, and its `INSERT` →
+/// delivery; headed by the Unix time of the first `INSERT`. One file per
+/// round and destination, `stream-trickle-<stream|queue>-<Unix ms>.txt`.
+fn dump(dir: &std::path::Path, kind: &str, times: &[Trickled]) {
+    let Some(&(first, _)) = times.first() else {
+        return;
+    };
+    let mut text = format!("# first INSERT at {:.3} (Unix s)\n", first as f64 / 1e9);
+    for (then, took) in times {
+        text += &format!("{:.3} {:.3}\n", (then - first) as f64 / 1e6, ms(*took));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("stream-trickle-{kind}-{}.txt", first / 1_000_000));
+    std::fs::write(path, text).unwrap();
 }
 
 /// What [`Bench::lookup_cost`] measured.
