@@ -114,7 +114,7 @@ pub async fn judge_stream(env: &TestEnv, url: &str, stream: &str) -> Verdict {
 /// prints the verdict after `what`, with the rows the workers' logs say
 /// they found stored and sent as committed late ([`stream_paths`]), and
 /// fails unless each row is in the stream once, in order per key.
-pub async fn assert_each_row_once(env: &TestEnv, url: &str, stream: &str, what: &str) -> Verdict {
+pub async fn assert_each_row_once(env: &TestEnv, url: &str, stream: &str, what: &str) {
     let v = judge_stream(env, url, stream).await;
     let (stored, late) = stream_paths(env);
     println!(
@@ -123,7 +123,6 @@ pub async fn assert_each_row_once(env: &TestEnv, url: &str, stream: &str, what: 
     );
     assert!(v.is_clean(), "{}", v.summary());
     assert_eq!(v.duplicates, 0, "{}", v.summary());
-    v
 }
 
 /// What the test's workers (killed ones too) said they did with rows for
