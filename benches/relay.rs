@@ -1843,34 +1843,42 @@ impl Drop for Drain {
 /// not run during the next measurement and not during its baseline.
 /// Section 1 waits so before each arm and each ceiling.
 async fn quiet_machine() -> Duration {
-    fn busy_and_total() -> Option<(u64, u64)> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let ticks: Vec<u64> = stat
-            .lines()
-            .next()?
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|f| f.parse().ok())
-            .collect();
-        let idle = ticks.get(3)? + ticks.get(4)?;
-        let total: u64 = ticks.iter().take(8).sum();
-        Some((total - idle, total))
-    }
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
-        let Some((busy0, total0)) = busy_and_total() else {
+        let Some(before) = machine_ticks() else {
             break;
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let Some((busy1, total1)) = busy_and_total() else {
+        let Some(after) = machine_ticks() else {
             break;
         };
-        let busy = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
-        if busy <= 0.15 {
+        if busy_between(before, after) <= 0.15 {
             break;
         }
     }
     start.elapsed()
+}
+
+/// The machine's busy and total CPU time since boot, in clock ticks, all
+/// cores together (`/proc/stat`; idle and I/O wait are not busy).
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    let total: u64 = ticks.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+/// The busy share of the machine's CPU time between two
+/// [`machine_ticks`] samples (1.0: every core busy throughout).
+fn busy_between((busy0, total0): (u64, u64), (busy1, total1): (u64, u64)) -> f64 {
+    (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64
 }
 
 /// User + system CPU of a process, in clock ticks.

@@ -1,6 +1,6 @@
 //! Section 15 (`--only streams`): the relay into a RabbitMQ stream, beside
 //! what bounds it, in the same run. Per round and per batch size (100, the
-//! default, and 1,000), five arms in turn, their order alternating:
+//! default, and 1,000), six arms in turn, their order alternating:
 //!
 //! - **bare stream publisher** — the ceiling: no database; this process
 //!   sends the same messages (built by the relay's own
@@ -18,9 +18,22 @@
 //!
 //! - **relay to a stream, rows deleted on publish** — the relay to a
 //!   stream with `outbox.keep_published = false`: the cheapest record G1
-//!   allows (a `DELETE` instead of an `UPDATE`).
+//!   allows (a `DELETE` instead of an `UPDATE`);
+//! - **the database alone, inside PostgreSQL** — the floor under any relay
+//!   that records each row, however written: a procedure reads each
+//!   bucket's rows from the pending index in `id` order and deletes them,
+//!   a commit per batch, 16 buckets at once; no client, no network.
 //!
-//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a sixth arm: the
+//! Each arm also reports how busy the machine's cores were while it ran.
+//! From the bare publisher and the database alone, the section derives
+//! the most any relay could reach on these cores: a message costs a relay
+//! at least the CPU time the database alone spends on a row plus what the
+//! bare publisher and the broker spend on a message (busy share ÷ rate,
+//! same round), so its rate is at most 1 ÷ that sum: 0.75 × the bare
+//! publisher is within reach only where the sum is at most 1.33 ÷ the bare
+//! publisher's rate.
+//!
+//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a seventh arm: the
 //! relay to a stream on that build, in the same rounds.
 //!
 //! Then the trickle: 50 messages a second, one per transaction, timed
@@ -50,12 +63,14 @@ use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
 use outboxd::relay::RelaySettings;
 use outboxd::sink::PublishLimits;
+use outboxd::store::Store;
 use outboxd::store::outbox::{Claim, ClaimToken, Holder, Published};
 use outboxd::stream::gather::Gather;
 use outboxd::stream::sink::stream_message;
 use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection as _, PgConnection};
 
 use super::{
     BUCKETS, Backend, Bench, KEYS, PAYLOAD, claimed_row, drained_rate, median_of, ms, pct,
@@ -64,12 +79,85 @@ use super::{
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The procedure of [`Bench::inside_the_database`]: drains one bucket
+/// (`bucket`), `batch` rows at a time, read as a relay's claim reads
+/// them (the pending index, `id` order) and recorded with the cheapest
+/// record G1 allows.
+const DRAIN_INSIDE: &str = "CREATE PROCEDURE outboxd_bench_drain(bucket text, batch int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    LOOP
+        SELECT array_agg(id ORDER BY id) INTO ids FROM (
+            SELECT id FROM outbox
+            WHERE partition_key BETWEEN bucket AND bucket
+              AND published_at IS NULL AND failed_at IS NULL
+            ORDER BY partition_key, id
+            LIMIT batch
+        ) head;
+        EXIT WHEN ids IS NULL;
+        DELETE FROM outbox WHERE id = ANY(ids) AND partition_key = bucket AND published_at IS NULL;
+        COMMIT;
+    END LOOP;
+END $$";
+
 /// The trickle's rounds, stream and queue in turn.
 const TRICKLE_ROUNDS: usize = 4;
 /// The first messages of a round, not counted: a worker's first claims
 /// and publishes after its start take 7–12 ms, to a stream and to a queue
 /// alike, where the rest of the trickle takes 3.
 const TRICKLE_WARM_UP: usize = 5;
+
+/// The arms of a round, by index, and their names.
+const BARE: usize = 0;
+const STREAM: usize = 1;
+const QUEUE: usize = 2;
+const CLAIM_AND_RECORD: usize = 3;
+const DELETING: usize = 4;
+const INSIDE: usize = 5;
+const BASELINE: usize = 6;
+const ARM_NAMES: [&str; 7] = [
+    "bare stream publisher",
+    "relay to a stream",
+    "relay to a queue",
+    "claim and record alone",
+    "relay to a stream, rows deleted on publish",
+    "the database alone, inside PostgreSQL",
+    "relay to a stream, baseline build",
+];
+
+/// An arm's rate, and the busy share of the machine's cores meanwhile.
+#[derive(Clone, Copy)]
+struct Arm {
+    rate: f64,
+    busy: f64,
+}
+
+/// An arm's clock and the machine's CPU from its start.
+struct Timing {
+    start: Instant,
+    ticks: Option<(u64, u64)>,
+}
+
+impl Timing {
+    fn start() -> Self {
+        Timing {
+            start: Instant::now(),
+            ticks: super::machine_ticks(),
+        }
+    }
+
+    /// `rate`, and how busy the cores have been since the start (NaN where
+    /// `/proc/stat` cannot be read).
+    fn arm(&self, rate: f64) -> Arm {
+        let busy = match (self.ticks, super::machine_ticks()) {
+            (Some(before), Some(after)) => super::busy_between(before, after),
+            _ => f64::NAN,
+        };
+        Arm { rate, busy }
+    }
+}
 
 /// `outbox.keep_published`: the record sets `published_at` (the default)…
 const KEPT: bool = true;
@@ -110,53 +198,45 @@ impl Bench {
         let this = std::path::Path::new(super::BIN);
         let mut out = serde_json::Map::new();
         for batch in batches {
-            let mut bare = Vec::new();
-            let mut stream = Vec::new();
-            let mut queue = Vec::new();
-            let mut database = Vec::new();
-            let mut deleting = Vec::new();
-            let mut stream_baseline = Vec::new();
+            let arms = if baseline.is_some() { 7 } else { 6 };
+            let mut measured: Vec<Vec<Arm>> = vec![Vec::new(); arms];
             for round in 0..rounds {
-                let mut order: Vec<usize> = (0..if baseline.is_some() { 6 } else { 5 }).collect();
+                let mut order: Vec<usize> = (0..arms).collect();
                 if round % 2 == 1 {
                     order.reverse();
                 }
                 for arm in order {
-                    let rate = match arm {
-                        0 => self.bare_stream(&url, n, batch).await,
-                        1 => self.relay_to(this, Some(&url), n, batch, KEPT).await,
-                        2 => self.relay_to(this, None, n, batch, KEPT).await,
-                        3 => self.claim_and_record(n, batch).await,
-                        4 => self.relay_to(this, Some(&url), n, batch, DELETED).await,
+                    let result = match arm {
+                        BARE => self.bare_stream(&url, n, batch).await,
+                        STREAM => self.relay_to(this, Some(&url), n, batch, KEPT).await,
+                        QUEUE => self.relay_to(this, None, n, batch, KEPT).await,
+                        CLAIM_AND_RECORD => self.claim_and_record(n, batch).await,
+                        DELETING => self.relay_to(this, Some(&url), n, batch, DELETED).await,
+                        INSIDE => self.inside_the_database(n, batch).await,
                         _ => {
                             let bin = baseline.as_deref().map(std::path::Path::new);
-                            let bin = bin.expect("a sixth arm only with a baseline build");
+                            let bin = bin.expect("a seventh arm only with a baseline build");
                             self.relay_to(bin, Some(&url), n, batch, KEPT).await
                         }
                     };
-                    let name = [
-                        "bare stream publisher",
-                        "relay to a stream",
-                        "relay to a queue",
-                        "claim and record alone",
-                        "relay to a stream, rows deleted on publish",
-                        "relay to a stream, baseline build",
-                    ];
                     println!(
-                        "  batch {batch}, round {round}, {}: {rate:.0} msg/s",
-                        name[arm]
+                        "  batch {batch}, round {round}, {}: {:.0} msg/s, cores {:.0} % busy",
+                        ARM_NAMES[arm],
+                        result.rate,
+                        100.0 * result.busy
                     );
-                    [
-                        &mut bare,
-                        &mut stream,
-                        &mut queue,
-                        &mut database,
-                        &mut deleting,
-                        &mut stream_baseline,
-                    ][arm]
-                        .push(rate);
+                    measured[arm].push(result);
                 }
             }
+            let rates = |arm: usize| measured[arm].iter().map(|a| a.rate).collect::<Vec<_>>();
+            let (bare, stream, queue) = (rates(BARE), rates(STREAM), rates(QUEUE));
+            let (database, deleting, inside) =
+                (rates(CLAIM_AND_RECORD), rates(DELETING), rates(INSIDE));
+            let stream_baseline = if arms > BASELINE {
+                rates(BASELINE)
+            } else {
+                Vec::new()
+            };
             let each = |a: &[f64], b: &[f64]| {
                 a.iter()
                     .zip(b)
@@ -167,10 +247,26 @@ impl Bench {
             let ratios = |a: &[f64], b: &[f64]| {
                 median_of(&a.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>())
             };
+            // The most any relay that records each row could reach on these
+            // cores, as a share of the bare publisher: a message costs it at
+            // least the CPU the database alone spends on a row (inside
+            // PostgreSQL, with the cheapest record) plus what the bare
+            // publisher and the broker spend on a message, the two measured
+            // as busy share ÷ rate in the same round.
+            let bounds: Vec<f64> = measured[INSIDE]
+                .iter()
+                .zip(&measured[BARE])
+                .map(|(db, b)| 1.0 / (db.busy * b.rate / db.rate + b.busy))
+                .collect();
+            let busy = |arm: usize| {
+                100.0 * median_of(&measured[arm].iter().map(|a| a.busy).collect::<Vec<_>>())
+            };
             let of_bare = ratios(&stream, &bare);
             let of_queue = ratios(&stream, &queue);
             let of_database = ratios(&stream, &database);
             let database_of_bare = ratios(&database, &bare);
+            let inside_of_bare = ratios(&inside, &bare);
+            let bound = median_of(&bounds);
             self.row(
                 &format!("streams, batch {batch}: relay to a stream ÷ bare"),
                 format!("{of_bare:.2} x"),
@@ -198,6 +294,35 @@ impl Bench {
                 format!("{:.2} x", ratios(&deleting, &bare)),
                 format!("rounds {}", each(&deleting, &bare)),
             );
+            self.row(
+                &format!("streams, batch {batch}: the database alone, inside PostgreSQL ÷ bare"),
+                format!("{inside_of_bare:.2} x"),
+                format!("rounds {}", each(&inside, &bare)),
+            );
+            self.row(
+                &format!("streams, batch {batch}: cores busy"),
+                format!("bare {:.0} %", busy(BARE)),
+                format!(
+                    "relay to a stream {:.0} %, to a queue {:.0} %, claim and record alone {:.0} %, inside PostgreSQL {:.0} %",
+                    busy(STREAM),
+                    busy(QUEUE),
+                    busy(CLAIM_AND_RECORD),
+                    busy(INSIDE)
+                ),
+            );
+            self.row(
+                &format!("streams, batch {batch}: most any relay could reach ÷ bare"),
+                format!("{bound:.2} x"),
+                format!(
+                    "rounds {}; relay to a stream {:.2} x of it",
+                    bounds
+                        .iter()
+                        .map(|b| format!("{b:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    of_bare / bound
+                ),
+            );
             if !stream_baseline.is_empty() {
                 self.row(
                     &format!("streams, batch {batch}: relay to a stream ÷ the baseline build's"),
@@ -205,14 +330,24 @@ impl Bench {
                     format!("rounds {}", each(&stream, &stream_baseline)),
                 );
             }
+            let busy_of = |arm: usize| measured[arm].iter().map(|a| a.busy).collect::<Vec<_>>();
             out.insert(
                 format!("batch_{batch}"),
                 json!({
                     "bare_stream": bare, "relay_stream": stream, "relay_queue": queue,
                     "claim_and_record": database, "relay_stream_deleting": deleting,
+                    "inside_the_database": inside,
                     "stream_of_bare": of_bare, "stream_of_queue": of_queue,
                     "stream_of_claim_and_record": of_database,
                     "claim_and_record_of_bare": database_of_bare,
+                    "inside_the_database_of_bare": inside_of_bare,
+                    "bound_of_bare": bounds,
+                    "busy": {
+                        "bare_stream": busy_of(BARE), "relay_stream": busy_of(STREAM),
+                        "relay_queue": busy_of(QUEUE), "claim_and_record": busy_of(CLAIM_AND_RECORD),
+                        "relay_stream_deleting": busy_of(DELETING),
+                        "inside_the_database": busy_of(INSIDE),
+                    },
                     "relay_stream_baseline": stream_baseline,
                 }),
             );
@@ -277,15 +412,15 @@ impl Bench {
 
     /// The ceiling: `n` messages through 16 named producers, one per
     /// bucket, each with one batch of `batch` in flight.
-    async fn bare_stream(&self, url: &str, n: usize, batch: u32) -> f64 {
+    async fn bare_stream(&self, url: &str, n: usize, batch: u32) -> Arm {
         let client = std::sync::Arc::new(connect(url).await);
         let stream = fresh_stream(&client).await;
         let per_bucket = stream_messages(&stream, n);
-        let start = Instant::now();
+        let timing = Timing::start();
         publish_all(&client, &stream, per_bucket, batch).await;
-        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let arm = timing.arm(n as f64 / timing.start.elapsed().as_secs_f64());
         let _ = client.delete_stream(&stream).await;
-        rate
+        arm
     }
 
     /// A takeover's look-up on a busy stream, as the relay's stream sink
@@ -340,20 +475,27 @@ impl Bench {
         }
     }
 
-    /// The database's part alone: `n` seeded rows claimed and recorded
-    /// published by the relay's statements, every bucket at once, with
-    /// nothing sent anywhere.
-    async fn claim_and_record(&self, n: usize, batch: u32) -> f64 {
-        let (store, _, _) = self
+    /// A fresh PostgreSQL database holding `n` pending rows that no worker
+    /// will publish, and its URL.
+    async fn seeded_nowhere(&self, n: usize) -> (Store, String) {
+        let (store, _, url) = self
             .fresh_on(Backend::Postgres, "outboxd_bench_streams", "")
             .await;
         self.seed(&store, n, "bench-streams-nowhere", false).await;
+        (store, url)
+    }
+
+    /// The database's part alone: `n` seeded rows claimed and recorded
+    /// published by the relay's statements, every bucket at once, with
+    /// nothing sent anywhere.
+    async fn claim_and_record(&self, n: usize, batch: u32) -> Arm {
+        let (store, _) = self.seeded_nowhere(n).await;
         let labels = Partitioner::new(BUCKETS).labels();
         // The claim TTL and the renewal margin a worker derives from the
         // default configuration.
         let settings = RelaySettings::from_config(&Config::default());
         let (claim_ttl, min_left) = (settings.claim_ttl, settings.claim_min_left);
-        let start = Instant::now();
+        let timing = Timing::start();
         let drains = labels.iter().map(|bucket| {
             let store = store.clone();
             async move {
@@ -382,9 +524,48 @@ impl Bench {
             }
         });
         futures_util::future::join_all(drains).await;
-        let rate = drained_rate(&store, n, start).await;
+        let arm = timing.arm(drained_rate(&store, n, timing.start).await);
         store.close().await;
-        rate
+        arm
+    }
+
+    /// The floor under any relay that records each row, however it is
+    /// written: a procedure inside PostgreSQL that reads each bucket's
+    /// rows from the pending index in `id` order, `batch` at a time, and
+    /// deletes them (the cheapest record G1 allows), committing each batch,
+    /// 16 buckets at once on 16 connections. No client, no network, no
+    /// claim, no lease: what the database alone spends on a row.
+    async fn inside_the_database(&self, n: usize, batch: u32) -> Arm {
+        let (store, url) = self.seeded_nowhere(n).await;
+        let labels = Partitioner::new(BUCKETS).labels();
+        // Every session connected before the clock starts.
+        let mut sessions = Vec::new();
+        for _ in &labels {
+            sessions.push(PgConnection::connect(&url).await.unwrap());
+        }
+        sqlx::raw_sql(DRAIN_INSIDE)
+            .execute(&mut sessions[0])
+            .await
+            .unwrap();
+        let timing = Timing::start();
+        // The simple query protocol: a procedure that commits may not run
+        // inside the extended protocol's implicit transaction.
+        let drains = labels.iter().zip(&mut sessions).map(|(bucket, session)| {
+            let call = format!("CALL outboxd_bench_drain('{bucket}', {batch})");
+            async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(call))
+                    .execute(session)
+                    .await
+                    .unwrap();
+            }
+        });
+        futures_util::future::join_all(drains).await;
+        let arm = timing.arm(drained_rate(&store, n, timing.start).await);
+        for session in sessions {
+            let _ = session.close().await;
+        }
+        store.close().await;
+        arm
     }
 
     /// One worker of `bin` draining `n` seeded rows into a fresh stream
@@ -397,7 +578,7 @@ impl Bench {
         n: usize,
         batch: u32,
         keep_published: bool,
-    ) -> f64 {
+    ) -> Arm {
         let client = match stream_url {
             Some(url) => Some(connect(url).await),
             None => None,
@@ -422,15 +603,15 @@ impl Bench {
             ],
             None => Vec::new(),
         };
-        let start = Instant::now();
+        let timing = Timing::start();
         let mut worker = spawn_bin(bin, &config, &["--silent"], &vars);
-        let rate = drained_rate(&store, n, start).await;
+        let arm = timing.arm(drained_rate(&store, n, timing.start).await);
         super::terminate(&mut worker);
         store.close().await;
         if let Some(client) = client {
             let _ = client.delete_stream(&to).await;
         }
-        rate
+        arm
     }
 
     /// The trickle to a stream and to a queue, in alternating rounds (a
