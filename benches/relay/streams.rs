@@ -24,8 +24,10 @@
 //!   bucket's rows from the pending index in `id` order and deletes them,
 //!   a commit per batch, 16 buckets at once; no client, no network.
 //!
-//! Each arm also reports how busy the machine's cores were while it ran.
-//! From the bare publisher and the database alone, the section derives
+//! A relay's arm is timed from the worker's first record to its last, as
+//! the bare publisher's is timed once it is connected (the rate from the
+//! worker's spawn is printed beside it). Each arm also reports how busy
+//! the machine's cores were while it was timed. From the bare publisher and the database alone, the section derives
 //! the most any relay could reach on these cores: a message costs a relay
 //! at least the CPU time the database alone spends on a row plus what the
 //! bare publisher and the broker spend on a message (busy share ÷ rate,
@@ -73,7 +75,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection as _, PgConnection};
 
 use super::{
-    BUCKETS, Backend, Bench, KEYS, PAYLOAD, claimed_row, drained_rate, median_of, ms, pct,
+    BUCKETS, Backend, Bench, KEYS, PAYLOAD, claimed_row, drained_rate, median_of, ms, pct, pg,
     spawn_bin,
 };
 
@@ -132,6 +134,10 @@ const ARM_NAMES: [&str; 7] = [
 struct Arm {
     rate: f64,
     busy: f64,
+    /// A relay's rate with its start counted: from the worker's spawn to
+    /// its last record (the rate itself is timed from its first record).
+    /// The rate, for the arms that start nothing.
+    with_start: f64,
 }
 
 /// An arm's clock and the machine's CPU from its start.
@@ -155,7 +161,11 @@ impl Timing {
             (Some(before), Some(after)) => super::busy_between(before, after),
             _ => f64::NAN,
         };
-        Arm { rate, busy }
+        Arm {
+            rate,
+            busy,
+            with_start: rate,
+        }
     }
 }
 
@@ -220,9 +230,14 @@ impl Bench {
                         }
                     };
                     println!(
-                        "  batch {batch}, round {round}, {}: {:.0} msg/s, cores {:.0} % busy",
+                        "  batch {batch}, round {round}, {}: {:.0} msg/s{}, cores {:.0} % busy",
                         ARM_NAMES[arm],
                         result.rate,
+                        if result.with_start == result.rate {
+                            String::new()
+                        } else {
+                            format!(" ({:.0} with the worker's start)", result.with_start)
+                        },
                         100.0 * result.busy
                     );
                     measured[arm].push(result);
@@ -276,6 +291,27 @@ impl Bench {
                 &format!("streams, batch {batch}: relay to a stream ÷ to a queue"),
                 format!("{of_queue:.2} x"),
                 format!("rounds {}, target >= 3", each(&stream, &queue)),
+            );
+            let started = |arm: usize| {
+                measured[arm]
+                    .iter()
+                    .map(|a| a.with_start)
+                    .collect::<Vec<_>>()
+            };
+            let (stream_started, queue_started) = (started(STREAM), started(QUEUE));
+            self.row(
+                &format!(
+                    "streams, batch {batch}: with the worker's start, relay to a stream ÷ bare"
+                ),
+                format!("{:.2} x", ratios(&stream_started, &bare)),
+                format!("rounds {}", each(&stream_started, &bare)),
+            );
+            self.row(
+                &format!(
+                    "streams, batch {batch}: with the worker's start, relay to a stream ÷ to a queue"
+                ),
+                format!("{:.2} x", ratios(&stream_started, &queue_started)),
+                format!("rounds {}", each(&stream_started, &queue_started)),
             );
             self.row(
                 &format!("streams, batch {batch}: claim and record alone ÷ bare"),
@@ -349,6 +385,10 @@ impl Bench {
                         "inside_the_database": busy_of(INSIDE),
                     },
                     "relay_stream_baseline": stream_baseline,
+                    "with_the_start": {
+                        "relay_stream": stream_started, "relay_queue": queue_started,
+                        "relay_stream_deleting": started(DELETING),
+                    },
                 }),
             );
         }
@@ -603,9 +643,30 @@ impl Bench {
             ],
             None => Vec::new(),
         };
-        let timing = Timing::start();
+        // The clock starts at the worker's first record, as the bare
+        // publisher's starts once it is connected: the worker's start (its
+        // connections, leases, producers and their look-ups) is paid once,
+        // not per message. The rate with it is kept beside.
+        let heads = head_ids(&store).await;
+        let spawned = Instant::now();
         let mut worker = spawn_bin(bin, &config, &["--silent"], &vars);
-        let arm = timing.arm(drained_rate(&store, n, timing.start).await);
+        while head_ids(&store).await == heads {
+            assert!(spawned.elapsed() < WAIT, "the worker recorded nothing");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let timing = Timing::start();
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND failed_at IS NULL",
+        )
+        .fetch_one(pg(&store))
+        .await
+        .unwrap();
+        assert!(
+            left > 0,
+            "the worker drained every row before its first record was seen: too few rows to time"
+        );
+        let mut arm = timing.arm(drained_rate(&store, left as usize, timing.start).await);
+        arm.with_start = n as f64 / spawned.elapsed().as_secs_f64();
         super::terminate(&mut worker);
         store.close().await;
         if let Some(client) = client {
@@ -837,6 +898,13 @@ struct Lookups {
     /// 16 buckets' at once, and the reads they took.
     all: Duration,
     reads: u64,
+}
+
+/// Each bucket's head (its lowest pending id), in bucket order.
+async fn head_ids(store: &Store) -> Vec<Option<i64>> {
+    let labels = Partitioner::new(BUCKETS).labels();
+    let heads = store.bucket_heads(&labels).await.unwrap();
+    heads.iter().map(|head| head.id).collect()
 }
 
 /// `n` messages for `stream`, as the relay builds them, with publishing ids
