@@ -26,14 +26,14 @@
 //!
 //! A relay's arm is timed from the worker's first record to its last, as
 //! the bare publisher's is timed once it is connected (the rate from the
-//! worker's spawn is printed beside it). Each arm also reports how busy
-//! the machine's cores were while it was timed. From the bare publisher and the database alone, the section derives
-//! the most any relay could reach on these cores: a message costs a relay
-//! at least the CPU time the database alone spends on a row plus what the
-//! bare publisher and the broker spend on a message (busy share ÷ rate,
-//! same round), so its rate is at most 1 ÷ that sum: 0.75 × the bare
-//! publisher is within reach only where the sum is at most 1.33 ÷ the bare
-//! publisher's rate.
+//! worker's spawn is printed beside it). Each arm also reports how busy the
+//! machine's cores were while it was timed. From the bare publisher and the
+//! database alone, the section derives the most any relay could reach on
+//! these cores: a message costs a relay at least the CPU time the database
+//! alone spends on a row plus what the bare publisher and the broker spend
+//! on a message (busy share ÷ rate, same round), so its rate is at most 1 ÷
+//! that sum: 0.75 × the bare publisher is within reach only where the sum
+//! is at most 1.33 ÷ the bare publisher's rate.
 //!
 //! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a seventh arm: the
 //! relay to a stream on that build, in the same rounds.
