@@ -135,9 +135,9 @@ struct Arm {
     rate: f64,
     busy: f64,
     /// A relay's rate with its start counted: from the worker's spawn to
-    /// its last record (the rate itself is timed from its first record).
-    /// The rate, for the arms that start nothing.
-    with_start: f64,
+    /// its last record (the rate itself is timed from its first record);
+    /// `None` for the arms that start nothing.
+    with_start: Option<f64>,
 }
 
 /// An arm's clock and the machine's CPU from its start.
@@ -164,7 +164,7 @@ impl Timing {
         Arm {
             rate,
             busy,
-            with_start: rate,
+            with_start: None,
         }
     }
 }
@@ -233,11 +233,10 @@ impl Bench {
                         "  batch {batch}, round {round}, {}: {:.0} msg/s{}, cores {:.0} % busy",
                         ARM_NAMES[arm],
                         result.rate,
-                        if result.with_start == result.rate {
-                            String::new()
-                        } else {
-                            format!(" ({:.0} with the worker's start)", result.with_start)
-                        },
+                        result
+                            .with_start
+                            .map(|r| format!(" ({r:.0} with the worker's start)"))
+                            .unwrap_or_default(),
                         100.0 * result.busy
                     );
                     measured[arm].push(result);
@@ -295,7 +294,7 @@ impl Bench {
             let started = |arm: usize| {
                 measured[arm]
                     .iter()
-                    .map(|a| a.with_start)
+                    .map(|a| a.with_start.unwrap_or(a.rate))
                     .collect::<Vec<_>>()
             };
             let (stream_started, queue_started) = (started(STREAM), started(QUEUE));
@@ -666,7 +665,7 @@ impl Bench {
             "the worker drained every row before its first record was seen: too few rows to time"
         );
         let mut arm = timing.arm(drained_rate(&store, left as usize, timing.start).await);
-        arm.with_start = n as f64 / spawned.elapsed().as_secs_f64();
+        arm.with_start = Some(n as f64 / spawned.elapsed().as_secs_f64());
         super::terminate(&mut worker);
         store.close().await;
         if let Some(client) = client {
