@@ -2221,6 +2221,9 @@ async fn claim_record_costs<const N: usize>(stores: [&Store; N]) -> [Duration; N
                     claim_ttl: Duration::from_secs(15),
                     min_left: Duration::from_secs(11),
                     in_flight: &[],
+                    // Taken in a bucket's first round, held after, as a
+                    // drainer holds it.
+                    held: i >= labels.len(),
                 })
                 .await
                 .unwrap();

@@ -1594,9 +1594,12 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
     let token = uuid::Uuid::new_v4();
     match &env.db {
         TestDb::Pg(pool) => {
-            let claim = env.store.postgres().unwrap().claim_statement().to_string();
+            // The take, which writes the bucket's row: bucket, limit,
+            // token, claim TTL (ms), owner, epoch, ids in flight, the
+            // highest of them.
+            let take = env.store.postgres().unwrap().claim_take_statement();
             let mut tx = pool.begin().await.unwrap();
-            let rows = sqlx::query(sqlx::AssertSqlSafe(claim))
+            let rows = sqlx::query(sqlx::AssertSqlSafe(take.to_string()))
                 .bind(bucket)
                 .bind(100i64)
                 .bind(token)
@@ -1605,7 +1608,6 @@ async fn hold_a_claim_open(env: &TestEnv, bucket: &str) -> Held {
                 .bind(None::<i64>)
                 .bind(Vec::<i64>::new())
                 .bind(None::<i64>)
-                .bind(11_000f64)
                 .fetch_all(&mut *tx)
                 .await
                 .unwrap();

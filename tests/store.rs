@@ -41,6 +41,7 @@ fn claim<'a>(holder: Holder<'a>, limit: u32, in_flight: &'a [i64]) -> Claim<'a> 
         claim_ttl: Duration::from_secs(15),
         min_left: Duration::from_secs(11),
         in_flight,
+        held: false,
     }
 }
 
@@ -119,10 +120,11 @@ async fn claims_take_the_head_in_id_order_one_claim_at_a_time(db: Db) {
     assert_eq!(ids_of(&again), ids[..2], "nothing recorded: from the head");
 }
 
-/// A claim the caller's token holds with at least `min_left` to run is
-/// used without a write (its expiry stays as it was); with less left it is
-/// renewed to the full TTL; and a claim whose lease has lapsed is not held,
-/// whatever its token.
+/// A claim the caller says it holds, and its token does hold with at
+/// least `min_left` to run, is used without a write (its expiry stays as
+/// it was); with less left it is renewed to the full TTL, as it is by any
+/// claim made without that belief; and a claim whose lease has lapsed is
+/// not held, whatever its token.
 async fn a_held_claim_is_read_without_a_write_until_it_runs_low(db: Db) {
     let env = TestEnv::on(db).await;
     let store = &env.store;
@@ -144,28 +146,39 @@ async fn a_held_claim_is_read_without_a_write_until_it_runs_low(db: Db) {
         ids[..2]
     );
     // 12 s left: more than min_left (11 s), less than the TTL (15 s).
-    env.db
-        .exec(&format!(
-            "UPDATE outbox_partitions SET claimed_until = {} WHERE partition_key = 'p03'",
-            env.db.now_plus(12)
-        ))
-        .await;
+    let twelve_left = format!(
+        "UPDATE outbox_partitions SET claimed_until = {} WHERE partition_key = 'p03'",
+        env.db.now_plus(12)
+    );
+    env.db.exec(&twelve_left).await;
     let until_below = |secs| {
         format!(
             "SELECT COUNT(*) FROM outbox_partitions WHERE partition_key = 'p03' AND claimed_until < {}",
             env.db.now_plus(secs)
         )
     };
-    let ahead = store.claim(claim(h, 2, &ids[..2])).await.unwrap();
+    let held = |in_flight| Claim {
+        held: true,
+        ..claim(h, 2, in_flight)
+    };
+    let ahead = store.claim(held(&ids[..2])).await.unwrap();
     assert_eq!(ids_of(&ahead), ids[2..4], "the held claim's rows");
     assert_eq!(
         env.db.row::<(i64,)>(&until_below(13)).await.0,
         1,
         "a claim held with enough left is not written again"
     );
+    let unbelieved = store.claim(claim(h, 2, &ids[..2])).await.unwrap();
+    assert_eq!(ids_of(&unbelieved), ids[2..4]);
+    assert_eq!(
+        env.db.row::<(i64,)>(&until_below(14)).await.0,
+        0,
+        "a claim made without the belief that it is held takes it anew"
+    );
+    env.db.exec(&twelve_left).await;
     let renewing = Claim {
         min_left: Duration::from_secs(15),
-        ..claim(h, 2, &ids[..2])
+        ..held(&ids[..2])
     };
     assert_eq!(ids_of(&store.claim(renewing).await.unwrap()), ids[2..4]);
     assert_eq!(
@@ -179,10 +192,12 @@ async fn a_held_claim_is_read_without_a_write_until_it_runs_low(db: Db) {
             env.db.now_plus(-1)
         ))
         .await;
-    assert!(
-        store.claim(claim(h, 2, &[])).await.unwrap().is_empty(),
-        "a claim under a lapsed lease is not held"
-    );
+    for claim in [claim(h, 2, &[]), held(&[])] {
+        assert!(
+            store.claim(claim).await.unwrap().is_empty(),
+            "a claim under a lapsed lease is not held"
+        );
+    }
 }
 
 /// A failed head waits for its backoff, and nothing behind it in its
@@ -1047,6 +1062,7 @@ async fn writes_under_a_superseded_lease_match_zero_rows(db: Db) {
         claim_ttl: Duration::from_secs(15),
         min_left: Duration::from_secs(11),
         in_flight: &[],
+        held: false,
     };
     let claimed = store.claim(claim(old_holder, 2)).await.unwrap();
     assert_eq!(claimed.len(), 2);

@@ -544,6 +544,9 @@ impl Bench {
                     fence: None,
                     published: Published::Kept,
                 };
+                // Taken by the first claim, held after, as a drainer holds
+                // it (a claim that finds it not held takes it again).
+                let mut held = false;
                 loop {
                     let claim = Claim {
                         holder,
@@ -551,11 +554,13 @@ impl Bench {
                         claim_ttl,
                         min_left,
                         in_flight: &[],
+                        held,
                     };
                     let rows = store.claim(claim).await.unwrap();
                     if rows.is_empty() {
                         break;
                     }
+                    held = true;
                     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
                     let recorded = store.record_published(holder, &ids).await.unwrap();
                     assert_eq!(recorded as usize, ids.len());

@@ -42,9 +42,9 @@
 //! (`store::outbox`), records what is confirmed before it idles or stops,
 //! and hands the claim back when it stops.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -78,6 +78,11 @@ pub(crate) struct BucketDrainer {
     careful: bool,
     /// This drainer's claim on the bucket (one token for its lifetime).
     token: ClaimToken,
+    /// Until when this drainer holds that claim with `claim_min_left` to
+    /// spare, as far as it knows: `claim_ttl - claim_min_left` after the
+    /// start of the last claim that took or renewed it. Until then a claim
+    /// is a read alone (`store::outbox::Claim::held`).
+    held_until: Mutex<Option<Instant>>,
     /// The next batch, read while the current one was being confirmed.
     next: Option<Vec<ClaimedMessage>>,
     /// Ids of the last confirmed batch, recorded during the next round.
@@ -129,6 +134,7 @@ impl BucketDrainer {
             session: None,
             careful: false,
             token: ClaimToken::new(),
+            held_until: Mutex::new(None),
             next: None,
             unrecorded: None,
             deduplicated_sent: 0,
@@ -289,7 +295,7 @@ impl BucketDrainer {
         let mut session = session;
         let wall_start = SystemTime::now();
         let publish = async {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let outcome = session.send(&rows, limits).await;
             self.ctx.stats.publish_latency.observe(started.elapsed());
             outcome
@@ -399,19 +405,29 @@ impl BucketDrainer {
         limit: u32,
         in_flight: &[i64],
     ) -> Result<Vec<ClaimedMessage>, StoreError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
+        let held_until = *self.held_until.lock().expect("never poisoned");
+        let held = held_until.is_some_and(|until| started < until);
+        let settings = &self.ctx.settings;
         let rows = self
             .ctx
             .store
             .claim(Claim {
                 holder: self.holder(),
                 limit,
-                claim_ttl: self.ctx.settings.claim_ttl,
-                min_left: self.ctx.settings.claim_min_left,
+                claim_ttl: settings.claim_ttl,
+                min_left: settings.claim_min_left,
                 in_flight,
+                held,
             })
             .await;
         self.ctx.stats.claim_latency.observe(started.elapsed());
+        // A claim made without the belief that returns rows took or renewed
+        // the claim, for claim_ttl from (no earlier than) `started`.
+        if !held && rows.as_ref().is_ok_and(|r| !r.is_empty()) {
+            let spare = settings.claim_ttl.saturating_sub(settings.claim_min_left);
+            *self.held_until.lock().expect("never poisoned") = Some(started + spare);
+        }
         rows
     }
 
@@ -495,7 +511,7 @@ impl BucketDrainer {
         }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let recorded = self.ctx.store.record_published(self.holder(), ids).await;
             self.ctx.stats.record_latency.observe(started.elapsed());
             match recorded {

@@ -7,11 +7,13 @@
 //! Two places where databases genuinely differ are named in the contract,
 //! not decided here by backend:
 //!
-//! - a claim is one statement where the database can read and write in one
-//!   ([`ClaimSql::OneStatement`]); elsewhere a read of the bucket's ready
-//!   prefix, and only when the caller does not hold the claim already, the
-//!   write that takes it — then the prefix is read again, so the batch is
-//!   exactly what the claim covers ([`ClaimSql::ReadThenTake`]);
+//! - a claim reads the bucket's ready prefix with whether the caller holds
+//!   the claim, and takes (or renews) it only when not; the take returns
+//!   the rows itself where the database can read and write in one
+//!   statement ([`TakeSql::Returning`]), else the prefix is read again
+//!   after it, so the batch is exactly what the claim covers
+//!   ([`TakeSql::ThenRead`]); where the take returns the rows, a caller
+//!   that does not believe it holds the claim skips the first read;
 //! - an `UPDATE` that cannot return its row reads it after
 //!   ([`DrainSql::parked`]), and an `INSERT` that cannot return its id
 //!   leaves it to the driver ([`super::driver::Binding::INSERT_RETURNS_ID`]).
@@ -28,7 +30,7 @@ use super::outbox::{
     Published,
 };
 use super::sql::Sql;
-use super::statements::{ClaimSql, DrainSql};
+use super::statements::{ClaimSql, DrainSql, TakeSql};
 
 /// The fence's arguments, as every drainer's write ends with them: bucket,
 /// token, owner, owner, epoch.
@@ -71,9 +73,9 @@ pub(crate) async fn enqueue<'e, DB: Binding, E: sqlx::Executor<'e, Database = DB
 
 const CLAIMING: &str = "claiming a batch";
 
-/// The ready prefix of the rows [`ClaimSql::ReadThenTake`]'s read returned
-/// (a head waiting for its retry stops it), and whether the reader held
-/// the claim.
+/// The ready prefix of the rows [`ClaimSql::read`] returned (a head
+/// waiting for its retry stops it), and whether the reader held the
+/// claim.
 fn ready_prefix(rows: Vec<ClaimCandidate>) -> (Vec<ClaimedMessage>, bool) {
     let held = rows.first().is_some_and(|r| r.held == Some(true));
     let ready = rows
@@ -89,26 +91,9 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
     let (owner, epoch) = (h.fence.map(|f| f.owner), h.fence.map(|f| f.epoch));
     let key = Arg::Text(Some(h.partition_key));
     let token = Arg::Uuid(h.token.0);
-    let limit = Arg::Int(i64::from(c.limit));
     let in_flight = Arg::Ids(c.in_flight);
     let highest = Arg::Int(c.in_flight.iter().copied().max().unwrap_or(i64::MIN));
-    let (read, take) = match &d.sql().drain.claim {
-        ClaimSql::OneStatement(sql) => {
-            let args = [
-                key,
-                limit,
-                token,
-                Arg::Duration(c.claim_ttl),
-                Arg::OptUuid(owner),
-                Arg::OptInt(epoch),
-                in_flight,
-                highest,
-                Arg::Duration(c.min_left),
-            ];
-            return d.pool().fetch_all(sql, &args, CLAIMING).await;
-        }
-        ClaimSql::ReadThenTake { read, take } => (read, take),
-    };
+    let ttl = Arg::Duration(c.claim_ttl);
     let read_args = [
         token,
         Arg::Duration(c.min_left),
@@ -119,36 +104,57 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
         key,
         highest,
         in_flight,
-        limit,
+        Arg::Int(i64::from(c.limit)),
     ];
-    let ttl = Arg::Duration(c.claim_ttl);
-    let take_args = [
-        token,
-        ttl,
-        key,
-        token,
-        ttl,
-        Arg::OptUuid(owner),
-        Arg::OptUuid(owner),
-        Arg::OptInt(epoch),
-    ];
+    let ClaimSql { read, take } = &d.sql().drain.claim;
     bounded_op(d.bounds(), CLAIMING, async {
         // A read first (no lock, no write): a bucket with nothing ready
         // costs the database no write, and a claim still held is not taken
-        // again.
-        let rows = d.reads().fetch_all(read, &read_args, CLAIMING).await?;
-        let (ready, held) = ready_prefix(rows);
-        if ready.is_empty() || held {
-            return Ok(ready);
+        // again. Where the take returns the rows, a claim the caller does
+        // not believe it holds goes straight to it.
+        if c.held || matches!(take, TakeSql::ThenRead(_)) {
+            let rows = d.reads().fetch_all(read, &read_args, CLAIMING).await?;
+            let (ready, held) = ready_prefix(rows);
+            if ready.is_empty() || (held && c.held) {
+                return Ok(ready);
+            }
         }
-        if d.pool().execute(take, &take_args, CLAIMING).await? != 1 {
-            return Ok(Vec::new());
+        match take {
+            TakeSql::Returning(sql) => {
+                let args = [
+                    key,
+                    Arg::Int(i64::from(c.limit)),
+                    token,
+                    ttl,
+                    Arg::OptUuid(owner),
+                    Arg::OptInt(epoch),
+                    in_flight,
+                    highest,
+                ];
+                d.pool().fetch_all(sql, &args, CLAIMING).await
+            }
+            TakeSql::ThenRead(sql) => {
+                let args = [
+                    token,
+                    ttl,
+                    key,
+                    token,
+                    ttl,
+                    Arg::OptUuid(owner),
+                    Arg::OptUuid(owner),
+                    Arg::OptInt(epoch),
+                ];
+                if d.pool().execute(sql, &args, CLAIMING).await? != 1 {
+                    return Ok(Vec::new());
+                }
+                // Read again once the claim is the caller's: no other
+                // drainer records in the bucket now, so these rows are its
+                // unpublished prefix, whichever connection read the first
+                // time.
+                let rows = d.reads().fetch_all(read, &read_args, CLAIMING).await?;
+                Ok(ready_prefix(rows).0)
+            }
         }
-        // Read again once the claim is the caller's: no other drainer
-        // records in the bucket now, so these rows are its unpublished
-        // prefix, whichever connection read the first time.
-        let rows = d.reads().fetch_all(read, &read_args, CLAIMING).await?;
-        Ok(ready_prefix(rows).0)
     })
     .await
 }

@@ -24,8 +24,8 @@
 //!   is rendered once;
 //! - whatever a database genuinely does another way, as a **named hook**
 //!   of the contract used by every backend that needs it: an insert that
-//!   cannot return its id ([`Binding::INSERT_RETURNS_ID`]), a claim in one
-//!   statement or as a read and a write (`statements::ClaimSql`), an
+//!   cannot return its id ([`Binding::INSERT_RETURNS_ID`]), a claim's take
+//!   that returns its rows or is followed by a read (`statements::TakeSql`), an
 //!   `UPDATE` that cannot return its row (`DrainSql::parked`), a lock a
 //!   purge takes first (`DrainSql::purge_lock`), producers held during a
 //!   repartition (`RepartitionSql::hold_producers`), a wake-up after an

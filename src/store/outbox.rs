@@ -25,8 +25,8 @@ use uuid::Uuid;
 
 use super::error::StoreError;
 
-/// A claimed row as `ClaimSql::ReadThenTake`'s read returns it: with
-/// whether it is ready, and whether the reader held the bucket's claim.
+/// A claimed row as `ClaimSql::read` returns it: with whether it is
+/// ready, and whether the reader held the bucket's claim.
 #[derive(sqlx::FromRow)]
 pub struct ClaimCandidate {
     #[sqlx(flatten)]
@@ -160,10 +160,12 @@ impl Published {
 /// among `in_flight` (the batch the drainer is still publishing).
 ///
 /// A claim takes (or renews) the bucket's claim for `claim_ttl`, a write,
-/// unless the holder's token already holds it with at least `min_left`
-/// to run: then the rows are read under it and nothing is written (no
-/// commit to wait for on the way to the broker). So every claim returns
-/// rows covered by the claim for at least `min_left`.
+/// unless the caller says it `held` the claim and the holder's token does
+/// hold it with at least `min_left` to run: then the rows are read under
+/// it and nothing is written (no commit to wait for on the way to the
+/// broker). So every claim returns rows covered by the claim for at least
+/// `min_left`, and one made without `held` that returns rows has taken or
+/// renewed it: it is the holder's for `claim_ttl` from the call.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     pub holder: Holder<'a>,
@@ -172,6 +174,12 @@ pub struct Claim<'a> {
     /// At most `claim_ttl`.
     pub min_left: Duration,
     pub in_flight: &'a [i64],
+    /// The caller believes its token holds the claim with at least
+    /// `min_left` to run (it took or renewed it less than `claim_ttl -
+    /// min_left` ago): the claim starts with a read that may be all it
+    /// costs. A wrong belief costs that read; it never lets rows out
+    /// unclaimed, since the read checks the claim in the database.
+    pub held: bool,
 }
 
 /// A claimed row, everything needed to publish it.

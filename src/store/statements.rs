@@ -337,42 +337,38 @@ pub(crate) fn plain_enqueue(t: &Tables) -> Sql {
     )
 }
 
-/// How a claim is made: in one statement where the database can read and
-/// write in one (PostgreSQL's data-modifying `WITH`), else as a read and,
-/// only when the claim is not already held, a write.
+/// How a claim is made: a read of the bucket's first rows that also says
+/// whether the caller holds the claim (all a held claim costs), and a
+/// write that takes (or renews) it.
 #[derive(Debug)]
-pub enum ClaimSql {
-    /// The ready prefix, the claim taken (or found held) in the same
-    /// statement, as `ClaimedMessage` rows in id order: bucket, limit,
-    /// token, claim TTL, owner, epoch, in-flight ids, the highest in-flight
-    /// id (`i64::MIN` when none), min_left.
-    OneStatement(Sql),
-    ReadThenTake {
-        /// The bucket's first unpublished, unparked rows in id order,
-        /// skipping the in-flight ones, as `ClaimedMessage` with
-        /// `not_ready` and `held` (the caller's token holds the claim with
-        /// at least min_left left, and in fleet mode under its valid
-        /// lease): token, min_left, owner, owner, epoch, bucket, bucket,
-        /// the highest in-flight id (`i64::MIN` when none: a row above it
-        /// needs no look at the list), in-flight ids, limit.
-        read: Sql,
-        /// Takes (or renews) the bucket's claim, only if no other live
-        /// claim holds it and (fleet mode) the lease is the caller's and
-        /// valid; a claim lasting longer than the TTL was made by no worker
-        /// and is ignored: token, TTL, bucket, token, TTL, owner, owner,
-        /// epoch.
-        take: Sql,
-    },
+pub struct ClaimSql {
+    /// The bucket's first unpublished, unparked rows in id order, skipping
+    /// the in-flight ones, as `ClaimedMessage` with `not_ready` and `held`
+    /// (the caller's token holds the claim with at least min_left left,
+    /// and in fleet mode under its valid lease): token, min_left, owner,
+    /// owner, epoch, bucket, bucket, the highest in-flight id (`i64::MIN`
+    /// when none: a row above it needs no look at the list), in-flight
+    /// ids, limit.
+    pub read: Sql,
+    pub take: TakeSql,
 }
 
-impl ClaimSql {
-    /// The statement that reads the bucket's rows (for diagnostics:
-    /// `EXPLAIN`).
-    pub fn reading(&self) -> &Sql {
-        match self {
-            ClaimSql::OneStatement(sql) | ClaimSql::ReadThenTake { read: sql, .. } => sql,
-        }
-    }
+/// The write that takes (or renews) the bucket's claim, only if no other
+/// live claim holds it and (fleet mode) the lease is the caller's and
+/// valid; a claim lasting longer than the TTL was made by no worker and is
+/// ignored.
+#[derive(Debug)]
+pub enum TakeSql {
+    /// Where the database can read and write in one statement
+    /// (PostgreSQL's data-modifying `WITH`): the claim taken only if the
+    /// bucket has ready rows, and those rows returned under it as
+    /// `ClaimedMessage` in id order: bucket, limit, token, claim TTL,
+    /// owner, epoch, in-flight ids, the highest in-flight id (`i64::MIN`
+    /// when none).
+    Returning(Sql),
+    /// The write alone, the rows read again after it: token, TTL, bucket,
+    /// token, TTL, owner, owner, epoch.
+    ThenRead(Sql),
 }
 
 /// The columns of a [`MessageSummary`](super::outbox::MessageSummary), from the outbox aliased `o`.

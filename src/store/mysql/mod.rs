@@ -120,9 +120,9 @@ impl MySqlBackend {
     }
 
     /// The claim's read of a bucket's first rows, for diagnostics
-    /// (`EXPLAIN`); its parameters are `ClaimSql::ReadThenTake`'s.
+    /// (`EXPLAIN`); its parameters are `ClaimSql::read`'s.
     pub fn claim_statement(&self) -> &str {
-        self.sql.drain.claim.reading().as_str()
+        self.sql.drain.claim.read.as_str()
     }
 }
 

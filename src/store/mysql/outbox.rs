@@ -16,7 +16,8 @@ use super::steps::IDS;
 use crate::store::settings::Tables;
 use crate::store::sql::Sql;
 use crate::store::statements::{
-    BucketReadsSql, ClaimSql, DrainSql, fleet_fingerprinted, pending_fingerprinted, plain_enqueue,
+    BucketReadsSql, ClaimSql, DrainSql, TakeSql, fleet_fingerprinted, pending_fingerprinted,
+    plain_enqueue,
 };
 
 /// The fence every write of a drainer carries (see
@@ -49,7 +50,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
     };
     DrainSql {
         enqueue: enqueue_statement(t),
-        claim: ClaimSql::ReadThenTake {
+        claim: ClaimSql {
             // From the pending index (forced: the primary key would walk
             // every published row of every bucket).
             read: sql(
@@ -67,7 +68,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                    AND (id > ? OR id NOT IN (SELECT j.v FROM {ids}))
                  ORDER BY id LIMIT ?",
             ),
-            take: sql(
+            take: TakeSql::ThenRead(sql(
                 t,
                 "UPDATE {partitions}
                  SET claim_token = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
@@ -76,7 +77,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                         OR claimed_until > UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
                    AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
                                       AND lease_until > UTC_TIMESTAMP(6)))",
-            ),
+            )),
         },
         record_published: record(
             "UPDATE {ids} STRAIGHT_JOIN {outbox} o ON o.id = j.v

@@ -4,7 +4,8 @@
 //! ([`listen`]).
 //!
 //! Every claim and record is one statement (`UPDATE … RETURNING`, CTEs
-//! that read and write), the producers' label function and `NOTIFY` live
+//! that read and write; a claim the drainer holds is a plain read), the
+//! producers' label function and `NOTIFY` live
 //! in the database (`migrations/postgres`), and the lease fence is checked
 //! in the statement that writes.
 
@@ -32,6 +33,7 @@ use crate::store::error::StoreError;
 use crate::store::settings::BackendKind;
 use crate::store::settings::{StoreSettings, Tables};
 use crate::store::sql::Sql;
+use crate::store::statements::TakeSql;
 
 /// A store on PostgreSQL.
 #[derive(Debug)]
@@ -83,10 +85,18 @@ impl PgBackend {
         &self.pool
     }
 
-    /// The claim statement's text, for diagnostics (`EXPLAIN`); its
-    /// parameters are `ClaimSql::OneStatement`'s.
+    /// The claim's read of a bucket's first rows, for diagnostics
+    /// (`EXPLAIN`); its parameters are `ClaimSql::read`'s.
     pub fn claim_statement(&self) -> &str {
-        self.sql.drain.claim.reading().as_str()
+        self.sql.drain.claim.read.as_str()
+    }
+
+    /// The claim's take, which also reads the rows, for diagnostics
+    /// (`EXPLAIN`); its parameters are `TakeSql::Returning`'s.
+    pub fn claim_take_statement(&self) -> &str {
+        match &self.sql.drain.claim.take {
+            TakeSql::Returning(sql) | TakeSql::ThenRead(sql) => sql.as_str(),
+        }
     }
 }
 

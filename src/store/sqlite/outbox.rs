@@ -18,7 +18,8 @@ use super::{VIEWS, render, seconds_between, sql};
 use crate::store::settings::Tables;
 use crate::store::sql::Sql;
 use crate::store::statements::{
-    BucketReadsSql, ClaimSql, DrainSql, fleet_fingerprinted, pending_fingerprinted, plain_enqueue,
+    BucketReadsSql, ClaimSql, DrainSql, TakeSql, fleet_fingerprinted, pending_fingerprinted,
+    plain_enqueue,
 };
 
 /// The fence every write of a drainer carries (see [`DrainSql`]): the
@@ -43,7 +44,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
     };
     DrainSql {
         enqueue: enqueue_statement(t),
-        claim: ClaimSql::ReadThenTake {
+        claim: ClaimSql {
             // The partial pending index, in id order.
             read: sql(
                 t,
@@ -59,7 +60,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                    AND (id > ? OR id NOT IN (SELECT value FROM json_each(?)))
                  ORDER BY id LIMIT ?",
             ),
-            take: sql(
+            take: TakeSql::ThenRead(sql(
                 t,
                 "UPDATE {partitions} SET claim_token = ?, claimed_until = {now+?}
                  WHERE partition_key = ?
@@ -67,7 +68,7 @@ pub(crate) fn drain(t: &Tables) -> DrainSql {
                         OR claimed_until > {now+?})
                    AND (? IS NULL OR (lease_owner = ? AND lease_epoch = ?
                                       AND lease_until > {now}))",
-            ),
+            )),
         },
         record_published: record("UPDATE {outbox} SET published_at = {now}"),
         delete_published: record("DELETE FROM {outbox}"),
