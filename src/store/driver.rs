@@ -25,11 +25,12 @@
 //! - whatever a database genuinely does another way, as a **named hook**
 //!   of the contract used by every backend that needs it: an insert that
 //!   cannot return its id ([`Binding::INSERT_RETURNS_ID`]), a claim's take
-//!   that returns its rows or is followed by a read (`statements::TakeSql`), an
-//!   `UPDATE` that cannot return its row (`DrainSql::parked`), a lock a
-//!   purge takes first (`DrainSql::purge_lock`), producers held during a
-//!   repartition (`RepartitionSql::hold_producers`), a wake-up after an
-//!   operator's change (`OperatorStepsSql::wake`), how migrations run
+//!   that returns its rows or is followed by a read
+//!   (`statements::TakeSql`), an `UPDATE` that cannot return its row
+//!   (`DrainSql::parked`), a lock a purge takes first
+//!   (`DrainSql::purge_lock`), producers held during a repartition
+//!   (`RepartitionSql::hold_producers`), a wake-up after an operator's
+//!   change (`OperatorStepsSql::wake`), how migrations run
 //!   ([`Driver::run_migrations`]).
 //!
 //! Written once over it, for every backend: the drainer's flows

@@ -5,9 +5,9 @@
 //!
 //! Every claim and record is one statement (`UPDATE … RETURNING`, CTEs
 //! that read and write; a claim the drainer holds is a plain read), the
-//! producers' label function and `NOTIFY` live
-//! in the database (`migrations/postgres`), and the lease fence is checked
-//! in the statement that writes.
+//! producers' label function and `NOTIFY` live in the database
+//! (`migrations/postgres`), and the lease fence is checked in the
+//! statement that writes.
 
 mod driver;
 pub mod listen;
