@@ -94,6 +94,7 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
     let in_flight = Arg::Ids(c.in_flight);
     let highest = Arg::Int(c.in_flight.iter().copied().max().unwrap_or(i64::MIN));
     let ttl = Arg::Duration(c.claim_ttl);
+    let limit = Arg::Int(i64::from(c.limit));
     let read_args = [
         token,
         Arg::Duration(c.min_left),
@@ -104,7 +105,7 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
         key,
         highest,
         in_flight,
-        Arg::Int(i64::from(c.limit)),
+        limit,
     ];
     let ClaimSql { read, take } = &d.sql().drain.claim;
     bounded_op(d.bounds(), CLAIMING, async {
@@ -123,7 +124,7 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
             TakeSql::Returning(sql) => {
                 let args = [
                     key,
-                    Arg::Int(i64::from(c.limit)),
+                    limit,
                     token,
                     ttl,
                     Arg::OptUuid(owner),
