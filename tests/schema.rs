@@ -346,6 +346,70 @@ async fn the_claim_is_a_range_scan_of_the_pending_index_beside_many_published_ro
     }
 }
 
+/// A connection to PostgreSQL prepares a drainer's statements as it
+/// opens, with the parameter types the drainer binds, so that a first
+/// claim through it is bound and run at once rather than parsed first;
+/// a connection of a pool told it sits behind a transaction pooler
+/// prepares nothing (a named statement would outlive the transaction on a
+/// server session another client gets next).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn a_postgresql_connection_prepares_the_claim_as_it_opens() {
+    let env = TestEnv::new().await;
+    let prepared_on_a_new_connection = |pooler: outboxd::config::Pooler| {
+        let mut config = env.config.clone();
+        config.database.url = env.db_url.clone();
+        config.database.pooler = pooler;
+        async move {
+            let store = outboxd::store::Store::connect(
+                &outboxd::store::StoreSettings::from_config(&config),
+                "outboxd test",
+            )
+            .await
+            .unwrap();
+            let backend = store.postgres().unwrap();
+            let mut conn = backend.pool().sqlx().acquire().await.unwrap();
+            let prepared: Vec<(String, String)> = sqlx::query_as(
+                "SELECT statement, parameter_types::text FROM pg_prepared_statements",
+            )
+            .persistent(false)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+            let of = |sql: &str| {
+                prepared
+                    .iter()
+                    .find(|(statement, _)| statement == sql)
+                    .map(|(_, types)| types.clone())
+            };
+            let claims = (
+                of(backend.claim_statement()),
+                of(backend.claim_take_statement()),
+            );
+            drop(conn);
+            store.close().await;
+            (claims, prepared.len())
+        }
+    };
+    let ((read, take), count) = prepared_on_a_new_connection(Default::default()).await;
+    assert_eq!(
+        read.as_deref(),
+        Some("{uuid,\"double precision\",uuid,uuid,bigint,text,text,bigint,bigint[],bigint}")
+    );
+    assert_eq!(
+        take.as_deref(),
+        Some("{text,bigint,uuid,\"double precision\",uuid,bigint,bigint[],bigint}")
+    );
+    // The two claim statements and the two records of a publish.
+    assert_eq!(count, 4);
+    let ((read, take), count) =
+        prepared_on_a_new_connection(outboxd::config::Pooler::Transaction).await;
+    assert_eq!((read, take, count), (None, None, 0));
+}
+
 /// MariaDB has no partial indexes: the pending index is `(partition_key,
 /// published_at, failed_at, id)`, and a claim reads one contiguous slice of
 /// it — with 100,000 published rows in front (low ids), the read of 100
