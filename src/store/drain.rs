@@ -21,14 +21,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use uuid::Uuid;
 
 use super::bounds::{Bounds, bounded_op};
 use super::driver::{Arg, Binding, Driver, Statements, insert};
 use super::error::StoreError;
 use super::outbox::{
-    Claim, ClaimCandidate, ClaimToken, ClaimedMessage, Failure, FailureRecord, Fence, Holder,
-    Message, OutboxStore, Published,
+    Claim, ClaimCandidate, ClaimedMessage, Failure, FailureRecord, Holder, Message, OutboxStore,
+    Published,
 };
 use super::sql::Sql;
 use super::statements::{ClaimSql, DrainSql, TakeSql};
@@ -87,9 +86,7 @@ fn ready_prefix(rows: Vec<ClaimCandidate>) -> (Vec<ClaimedMessage>, bool) {
     (ready, held)
 }
 
-/// A claim's arguments, each in the order its statement takes it: the
-/// read's ([`ClaimSql::read`]), then the take's, for the take `take`.
-fn claim_args<'a>(c: &Claim<'a>, take: &TakeSql) -> ([Arg<'a>; 10], Vec<Arg<'a>>) {
+async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
     let h = &c.holder;
     let (owner, epoch) = (h.fence.map(|f| f.owner), h.fence.map(|f| f.epoch));
     let key = Arg::Text(Some(h.partition_key));
@@ -98,29 +95,19 @@ fn claim_args<'a>(c: &Claim<'a>, take: &TakeSql) -> ([Arg<'a>; 10], Vec<Arg<'a>>
     let highest = Arg::Int(c.in_flight.iter().copied().max().unwrap_or(i64::MIN));
     let ttl = Arg::Duration(c.claim_ttl);
     let limit = Arg::Int(i64::from(c.limit));
-    let (owner, epoch) = (Arg::OptUuid(owner), Arg::OptInt(epoch));
-    let read = [
+    let read_args = [
         token,
         Arg::Duration(c.min_left),
-        owner,
-        owner,
-        epoch,
+        Arg::OptUuid(owner),
+        Arg::OptUuid(owner),
+        Arg::OptInt(epoch),
         key,
         key,
         highest,
         in_flight,
         limit,
     ];
-    let take = match take {
-        TakeSql::Returning(_) => vec![key, limit, token, ttl, owner, epoch, in_flight, highest],
-        TakeSql::ThenRead(_) => vec![token, ttl, key, token, ttl, owner, owner, epoch],
-    };
-    (read, take)
-}
-
-async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, StoreError> {
     let ClaimSql { read, take } = &d.sql().drain.claim;
-    let (read_args, take_args) = claim_args(&c, take);
     bounded_op(d.bounds(), CLAIMING, async {
         // A read first (no lock, no write): a bucket with nothing ready
         // costs the database no write, and a claim still held is not taken
@@ -134,9 +121,31 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
             }
         }
         match take {
-            TakeSql::Returning(sql) => d.pool().fetch_all(sql, &take_args, CLAIMING).await,
+            TakeSql::Returning(sql) => {
+                let args = [
+                    key,
+                    limit,
+                    token,
+                    ttl,
+                    Arg::OptUuid(owner),
+                    Arg::OptInt(epoch),
+                    in_flight,
+                    highest,
+                ];
+                d.pool().fetch_all(sql, &args, CLAIMING).await
+            }
             TakeSql::ThenRead(sql) => {
-                if d.pool().execute(sql, &take_args, CLAIMING).await? != 1 {
+                let args = [
+                    token,
+                    ttl,
+                    key,
+                    token,
+                    ttl,
+                    Arg::OptUuid(owner),
+                    Arg::OptUuid(owner),
+                    Arg::OptInt(epoch),
+                ];
+                if d.pool().execute(sql, &args, CLAIMING).await? != 1 {
                     return Ok(Vec::new());
                 }
                 // Read again once the claim is the caller's: no other
@@ -151,43 +160,6 @@ async fn claim<D: Driver>(d: &D, c: Claim<'_>) -> Result<Vec<ClaimedMessage>, St
     .await
 }
 
-/// The statements a drainer runs on every batch (the claim's, the
-/// records of a publish), each with arguments of the types it is run
-/// with, their values placeholders: what a backend may prepare on each
-/// connection as it opens, so that the first batch through a connection
-/// does not wait for the database to parse them.
-pub(crate) fn hot_statements(sql: &DrainSql) -> Vec<(&Sql, Vec<Arg<'static>>)> {
-    let holder = Holder {
-        partition_key: "",
-        token: ClaimToken(Uuid::nil()),
-        fence: Some(Fence {
-            owner: Uuid::nil(),
-            epoch: 0,
-        }),
-        published: Published::Kept,
-    };
-    let c = Claim {
-        holder,
-        limit: 1,
-        claim_ttl: Duration::ZERO,
-        min_left: Duration::ZERO,
-        in_flight: &[],
-        held: false,
-    };
-    let ClaimSql { read, take } = &sql.claim;
-    let (read_args, take_args) = claim_args(&c, take);
-    let take_sql = match take {
-        TakeSql::Returning(s) | TakeSql::ThenRead(s) => s,
-    };
-    let published = published_args(&holder, &[]).to_vec();
-    vec![
-        (read, read_args.to_vec()),
-        (take_sql, take_args),
-        (&sql.record_published, published.clone()),
-        (&sql.delete_published, published),
-    ]
-}
-
 /// Records `ids` as published under the holder's fence, on `on`.
 async fn record_published<S: Statements>(
     sql: &DrainSql,
@@ -199,18 +171,8 @@ async fn record_published<S: Statements>(
         Published::Kept => &sql.record_published,
         Published::Deleted => &sql.delete_published,
     };
-    on.execute(
-        statement,
-        &published_args(&h, ids),
-        "recording published rows",
-    )
-    .await
-}
-
-/// The arguments of a record of published rows: ids, bucket, then held.
-fn published_args<'a>(h: &Holder<'a>, ids: &'a [i64]) -> [Arg<'a>; 7] {
-    let [a, b, c, e, f] = held(h);
-    [
+    let [a, b, c, e, f] = held(&h);
+    let args = [
         Arg::Ids(ids),
         Arg::Text(Some(h.partition_key)),
         a,
@@ -218,7 +180,9 @@ fn published_args<'a>(h: &Holder<'a>, ids: &'a [i64]) -> [Arg<'a>; 7] {
         c,
         e,
         f,
-    ]
+    ];
+    on.execute(statement, &args, "recording published rows")
+        .await
 }
 
 /// Records a failed attempt at one row in `tx`: whether it is parked now,

@@ -5,8 +5,8 @@
 
 use super::ERRORS;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgQueryResult, PgTypeInfo};
-use sqlx::{Arguments, Encode, Executor, Postgres, Type};
+use sqlx::postgres::{PgArguments, PgQueryResult};
+use sqlx::{Arguments, Executor, Postgres};
 
 use super::{DbPool, PgBackend, Tx};
 use crate::store::bounds::{Bounds, QueryContext};
@@ -20,58 +20,18 @@ pub(crate) fn millis(d: std::time::Duration) -> f64 {
     d.as_millis() as f64
 }
 
-/// What PostgreSQL binds its own way: durations in milliseconds as a
-/// float (`$n::float8 / 1000`), ids and labels as arrays (`= ANY($n)`).
-fn own<A: Arguments<Database = Postgres>>(
-    bound: &mut A,
-    arg: Arg<'_>,
-) -> Result<bool, BoxDynError> {
-    match arg {
-        Arg::Duration(d) => bound.add(millis(d)).map(|()| true),
-        Arg::Ids(v) => bound.add(v).map(|()| true),
-        Arg::Labels(v) => bound.add(v).map(|()| true),
-        _ => Ok(false),
-    }
-}
-
-/// The types `args` are bound as, as [`Binding::arguments`] binds them:
-/// the types to prepare a statement with before its first run, so that
-/// PostgreSQL reads the values that run sends as what they are.
-pub(crate) fn parameter_types(args: &[Arg<'_>]) -> Vec<PgTypeInfo> {
-    let types: Types = arguments(args, own).expect("keeping a type never fails");
-    types.0
-}
-
-/// Arguments that keep only each value's type.
-#[derive(Default)]
-struct Types(Vec<PgTypeInfo>);
-
-impl Arguments for Types {
-    type Database = Postgres;
-
-    fn reserve(&mut self, additional: usize, _size: usize) {
-        self.0.reserve(additional);
-    }
-
-    fn add<'t, T>(&mut self, value: T) -> Result<(), BoxDynError>
-    where
-        T: Encode<'t, Postgres> + Type<Postgres>,
-    {
-        // What `PgArguments` records for the value.
-        self.0.push(value.produces().unwrap_or_else(T::type_info));
-        Ok(())
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
 impl Binding for Postgres {
     type Args = PgArguments;
 
     fn arguments(args: &[Arg<'_>]) -> Result<PgArguments, BoxDynError> {
-        arguments(args, own)
+        // Durations in milliseconds as a float (`$n::float8 / 1000`), ids
+        // and labels as arrays (`= ANY($n)`).
+        arguments(args, |bound: &mut PgArguments, arg| match arg {
+            Arg::Duration(d) => bound.add(millis(d)).map(|()| true),
+            Arg::Ids(v) => bound.add(v).map(|()| true),
+            Arg::Labels(v) => bound.add(v).map(|()| true),
+            _ => Ok(false),
+        })
     }
 
     fn rows_affected(done: &PgQueryResult) -> u64 {

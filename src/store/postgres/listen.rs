@@ -43,7 +43,7 @@ impl NotifyStore for PgBackend {
             None => self.pool.clone(),
             Some(url) => {
                 tracing::debug!(url = %crate::store::settings::redacted(url), "connecting to LISTEN");
-                connect_to(&self.db, url, Pooler::None, 2, "outboxd listen", Vec::new()).await?
+                connect_to(&self.db, url, Pooler::None, 2, "outboxd listen").await?
             }
         };
         let query_error = |doing| move |source| StoreError::query(&super::ERRORS, doing, source);

@@ -51,29 +51,28 @@ impl PgBackend {
     /// and renders every statement for `tables`.
     pub async fn connect(db: &StoreSettings, application_name: &str) -> Result<Self, StoreError> {
         let tables = &db.tables;
-        let sql = crate::store::statements::Rendered {
-            tables: tables.clone(),
-            migrations: schema::embedded(),
-            schema: schema::statements(tables),
-            drain: outbox::drain(tables),
-            messages: outbox::messages(tables),
-            workers: workers::statements(tables),
-            stats: stats::statements(tables),
-            lookups: crate::store::lookups::statements(
-                |s| Sql::render(tables, s),
-                true,
-                outbox::bucket_reads(tables),
-            ),
-            partition_lookups: partitions::lookups(tables),
-            repartition: repartition::statements(tables),
-        };
-        let pool = pool::connect_preparing(db, application_name, prepared(&sql)).await?;
+        let pool = pool::connect(db, application_name).await?;
         Ok(Self {
             pool,
             db: db.clone(),
             tables: tables.clone(),
             partitions: partitions::PartitionsSql::new(tables),
-            sql,
+            sql: crate::store::statements::Rendered {
+                tables: tables.clone(),
+                migrations: schema::embedded(),
+                schema: schema::statements(tables),
+                drain: outbox::drain(tables),
+                messages: outbox::messages(tables),
+                workers: workers::statements(tables),
+                stats: stats::statements(tables),
+                lookups: crate::store::lookups::statements(
+                    |s| Sql::render(tables, s),
+                    true,
+                    outbox::bucket_reads(tables),
+                ),
+                partition_lookups: partitions::lookups(tables),
+                repartition: repartition::statements(tables),
+            },
             steps: crate::store::statements::StepsSql {
                 leases: steps::lease_steps(tables),
                 operator: steps::operator_steps(tables),
@@ -99,15 +98,6 @@ impl PgBackend {
             TakeSql::Returning(sql) | TakeSql::ThenRead(sql) => sql.as_str(),
         }
     }
-}
-
-/// The drainer's statements, with their parameter types, for each
-/// connection to prepare as it opens.
-fn prepared(sql: &crate::store::statements::Rendered) -> pool::Prepared {
-    crate::store::drain::hot_statements(&sql.drain)
-        .into_iter()
-        .map(|(statement, args)| (statement.clone(), driver::parameter_types(&args)))
-        .collect()
 }
 
 impl Backend for PgBackend {

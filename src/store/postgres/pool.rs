@@ -29,10 +29,6 @@
 //! worker keeps one pooled connection beside its `LISTEN` connection
 //! ([`crate::store::trim`]).
 //!
-//! A direct connection prepares a drainer's statements as it opens
-//! ([`connect_preparing`]), so that its first batches do not wait for the
-//! database to parse them; behind a transaction pooler it prepares none.
-//!
 //! After a switchover the pool closes the connections opened before the
 //! database was seen read-only ([`crate::store::switchover`]): a read-only
 //! answer to any statement run through the pool or one of its
@@ -55,7 +51,6 @@ use crate::store::error::StoreError;
 use crate::store::paced::{self, Lent, PacedPool};
 use crate::store::settings::{BackendKind, shown};
 use crate::store::settings::{Pooler, StoreSettings};
-use crate::store::sql::Sql;
 use crate::store::switchover::Switchover;
 
 /// A pool of database connections that knows what sits in front of the
@@ -139,61 +134,19 @@ impl Tx {
     }
 }
 
-/// Statements to prepare on each connection as it opens, each with the
-/// types of the parameters it will be run with.
-pub(crate) type Prepared = Vec<(Sql, Vec<PgTypeInfo>)>;
-
 /// Opens a pool for a worker or a command, on `db.url`.
 pub async fn connect(db: &StoreSettings, application_name: &str) -> Result<DbPool, StoreError> {
-    connect_preparing(db, application_name, Prepared::new()).await
-}
-
-/// Opens a pool on `db.url` whose connections prepare `prepared` as they
-/// open (a drainer's statements, [`crate::store::drain::hot_statements`]),
-/// except behind a transaction pooler, where a named statement would stay
-/// on a server session other clients get next. A first run of a statement
-/// on a connection otherwise waits for one more exchange with the
-/// database, which parses and describes it; once prepared, a run is bound
-/// and executed at once.
-pub(crate) async fn connect_preparing(
-    db: &StoreSettings,
-    application_name: &str,
-    prepared: Prepared,
-) -> Result<DbPool, StoreError> {
-    let prepared = match db.pooler {
-        Pooler::Transaction => Prepared::new(),
-        _ => prepared,
-    };
-    let (url, max) = (&db.url, db.max_connections);
-    connect_to(db, url, db.pooler, max, application_name, prepared).await
-}
-
-/// Prepares `prepared` on `conn` (see [`connect_preparing`]). A statement
-/// the database refuses (its table not created yet, a name another client
-/// left on a pooler's session) is left to its first run, which reports
-/// it; only a failure of the connection itself fails it.
-async fn prepare_on(conn: &mut PgConnection, prepared: &Prepared) -> Result<(), sqlx::Error> {
-    for (sql, types) in prepared {
-        match conn.prepare_with(sql.q(), types).await {
-            Ok(_) => {}
-            Err(sqlx::Error::Database(e)) => {
-                tracing::debug!(error = %e, "a statement left to its first run");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    connect_to(db, &db.url, db.pooler, db.max_connections, application_name).await
 }
 
 /// Opens a pool on `url` (`db.url`, or the direct `db.listen_url`) with
-/// `db`'s timeouts, its connections preparing `prepared` as they open.
-pub(crate) async fn connect_to(
+/// `db`'s timeouts.
+pub async fn connect_to(
     db: &StoreSettings,
     url: &str,
     pooler: Pooler,
     max_connections: u32,
     application_name: &str,
-    prepared: Prepared,
 ) -> Result<DbPool, StoreError> {
     let connect_err = |cause| StoreError::Connect {
         backend: BackendKind::Postgres,
@@ -219,7 +172,6 @@ pub(crate) async fn connect_to(
         url,
     )
     .await?;
-    let prepared = std::sync::Arc::new(prepared);
     let opened = Stamp::default();
     let opening = opened.clone();
     let bounds = Bounds::new(db.query_timeout, &super::ERRORS);
@@ -231,12 +183,11 @@ pub(crate) async fn connect_to(
         // A wait for a free connection is normal under load (more buckets
         // than connections); only failing to get one is worth a line.
         .acquire_slow_threshold(db.connect_timeout)
-        .after_connect(move |conn, _meta| {
+        .after_connect(move |_conn, _meta| {
             opening.mark();
-            let prepared = prepared.clone();
             Box::pin(async move {
                 crate::net::harden_connections_to(port, dead_after);
-                prepare_on(conn, &prepared).await
+                Ok(())
             })
         });
     let inner = paced::checked(inner, switchover).connect_lazy_with(options);
