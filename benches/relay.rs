@@ -18,7 +18,11 @@
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
 //!    `listen_url` and with polling (with `OUTBOXD_BENCH_BASELINE_BIN`,
-//!    each worker's figures again right after on that build);
+//!    each worker's figures again right after on that build;
+//!    `OUTBOXD_BENCH_LATENCY_ONLY=postgresql|mariadb|sqlite|pgbouncer` for
+//!    one arm; `OUTBOXD_BENCH_LATENCY_REPEAT=N` runs the arms N rounds, the
+//!    builds' order swapped every round, and adds each trickle's figures
+//!    over the messages of all rounds);
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows: three
 //!    tables, their rounds interleaved;
@@ -144,6 +148,19 @@ struct Bench {
     /// The queues declared since the last section ended
     /// ([`Bench::declare_purged`]), emptied when it ends.
     declared: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Section 2's round, as its rows name it (`""` with one round).
+    round: String,
+    /// Section 2's trickles by measure, over all its rounds.
+    trickles: Vec<Pooled>,
+}
+
+/// A trickle's latencies over section 2's rounds.
+struct Pooled {
+    measure: String,
+    /// Every message's, in no order.
+    all: Vec<Duration>,
+    /// Each round's p99.
+    p99s: Vec<Duration>,
 }
 
 #[tokio::main]
@@ -193,6 +210,8 @@ async fn main() {
         results: serde_json::Map::new(),
         table: Vec::new(),
         declared: Default::default(),
+        round: String::new(),
+        trickles: Vec::new(),
     };
     b.results.insert("machine".into(), machine());
     let key_index = if published_key_index {
@@ -831,8 +850,19 @@ impl Bench {
     ) -> Value {
         let lat = trickle(db_url, &self.amqp_url, queue, rate, over).await;
         let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+        match self.trickles.iter_mut().find(|t| t.measure == measure) {
+            Some(t) => {
+                t.all.extend_from_slice(&lat);
+                t.p99s.push(p99);
+            }
+            None => self.trickles.push(Pooled {
+                measure: measure.to_owned(),
+                all: lat.clone(),
+                p99s: vec![p99],
+            }),
+        }
         self.row(
-            measure,
+            &format!("{measure}{}", self.round),
             format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
             note.into(),
         );
@@ -856,7 +886,7 @@ impl Bench {
             let figures = self
                 .trickle_row(db_url, queue, (rate, over), &measure, note)
                 .await;
-            out.insert(key(rate), figures);
+            out.insert(format!("{}{}", key(rate), round_key(&self.round)), figures);
         }
     }
 
@@ -864,25 +894,66 @@ impl Bench {
     /// are measured again right after on that build (its rows and JSON keys
     /// say so): a trickle's tail has no target the relay meets, so only a
     /// baseline shows it getting worse.
+    ///
+    /// `OUTBOXD_BENCH_LATENCY_ONLY=postgresql` (`mariadb`, `sqlite`,
+    /// `pgbouncer`) runs that arm only. `OUTBOXD_BENCH_LATENCY_REPEAT=N`
+    /// runs the arms N rounds, the builds' order swapped from one round to
+    /// the next (whichever runs second has, at times, the slower start),
+    /// and ends with each trickle's figures over all its rounds' messages
+    /// and the median of its rounds' p99s: a p99 of one run's 500 messages
+    /// moves by half a millisecond from one run to the next. Run a build
+    /// against a copy of itself to see how far apart two arms of one build
+    /// land.
     async fn latency(&mut self) {
+        let arms = ["postgresql", "mariadb", "sqlite", "pgbouncer"];
+        let only = std::env::var("OUTBOXD_BENCH_LATENCY_ONLY").ok();
+        if let Some(o) = &only {
+            assert!(
+                arms.iter().any(|a| a.eq_ignore_ascii_case(o)),
+                "OUTBOXD_BENCH_LATENCY_ONLY={o} names no arm (one of {arms:?}, any case)"
+            );
+        }
+        let runs = |arm: &str| only.as_deref().is_none_or(|o| o.eq_ignore_ascii_case(arm));
+        let rounds: usize = std::env::var("OUTBOXD_BENCH_LATENCY_REPEAT")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(1)
+            .max(1);
         let builds = builds();
+        // Round r's builds, in order: as given in even rounds, reversed in
+        // odd ones.
+        let order = |r: usize| -> Vec<&Build> {
+            let mut b: Vec<&Build> = builds.iter().collect();
+            if r % 2 == 1 {
+                b.reverse();
+            }
+            b
+        };
+        let round = |r: usize| match rounds {
+            1 => String::new(),
+            _ => format!(", round {}", r + 1),
+        };
+        self.trickles.clear();
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
         let queue = "bench-latency";
         self.declare_purged(queue).await;
         let mut out = serde_json::Map::new();
         let over = Duration::from_secs(if self.quick { 3 } else { 10 });
-        for build in &builds {
-            let mut worker = spawn_bin(&build.bin, &config, &["--silent"], &[]);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            self.trickle_rates(
-                (&db_url, queue, over),
-                &build.label,
-                "target p99 <= 5 ms",
-                |rate| format!("{rate}{}", build.key),
-                &mut out,
-            )
-            .await;
-            terminate(&mut worker);
+        for r in (0..rounds).filter(|_| runs("postgresql")) {
+            self.round = round(r);
+            for build in order(r) {
+                let mut worker = spawn_bin(&build.bin, &config, &["--silent"], &[]);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                self.trickle_rates(
+                    (&db_url, queue, over),
+                    &build.label,
+                    "target p99 <= 5 ms",
+                    |rate| format!("{rate}{}", build.key),
+                    &mut out,
+                )
+                .await;
+                terminate(&mut worker);
+            }
         }
 
         // MariaDB: no notifications; adaptive polling (poll_interval 100 ms
@@ -890,87 +961,100 @@ impl Bench {
         // the probe for added rows between polls (probe_interval, 5 ms by
         // default) and without it (0ms: the baseline). What the probe costs
         // is measured idle, where it is all the work there is.
-        let (my_store, my_config, my_url) = self
-            .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
-            .await;
-        for (probe, build) in ["5ms", "0ms"]
-            .into_iter()
-            .flat_map(|p| builds.iter().map(move |b| (p, b)))
-        {
-            let toml = std::fs::read_to_string(&my_config).unwrap().replacen(
-                &format!("url = \"{my_url}\"\n"),
-                &format!("url = \"{my_url}\"\nprobe_interval = \"{probe}\"\n"),
-                1,
-            );
-            let probed = self.dir.join(format!("latency-mariadb-probe-{probe}.toml"));
-            std::fs::write(&probed, toml).unwrap();
-            let mut my_worker = spawn_bin(&build.bin, &probed, &["--silent"], &[]);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let idle = Duration::from_secs(if self.quick { 2 } else { 5 });
-            let ticks = || cpu_ticks(my_worker.id()).unwrap_or(0) + database_cpu_ticks(&my_store);
-            let before = ticks();
-            tokio::time::sleep(idle).await;
-            let idle_cpu = (ticks() - before) as f64 / clock_ticks() as f64 / idle.as_secs_f64();
-            let baseline = probe == "0ms";
-            self.row(
-                &format!(
-                    "MariaDB, probe_interval {probe}{}: idle worker + MariaDB CPU",
-                    build.label
-                ),
-                format!("{:.1} % of a core", idle_cpu * 100.0),
-                if baseline {
-                    "baseline"
+        if runs("mariadb") {
+            let (my_store, my_config, my_url) = self
+                .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
+                .await;
+            for (r, probe, build) in (0..rounds).flat_map(|r| {
+                ["5ms", "0ms"]
+                    .into_iter()
+                    .flat_map(move |p| order(r).into_iter().map(move |b| (r, p, b)))
+            }) {
+                self.round = round(r);
+                let toml = std::fs::read_to_string(&my_config).unwrap().replacen(
+                    &format!("url = \"{my_url}\"\n"),
+                    &format!("url = \"{my_url}\"\nprobe_interval = \"{probe}\"\n"),
+                    1,
+                );
+                let probed = self.dir.join(format!("latency-mariadb-probe-{probe}.toml"));
+                std::fs::write(&probed, toml).unwrap();
+                let mut my_worker = spawn_bin(&build.bin, &probed, &["--silent"], &[]);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let idle = Duration::from_secs(if self.quick { 2 } else { 5 });
+                let ticks =
+                    || cpu_ticks(my_worker.id()).unwrap_or(0) + database_cpu_ticks(&my_store);
+                let before = ticks();
+                tokio::time::sleep(idle).await;
+                let idle_cpu =
+                    (ticks() - before) as f64 / clock_ticks() as f64 / idle.as_secs_f64();
+                let baseline = probe == "0ms";
+                self.row(
+                    &format!(
+                        "MariaDB, probe_interval {probe}{}: idle worker + MariaDB CPU{}",
+                        build.label, self.round
+                    ),
+                    format!("{:.1} % of a core", idle_cpu * 100.0),
+                    if baseline {
+                        "baseline"
+                    } else {
+                        "the probe's cost"
+                    }
+                    .into(),
+                );
+                out.insert(
+                    format!(
+                        "mariadb_idle_cpu_probe_{probe}{}{}",
+                        build.key,
+                        round_key(&self.round)
+                    ),
+                    json!({ "share_of_a_core": idle_cpu }),
+                );
+                let (note, off) = if baseline {
+                    ("baseline: polls only", "_probe_off")
                 } else {
-                    "the probe's cost"
-                }
-                .into(),
-            );
-            out.insert(
-                format!("mariadb_idle_cpu_probe_{probe}{}", build.key),
-                json!({ "share_of_a_core": idle_cpu }),
-            );
-            let (note, off) = if baseline {
-                ("baseline: polls only", "_probe_off")
-            } else {
-                ("target p99 <= 5 ms", "")
-            };
-            self.trickle_rates(
-                (&my_url, queue, over),
-                &format!(
-                    " on MariaDB (polling, probe_interval {probe}){}",
-                    build.label
-                ),
-                note,
-                |rate| format!("mariadb_{rate}{off}{}", build.key),
-                &mut out,
-            )
-            .await;
-            terminate(&mut my_worker);
+                    ("target p99 <= 5 ms", "")
+                };
+                self.trickle_rates(
+                    (&my_url, queue, over),
+                    &format!(
+                        " on MariaDB (polling, probe_interval {probe}){}",
+                        build.label
+                    ),
+                    note,
+                    |rate| format!("mariadb_{rate}{off}{}", build.key),
+                    &mut out,
+                )
+                .await;
+                terminate(&mut my_worker);
+            }
+            my_store.close().await;
+            self.drop_database_on(Backend::MariaDb, "outboxd_bench_lat")
+                .await;
         }
-        my_store.close().await;
-        self.drop_database_on(Backend::MariaDb, "outboxd_bench_lat")
-            .await;
 
         // SQLite: no notifications either; polls and the probe, defaults.
-        let (lite_store, lite_config, lite_url) = self
-            .fresh_on(Backend::Sqlite, "outboxd_bench_lat", "")
-            .await;
-        for build in &builds {
-            let mut lite_worker = spawn_bin(&build.bin, &lite_config, &["--silent"], &[]);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            self.trickle_rates(
-                (&lite_url, queue, over),
-                &format!(" on SQLite (polling and probe){}", build.label),
-                "target p99 <= 10 ms",
-                |rate| format!("sqlite_{rate}{}", build.key),
-                &mut out,
-            )
-            .await;
-            terminate(&mut lite_worker);
+        if runs("sqlite") {
+            let (lite_store, lite_config, lite_url) = self
+                .fresh_on(Backend::Sqlite, "outboxd_bench_lat", "")
+                .await;
+            for (r, build) in (0..rounds).flat_map(|r| order(r).into_iter().map(move |b| (r, b))) {
+                self.round = round(r);
+                let mut lite_worker = spawn_bin(&build.bin, &lite_config, &["--silent"], &[]);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                self.trickle_rates(
+                    (&lite_url, queue, over),
+                    &format!(" on SQLite (polling and probe){}", build.label),
+                    "target p99 <= 10 ms",
+                    |rate| format!("sqlite_{rate}{}", build.key),
+                    &mut out,
+                )
+                .await;
+                terminate(&mut lite_worker);
+            }
+            lite_store.close().await;
+            self.drop_database_on(Backend::Sqlite, "outboxd_bench_lat")
+                .await;
         }
-        lite_store.close().await;
-        self.drop_database_on(Backend::Sqlite, "outboxd_bench_lat")
-            .await;
 
         // Through PgBouncer in transaction mode (the services' own, in
         // front of the same PostgreSQL): wake-ups by LISTEN on the direct
@@ -979,17 +1063,23 @@ impl Bench {
         let bouncer_port = std::env::var("OUTBOXD_PGBOUNCER_PORT").unwrap_or("56432".into());
         let mut via = url::Url::parse(&db_url).unwrap();
         via.set_port(Some(bouncer_port.parse().unwrap())).unwrap();
-        for ((name, listen_line), build) in [
+        let pooled_arms = [
             ("listen_url", format!("listen_url = \"{db_url}\"\n")),
             ("polling", String::new()),
             (
                 "polling, probe off",
                 "probe_interval = \"0ms\"\n".to_string(),
             ),
-        ]
-        .into_iter()
-        .flat_map(|arm| builds.iter().map(move |b| (arm.clone(), b)))
+        ];
+        for (r, (name, listen_line), build) in
+            (0..rounds).filter(|_| runs("pgbouncer")).flat_map(|r| {
+                let order = order(r);
+                pooled_arms.clone().into_iter().flat_map(move |arm| {
+                    order.clone().into_iter().map(move |b| (r, arm.clone(), b))
+                })
+            })
         {
+            self.round = round(r);
             let toml = std::fs::read_to_string(&config).unwrap().replacen(
                 &format!("url = \"{db_url}\"\n"),
                 &format!("url = \"{via}\"\npooler = \"transaction\"\n{listen_line}"),
@@ -1008,10 +1098,49 @@ impl Bench {
             let figures = self
                 .trickle_row(&db_url, queue, (100, Duration::from_secs(2)), &measure, "")
                 .await;
-            out.insert(format!("pgbouncer_{slug}{}", build.key), figures);
+            out.insert(
+                format!("pgbouncer_{slug}{}{}", build.key, round_key(&self.round)),
+                figures,
+            );
             terminate(&mut worker);
         }
         store.close().await;
+        self.round.clear();
+        if rounds > 1 {
+            let mut pooled = serde_json::Map::new();
+            for Pooled {
+                measure,
+                all: mut lat,
+                p99s,
+            } in std::mem::take(&mut self.trickles)
+            {
+                lat.sort();
+                let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
+                // The rounds' p99s in order: an even count's median is the
+                // mean of the middle two.
+                let mut p99s: Vec<f64> = p99s.iter().map(|d| ms(*d)).collect();
+                p99s.sort_by(f64::total_cmp);
+                let n = p99s.len();
+                let rounds_p99 = (p99s[(n - 1) / 2] + p99s[n / 2]) / 2.0;
+                self.row(
+                    &format!("{measure}, {rounds} rounds pooled"),
+                    format!("{:.1} / {:.1} / {:.1} ms", ms(p50), ms(p99), ms(max)),
+                    format!(
+                        "{} messages; the rounds' p99 median {:.2} ms",
+                        lat.len(),
+                        rounds_p99
+                    ),
+                );
+                pooled.insert(
+                    measure,
+                    json!({
+                        "messages": lat.len(), "p50_ms": ms(p50), "p99_ms": ms(p99), "max_ms": ms(max),
+                        "rounds_p99_median_ms": rounds_p99,
+                    }),
+                );
+            }
+            out.insert("pooled".into(), Value::Object(pooled));
+        }
         self.results.insert("latency".into(), Value::Object(out));
     }
 
@@ -2139,6 +2268,14 @@ struct Build {
     label: String,
     /// Added to the arm's JSON key ("" for this build).
     key: String,
+}
+
+/// A JSON key's suffix for section 2's round `label` (`", round 2"` →
+/// `"_round2"`; none with one round).
+fn round_key(label: &str) -> String {
+    label
+        .strip_prefix(", round ")
+        .map_or_else(String::new, |r| format!("_round{r}"))
 }
 
 /// This build, then each of `OUTBOXD_BENCH_BASELINE_BIN` (a comma-separated
