@@ -22,7 +22,9 @@
 //!    `OUTBOXD_BENCH_LATENCY_ONLY=postgresql|mariadb|sqlite|pgbouncer` for
 //!    one arm; `OUTBOXD_BENCH_LATENCY_REPEAT=N` runs the arms N rounds, the
 //!    builds' order swapped every round, and adds each trickle's figures
-//!    over the messages of all rounds);
+//!    over the messages of all rounds; `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1`
+//!    runs PostgreSQL's builds at once instead of in turn, each on a
+//!    database and a queue of its own);
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows: three
 //!    tables, their rounds interleaved;
@@ -849,6 +851,12 @@ impl Bench {
         note: &str,
     ) -> Value {
         let lat = trickle(db_url, &self.amqp_url, queue, rate, over).await;
+        self.trickle_figures(measure, note, lat)
+    }
+
+    /// A trickle's row and JSON figures from its sorted latencies `lat`,
+    /// which join `measure`'s pool across rounds.
+    fn trickle_figures(&mut self, measure: &str, note: &str, lat: Vec<Duration>) -> Value {
         let (p50, p99, max) = (pct(&lat, 0.5), pct(&lat, 0.99), *lat.last().unwrap());
         match self.trickles.iter_mut().find(|t| t.measure == measure) {
             Some(t) => {
@@ -903,7 +911,8 @@ impl Bench {
     /// and the median of its rounds' p99s: a p99 of one run's 500 messages
     /// moves by half a millisecond from one run to the next. Run a build
     /// against a copy of itself to see how far apart two arms of one build
-    /// land.
+    /// land. `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs PostgreSQL's builds
+    /// at once rather than in turn ([`Bench::latency_side_by_side`]).
     async fn latency(&mut self) {
         let arms = ["postgresql", "mariadb", "sqlite", "pgbouncer"];
         let only = std::env::var("OUTBOXD_BENCH_LATENCY_ONLY").ok();
@@ -929,17 +938,20 @@ impl Bench {
             }
             b
         };
-        let round = |r: usize| match rounds {
-            1 => String::new(),
-            _ => format!(", round {}", r + 1),
-        };
+        let round = |r: usize| round_label(r, rounds);
+        let side_by_side =
+            std::env::var("OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE").is_ok_and(|v| v == "1");
         self.trickles.clear();
         let (store, config, db_url) = self.fresh("outboxd_bench_lat", "").await;
         let queue = "bench-latency";
         self.declare_purged(queue).await;
         let mut out = serde_json::Map::new();
         let over = Duration::from_secs(if self.quick { 3 } else { 10 });
-        for r in (0..rounds).filter(|_| runs("postgresql")) {
+        if side_by_side && runs("postgresql") {
+            self.latency_side_by_side(&builds, rounds, over, &mut out)
+                .await;
+        }
+        for r in (0..rounds).filter(|_| runs("postgresql") && !side_by_side) {
             self.round = round(r);
             for build in order(r) {
                 let mut worker = spawn_bin(&build.bin, &config, &["--silent"], &[]);
@@ -1142,6 +1154,77 @@ impl Bench {
             out.insert("pooled".into(), Value::Object(pooled));
         }
         self.results.insert("latency".into(), Value::Object(out));
+    }
+
+    /// Section 2's PostgreSQL arm with `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1`:
+    /// every build at once, each a worker on a database and a queue of its
+    /// own (one PostgreSQL, one RabbitMQ), their trickles started together,
+    /// so that a slow minute of the machine falls on every build alike.
+    /// Taken in turn, a build's trickles and the next build's are 20 s
+    /// apart, and on these machines the same work costs every process
+    /// (PostgreSQL, RabbitMQ, the worker, this harness) up to 1.7 × as
+    /// much CPU in one minute as in the next, which moves a p99 more than
+    /// the builds differ. The builds together carry at most the load of
+    /// the busiest trickle taken in turn: each trickles at 50 msg/s, and
+    /// shares the 500 (two builds at 500 msg/s each saturate the two
+    /// cores: p99 4–56 ms).
+    async fn latency_side_by_side(
+        &mut self,
+        builds: &[Build],
+        rounds: usize,
+        over: Duration,
+        out: &mut serde_json::Map<String, Value>,
+    ) {
+        let mut arms = Vec::new();
+        for i in 0..builds.len() {
+            let name = format!("outboxd_bench_lat_side_{i}");
+            let (store, config, url) = self.fresh(&name, "").await;
+            let queue = format!("bench-latency-side-{i}");
+            self.declare_purged(&queue).await;
+            arms.push((name, store, config, url, queue));
+        }
+        let amqp_url = self.amqp_url.clone();
+        for r in 0..rounds {
+            self.round = round_label(r, rounds);
+            // The builds swap databases and queues (and which trickle
+            // starts first) from one round to the next.
+            let mut order: Vec<&Build> = builds.iter().collect();
+            if r % 2 == 1 {
+                order.reverse();
+            }
+            let mut workers: Vec<Child> = order
+                .iter()
+                .zip(&arms)
+                .map(|(build, (_, _, config, _, _))| {
+                    spawn_bin(&build.bin, config, &["--silent"], &[])
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            for rate in [50u64, 500] {
+                let each = rate.min(500 / builds.len() as u64);
+                let trickles = arms
+                    .iter()
+                    .map(|(_, _, _, url, queue)| trickle(url, &amqp_url, queue, each, over));
+                let lats = futures_util::future::join_all(trickles).await;
+                for (build, lat) in order.iter().zip(lats) {
+                    let measure = format!(
+                        "commit-to-queue latency{}, side by side, at {each} msg/s ({} together) (p50 / p99 / max)",
+                        build.label,
+                        each * order.len() as u64
+                    );
+                    let figures = self.trickle_figures(&measure, "builds at once", lat);
+                    out.insert(
+                        format!("{rate}_side_by_side{}{}", build.key, round_key(&self.round)),
+                        figures,
+                    );
+                }
+            }
+            workers.iter_mut().for_each(terminate);
+        }
+        for (name, store, ..) in arms {
+            store.close().await;
+            self.drop_database_on(Backend::Postgres, &name).await;
+        }
     }
 
     // ---------------------------------------------------------------- 3
@@ -2268,6 +2351,14 @@ struct Build {
     label: String,
     /// Added to the arm's JSON key ("" for this build).
     key: String,
+}
+
+/// Round `r`'s label in a run of `rounds` (none when there is one).
+fn round_label(r: usize, rounds: usize) -> String {
+    match rounds {
+        1 => String::new(),
+        _ => format!(", round {}", r + 1),
+    }
 }
 
 /// A JSON key's suffix for section 2's round `label` (`", round 2"` →
