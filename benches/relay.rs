@@ -929,15 +929,7 @@ impl Bench {
             .unwrap_or(1)
             .max(1);
         let builds = builds();
-        // Round r's builds, in order: as given in even rounds, reversed in
-        // odd ones.
-        let order = |r: usize| -> Vec<&Build> {
-            let mut b: Vec<&Build> = builds.iter().collect();
-            if r % 2 == 1 {
-                b.reverse();
-            }
-            b
-        };
+        let order = |r: usize| round_order(&builds, r);
         let round = |r: usize| round_label(r, rounds);
         let side_by_side =
             std::env::var("OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE").is_ok_and(|v| v == "1");
@@ -1188,10 +1180,7 @@ impl Bench {
             self.round = round_label(r, rounds);
             // The builds swap databases and queues (and which trickle
             // starts first) from one round to the next.
-            let mut order: Vec<&Build> = builds.iter().collect();
-            if r % 2 == 1 {
-                order.reverse();
-            }
+            let order = round_order(builds, r);
             let mut workers: Vec<Child> = order
                 .iter()
                 .zip(&arms)
@@ -2351,6 +2340,16 @@ struct Build {
     label: String,
     /// Added to the arm's JSON key ("" for this build).
     key: String,
+}
+
+/// Round `r`'s builds, in order: as given in even rounds, reversed in odd
+/// ones.
+fn round_order(builds: &[Build], r: usize) -> Vec<&Build> {
+    let mut order: Vec<&Build> = builds.iter().collect();
+    if r % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 /// Round `r`'s label in a run of `rounds` (none when there is one).
