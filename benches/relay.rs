@@ -20,11 +20,13 @@
 //!    `listen_url` and with polling (with `OUTBOXD_BENCH_BASELINE_BIN`,
 //!    each worker's figures again right after on that build;
 //!    `OUTBOXD_BENCH_LATENCY_ONLY=postgresql|mariadb|sqlite|pgbouncer` for
-//!    one arm; `OUTBOXD_BENCH_LATENCY_REPEAT=N` runs the arms N rounds, the
-//!    builds' order swapped every round, and adds each trickle's figures
-//!    over the messages of all rounds; `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1`
-//!    runs PostgreSQL's builds at once instead of in turn, each on a
-//!    database and a queue of its own);
+//!    one arm, or several comma-separated; `OUTBOXD_BENCH_LATENCY_REPEAT=N`
+//!    runs the arms N rounds, the builds' order swapped every round, and
+//!    adds each trickle's figures over the messages of all rounds;
+//!    `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs the builds at once
+//!    instead of in turn on PostgreSQL, MariaDB and SQLite, each on a
+//!    database and a queue of its own, and divides the other builds' p50
+//!    and p99 by this build's, with an interval over the rounds);
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows: three
 //!    tables, their rounds interleaved;
@@ -904,25 +906,29 @@ impl Bench {
     /// baseline shows it getting worse.
     ///
     /// `OUTBOXD_BENCH_LATENCY_ONLY=postgresql` (`mariadb`, `sqlite`,
-    /// `pgbouncer`) runs that arm only. `OUTBOXD_BENCH_LATENCY_REPEAT=N`
-    /// runs the arms N rounds, the builds' order swapped from one round to
-    /// the next (whichever runs second has, at times, the slower start),
-    /// and ends with each trickle's figures over all its rounds' messages
-    /// and the median of its rounds' p99s: a p99 of one run's 500 messages
+    /// `pgbouncer`, or several, comma-separated) runs those arms only.
+    /// `OUTBOXD_BENCH_LATENCY_REPEAT=N` runs the arms N rounds, the builds'
+    /// order swapped from one round to the next (whichever runs second has,
+    /// at times, the slower start), and ends with each trickle's figures
+    /// over all its rounds' messages and the median of its rounds' p99s: a p99 of one run's 500 messages
     /// moves by half a millisecond from one run to the next. Run a build
     /// against a copy of itself to see how far apart two arms of one build
-    /// land. `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs PostgreSQL's builds
-    /// at once rather than in turn ([`Bench::latency_side_by_side`]).
+    /// land. `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs the builds at once
+    /// rather than in turn on each database ([`Bench::latency_side_by_side`]);
+    /// PgBouncer's arms still run in turn.
     async fn latency(&mut self) {
         let arms = ["postgresql", "mariadb", "sqlite", "pgbouncer"];
-        let only = std::env::var("OUTBOXD_BENCH_LATENCY_ONLY").ok();
-        if let Some(o) = &only {
+        // A comma-separated list of arms.
+        let only: Option<Vec<String>> = std::env::var("OUTBOXD_BENCH_LATENCY_ONLY")
+            .ok()
+            .map(|o| o.split(',').map(str::to_ascii_lowercase).collect());
+        for o in only.iter().flatten() {
             assert!(
-                arms.iter().any(|a| a.eq_ignore_ascii_case(o)),
-                "OUTBOXD_BENCH_LATENCY_ONLY={o} names no arm (one of {arms:?}, any case)"
+                arms.contains(&o.as_str()),
+                "OUTBOXD_BENCH_LATENCY_ONLY names {o}, no arm (one of {arms:?}, any case)"
             );
         }
-        let runs = |arm: &str| only.as_deref().is_none_or(|o| o.eq_ignore_ascii_case(arm));
+        let runs = |arm: &str| only.as_ref().is_none_or(|o| o.iter().any(|o| o == arm));
         let rounds: usize = std::env::var("OUTBOXD_BENCH_LATENCY_REPEAT")
             .ok()
             .and_then(|r| r.parse().ok())
@@ -939,9 +945,17 @@ impl Bench {
         self.declare_purged(queue).await;
         let mut out = serde_json::Map::new();
         let over = Duration::from_secs(if self.quick { 3 } else { 10 });
-        if side_by_side && runs("postgresql") {
-            self.latency_side_by_side(&builds, rounds, over, &mut out)
-                .await;
+        if side_by_side {
+            for (arm, on) in [
+                ("postgresql", Backend::Postgres),
+                ("mariadb", Backend::MariaDb),
+                ("sqlite", Backend::Sqlite),
+            ] {
+                if runs(arm) {
+                    self.latency_side_by_side(on, &builds, rounds, over, &mut out)
+                        .await;
+                }
+            }
         }
         for r in (0..rounds).filter(|_| runs("postgresql") && !side_by_side) {
             self.round = round(r);
@@ -965,7 +979,7 @@ impl Bench {
         // the probe for added rows between polls (probe_interval, 5 ms by
         // default) and without it (0ms: the baseline). What the probe costs
         // is measured idle, where it is all the work there is.
-        if runs("mariadb") {
+        if runs("mariadb") && !side_by_side {
             let (my_store, my_config, my_url) = self
                 .fresh_on(Backend::MariaDb, "outboxd_bench_lat", "")
                 .await;
@@ -1037,7 +1051,7 @@ impl Bench {
         }
 
         // SQLite: no notifications either; polls and the probe, defaults.
-        if runs("sqlite") {
+        if runs("sqlite") && !side_by_side {
             let (lite_store, lite_config, lite_url) = self
                 .fresh_on(Backend::Sqlite, "outboxd_bench_lat", "")
                 .await;
@@ -1148,34 +1162,46 @@ impl Bench {
         self.results.insert("latency".into(), Value::Object(out));
     }
 
-    /// Section 2's PostgreSQL arm with `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1`:
+    /// Section 2's arm on `on` with `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1`:
     /// every build at once, each a worker on a database and a queue of its
-    /// own (one PostgreSQL, one RabbitMQ), their trickles started together,
-    /// so that a slow minute of the machine falls on every build alike.
-    /// Taken in turn, a build's trickles and the next build's are 20 s
-    /// apart, and on these machines the same work costs every process
-    /// (PostgreSQL, RabbitMQ, the worker, this harness) up to 1.7 × as
+    /// own (one database server, one RabbitMQ), their trickles started
+    /// together, so that a slow minute of the machine falls on every build
+    /// alike. Taken in turn, a build's trickles and the next build's are
+    /// 20 s apart, and on these machines the same work costs every process
+    /// (the database, RabbitMQ, the worker, this harness) up to 1.7 × as
     /// much CPU in one minute as in the next, which moves a p99 more than
     /// the builds differ. The builds together carry at most the load of
     /// the busiest trickle taken in turn: each trickles at 50 msg/s, and
     /// shares the 500 (two builds at 500 msg/s each saturate the two
-    /// cores: p99 4–56 ms).
+    /// cores: p99 4–56 ms). MariaDB and SQLite run with their defaults
+    /// (polling and the probe). With more than one round, each other
+    /// build's p50 and p99 over all rounds' messages are divided by this
+    /// build's, with an interval ([`paired_ratio`]).
     async fn latency_side_by_side(
         &mut self,
+        on: Backend,
         builds: &[Build],
         rounds: usize,
         over: Duration,
         out: &mut serde_json::Map<String, Value>,
     ) {
+        let (what, prefix) = match on {
+            Backend::Postgres => ("", ""),
+            Backend::MariaDb => (" on MariaDB (polling and probe)", "mariadb_"),
+            Backend::Sqlite => (" on SQLite (polling and probe)", "sqlite_"),
+        };
         let mut arms = Vec::new();
         for i in 0..builds.len() {
             let name = format!("outboxd_bench_lat_side_{i}");
-            let (store, config, url) = self.fresh(&name, "").await;
+            let (store, config, url) = self.fresh_on(on, &name, "").await;
             let queue = format!("bench-latency-side-{i}");
             self.declare_purged(&queue).await;
             arms.push((name, store, config, url, queue));
         }
         let amqp_url = self.amqp_url.clone();
+        // Each rate's latencies by build (as `builds` lists them), a
+        // vector per round.
+        let mut by_round: HashMap<(u64, usize), Vec<Vec<Duration>>> = HashMap::new();
         for r in 0..rounds {
             self.round = round_label(r, rounds);
             // The builds swap databases and queues (and which trickle
@@ -1197,22 +1223,57 @@ impl Bench {
                 let lats = futures_util::future::join_all(trickles).await;
                 for (build, lat) in order.iter().zip(lats) {
                     let measure = format!(
-                        "commit-to-queue latency{}, side by side, at {each} msg/s ({} together) (p50 / p99 / max)",
+                        "commit-to-queue latency{what}{}, side by side, at {each} msg/s ({} together) (p50 / p99 / max)",
                         build.label,
                         each * order.len() as u64
                     );
+                    let index = builds.iter().position(|b| std::ptr::eq(b, *build)).unwrap();
+                    by_round.entry((rate, index)).or_default().push(lat.clone());
                     let figures = self.trickle_figures(&measure, "builds at once", lat);
                     out.insert(
-                        format!("{rate}_side_by_side{}{}", build.key, round_key(&self.round)),
+                        format!(
+                            "{prefix}{rate}_side_by_side{}{}",
+                            build.key,
+                            round_key(&self.round)
+                        ),
                         figures,
                     );
                 }
             }
             workers.iter_mut().for_each(terminate);
         }
+        self.round.clear();
+        let compared = builds.iter().enumerate().skip(1).filter(|_| rounds > 1);
+        for (rate, (index, build)) in [50u64, 500]
+            .into_iter()
+            .flat_map(|rate| compared.clone().map(move |b| (rate, b)))
+        {
+            let each = rate.min(500 / builds.len() as u64);
+            let (this, other) = (&by_round[&(rate, 0)], &by_round[&(rate, index)]);
+            let mut figures = serde_json::Map::new();
+            for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
+                let (ratio, low, high) = paired_ratio(this, other, q);
+                self.row(
+                    &format!(
+                        "{name}{what}{} ÷ this build's, side by side, at {each} msg/s, {rounds} rounds",
+                        build.label
+                    ),
+                    format!("{ratio:.2} ×"),
+                    format!("90 % of the rounds resampled: {low:.2}–{high:.2} ×"),
+                );
+                figures.insert(
+                    name.into(),
+                    json!({ "ratio": ratio, "interval_90": [low, high] }),
+                );
+            }
+            out.insert(
+                format!("{prefix}{rate}_side_by_side{}_ratio", build.key),
+                Value::Object(figures),
+            );
+        }
         for (name, store, ..) in arms {
             store.close().await;
-            self.drop_database_on(Backend::Postgres, &name).await;
+            self.drop_database_on(on, &name).await;
         }
     }
 
@@ -2350,6 +2411,35 @@ fn round_order(builds: &[Build], r: usize) -> Vec<&Build> {
         order.reverse();
     }
     order
+}
+
+/// `other`'s `q` quantile over all its rounds' latencies divided by
+/// `this`'s (rounds run side by side, `this[i]` beside `other[i]`), and the
+/// 5th and 95th percentiles of that ratio over 2,000 resamples of the
+/// rounds, pairs kept together: how far the ratio would move had other
+/// rounds of the same machine been drawn.
+fn paired_ratio(this: &[Vec<Duration>], other: &[Vec<Duration>], q: f64) -> (f64, f64, f64) {
+    let quantile = |rounds: &[&Vec<Duration>]| {
+        let mut all: Vec<Duration> = rounds.iter().flat_map(|r| r.iter().copied()).collect();
+        all.sort_unstable();
+        pct(&all, q).as_secs_f64()
+    };
+    let ratio = |pick: &[usize]| {
+        let side =
+            |of: &[Vec<Duration>]| quantile(&pick.iter().map(|&i| &of[i]).collect::<Vec<_>>());
+        side(other) / side(this)
+    };
+    let n = this.len();
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut resampled: Vec<f64> = (0..2000)
+        .map(|_| ratio(&(0..n).map(|_| rng.usize(..n)).collect::<Vec<_>>()))
+        .collect();
+    resampled.sort_by(f64::total_cmp);
+    (
+        ratio(&(0..n).collect::<Vec<_>>()),
+        resampled[100],
+        resampled[1899],
+    )
 }
 
 /// Round `r`'s label in a run of `rounds` (none when there is one).
