@@ -1206,12 +1206,12 @@ impl Bench {
             self.round = round_label(r, rounds);
             // The builds swap databases and queues (and which trickle
             // starts first) from one round to the next.
-            let order = round_order(builds, r);
+            let order = round_indices(builds.len(), r);
             let mut workers: Vec<Child> = order
                 .iter()
                 .zip(&arms)
-                .map(|(build, (_, _, config, _, _))| {
-                    spawn_bin(&build.bin, config, &["--silent"], &[])
+                .map(|(&index, (_, _, config, _, _))| {
+                    spawn_bin(&builds[index].bin, config, &["--silent"], &[])
                 })
                 .collect();
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1221,13 +1221,13 @@ impl Bench {
                     .iter()
                     .map(|(_, _, _, url, queue)| trickle(url, &amqp_url, queue, each, over));
                 let lats = futures_util::future::join_all(trickles).await;
-                for (build, lat) in order.iter().zip(lats) {
+                for (&index, lat) in order.iter().zip(lats) {
+                    let build = &builds[index];
                     let measure = format!(
                         "commit-to-queue latency{what}{}, side by side, at {each} msg/s ({} together) (p50 / p99 / max)",
                         build.label,
                         each * order.len() as u64
                     );
-                    let index = builds.iter().position(|b| std::ptr::eq(b, *build)).unwrap();
                     by_round.entry((rate, index)).or_default().push(lat.clone());
                     let figures = self.trickle_figures(&measure, "builds at once", lat);
                     out.insert(
@@ -2406,7 +2406,15 @@ struct Build {
 /// Round `r`'s builds, in order: as given in even rounds, reversed in odd
 /// ones.
 fn round_order(builds: &[Build], r: usize) -> Vec<&Build> {
-    let mut order: Vec<&Build> = builds.iter().collect();
+    round_indices(builds.len(), r)
+        .into_iter()
+        .map(|i| &builds[i])
+        .collect()
+}
+
+/// [`round_order`] as indices into the `n` builds.
+fn round_indices(n: usize, r: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
     if r % 2 == 1 {
         order.reverse();
     }

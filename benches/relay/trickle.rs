@@ -168,7 +168,7 @@ pub(crate) async fn trickle_shaped(
         None => Vec::new(),
     };
     if let Ok(dir) = std::env::var("OUTBOXD_BENCH_TRICKLE_DUMP") {
-        dump(Path::new(&dir), rate, shape, &delivered);
+        dump(Path::new(&dir), (rate, queue), shape, &delivered);
     }
     let sorted = |mut v: Vec<Duration>| {
         v.sort();
@@ -192,10 +192,16 @@ pub(crate) async fn trickle_shaped(
 /// `INSERT` to its own, its `INSERT` → delivery, its commit → delivery;
 /// headed by the wall-clock time (Unix seconds) of the first `INSERT`, to
 /// line the trickle up with a server's log. One file per trickle,
-/// `trickle-<rate>-<relay|bare>-<Unix ms>.txt`: where a tail comes from
+/// `trickle-<rate>-<relay|bare>-<queue>-<Unix ms>.txt` (trickles run at
+/// once have their own queues): where a tail comes from
 /// (a stall of every bucket at once, or one bucket's queue; the start of
 /// the trickle, or throughout) shows in the file, not in a percentile.
-fn dump(dir: &Path, rate: u64, shape: Shape, delivered: &[(Instant, Instant, Instant)]) {
+fn dump(
+    dir: &Path,
+    (rate, queue): (u64, &str),
+    shape: Shape,
+    delivered: &[(Instant, Instant, Instant)],
+) {
     let Some(first) = delivered.iter().map(|&(_, began, _)| began).min() else {
         return;
     };
@@ -217,7 +223,10 @@ fn dump(dir: &Path, rate: u64, shape: Shape, delivered: &[(Instant, Instant, Ins
         text += &format!("{at:.3} {from_insert:.3} {from_commit:.3}\n");
     }
     let arm = if shape.bare { "bare" } else { "relay" };
-    let file = dir.join(format!("trickle-{rate}-{arm}-{}.txt", now.as_millis()));
+    let file = dir.join(format!(
+        "trickle-{rate}-{arm}-{queue}-{}.txt",
+        now.as_millis()
+    ));
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&file, text))
         .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
