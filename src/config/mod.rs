@@ -310,7 +310,9 @@ pub struct OutboxConfig {
     /// Rows claimed, published and recorded per round trip of one bucket.
     pub batch_size: u32,
     /// How long a drainer's claim holds its bucket against other claimers
-    /// after its last claim (renewed by every claim that finds rows).
+    /// after it was last written: taken, or renewed once less than
+    /// `amqp.confirm_timeout` + 1 s is left (`RelaySettings::claim_min_left`);
+    /// the claims in between write nothing.
     #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
     pub claim_ttl: Duration,
     /// How often a worker looks, in one query for all its buckets, for rows
