@@ -545,11 +545,16 @@ fn print_config(config: &Config, provenance: &Provenance) -> anyhow::Result<()> 
         v if v.is_empty() => "none".to_string(),
         v => v.join(", "),
     };
+    let cautions: String = config
+        .cautions()
+        .iter()
+        .map(|c| format!("\n# caution: {c}"))
+        .collect();
     crate::say!(
         "# outboxd: the effective configuration (defaults < file < environment < flags),\n\
          # passwords and the dashboard token redacted. Valid as a config file once the\n\
          # redacted secrets are filled in. Each value says where it came from.\n\
-         # Configuration file: {file}. Variables used: {variables}.\n\n{}",
+         # Configuration file: {file}. Variables used: {variables}.{cautions}\n\n{}",
         with_sources(&text, provenance).trim_end()
     );
     Ok(())

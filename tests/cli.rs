@@ -701,6 +701,38 @@ fn config_prints_toml_that_reads_back_the_same() {
     assert_eq!(again.database.pooler, outboxd::config::Pooler::Transaction);
 }
 
+/// A valid value that costs what nobody would choose knowingly is named
+/// in `outboxd config`'s output, as a TOML comment.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
+#[test]
+fn config_names_a_claim_ttl_that_leaves_no_claim_unwritten() {
+    let dir = temp_dir();
+    let out = run(
+        &["config"],
+        &[("OUTBOXD_AMQP__CONFIRM_TIMEOUT", "14s")],
+        &dir,
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains(
+            "\n# caution: outbox.claim_ttl (15s) is at most amqp.confirm_timeout + 1 s (15s): every claim writes its bucket's row"
+        ),
+        "{printed}"
+    );
+    outboxd::config::Config::from_toml(&printed).expect("the output is TOML");
+    let out = run(&["config"], &[], &dir);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("caution"));
+}
+
 on_every_db!(
     work_refuses_an_unmigrated_database,
     work_refuses_a_newer_schema,

@@ -588,6 +588,24 @@ impl Config {
         self.sources().map(drop)
     }
 
+    /// Values that are valid but cost what nobody would choose knowingly,
+    /// a sentence each: `outboxd config` prints them and `outboxd work`
+    /// logs them as warnings when it starts.
+    pub fn cautions(&self) -> Vec<String> {
+        let mut cautions = Vec::new();
+        // A drainer holds its claim without writing it for `claim_ttl`
+        // minus this (`RelaySettings::claim_min_left`).
+        let renewed_within = self.amqp.confirm_timeout + Duration::from_secs(1);
+        if self.outbox.claim_ttl <= renewed_within {
+            cautions.push(format!(
+                "outbox.claim_ttl ({}) is at most amqp.confirm_timeout + 1 s ({}): every claim writes its bucket's row; with a few seconds more a drainer claims without writing",
+                fmt_duration(self.outbox.claim_ttl),
+                fmt_duration(renewed_within)
+            ));
+        }
+        cautions
+    }
+
     /// Checks the values of this configuration, its sources aside.
     fn validate_one(&self) -> Result<(), ConfigError> {
         self.validate_connections()?;
@@ -1136,6 +1154,22 @@ mod tests {
         assert_eq!(c.outbox.idle_backoff_ms, 1000);
         assert_eq!(c.outbox.claim_ttl, Duration::from_secs(15));
         assert_eq!(c.outbox.retry_backoff, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_claim_ttl_that_leaves_no_claim_unwritten_is_a_caution() {
+        assert_eq!(Config::default().cautions(), Vec::<String>::new());
+        let cfg = Config::from_toml("[outbox]\nclaim_ttl = \"11s\"").unwrap();
+        cfg.validate().unwrap();
+        let cautions = cfg.cautions();
+        assert_eq!(cautions.len(), 1, "{cautions:?}");
+        assert!(
+            cautions[0]
+                .starts_with("outbox.claim_ttl (11s) is at most amqp.confirm_timeout + 1 s (11s)"),
+            "{cautions:?}"
+        );
+        let cfg = Config::from_toml("[outbox]\nclaim_ttl = \"12s\"").unwrap();
+        assert_eq!(cfg.cautions(), Vec::<String>::new());
     }
 
     #[test]

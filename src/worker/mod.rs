@@ -136,6 +136,9 @@ pub async fn run(
     opts: &WorkOptions,
     cancel: CancellationToken,
 ) -> Result<StatsSnapshot, WorkError> {
+    for caution in config.cautions() {
+        tracing::warn!("{caution}");
+    }
     let mut started = startup::start(config, opts).await?;
     let labels = started.partitioner.labels();
     let stats = Arc::new(RelayStats::counting_late_writes_in(
