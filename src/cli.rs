@@ -545,10 +545,19 @@ fn print_config(config: &Config, provenance: &Provenance) -> anyhow::Result<()> 
         v if v.is_empty() => "none".to_string(),
         v => v.join(", "),
     };
+    // Each source's, named when there are `[[source]]` entries.
+    let named = !config.source.is_empty();
     let cautions: String = config
-        .cautions()
+        .sources()
+        .unwrap_or_default()
         .iter()
-        .map(|c| format!("\n# caution: {c}"))
+        .flat_map(|s| {
+            let source = named.then(|| format!("source {}: ", s.name));
+            s.config
+                .cautions()
+                .into_iter()
+                .map(move |c| format!("\n# caution: {}{c}", source.as_deref().unwrap_or("")))
+        })
         .collect();
     crate::say!(
         "# outboxd: the effective configuration (defaults < file < environment < flags),\n\

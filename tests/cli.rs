@@ -731,6 +731,31 @@ fn config_names_a_claim_ttl_that_leaves_no_claim_unwritten() {
     let out = run(&["config"], &[], &dir);
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stdout).contains("caution"));
+    // With sources, each source's own values, the source named.
+    let file = dir.join("sources.toml");
+    std::fs::write(
+        &file,
+        "[[source]]\nname = \"orders\"\nurl = \"postgres://app@db/orders\"\n\
+         [source.outbox]\nclaim_ttl = \"11s\"\n\
+         [[source]]\nname = \"billing\"\nurl = \"postgres://app@db/billing\"\n",
+    )
+    .unwrap();
+    let out = run(&["--config", path_str(&file), "config"], &[], &dir);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cautions: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.starts_with("# caution:"))
+        .collect();
+    assert_eq!(cautions.len(), 1, "{printed}");
+    assert!(
+        cautions[0].starts_with("# caution: source orders: outbox.claim_ttl (11s) is at most"),
+        "{printed}"
+    );
 }
 
 on_every_db!(
