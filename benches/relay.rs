@@ -910,10 +910,11 @@ impl Bench {
     /// `OUTBOXD_BENCH_LATENCY_REPEAT=N` runs the arms N rounds, the builds'
     /// order swapped from one round to the next (whichever runs second has,
     /// at times, the slower start), and ends with each trickle's figures
-    /// over all its rounds' messages and the median of its rounds' p99s: a p99 of one run's 500 messages
-    /// moves by half a millisecond from one run to the next. Run a build
-    /// against a copy of itself to see how far apart two arms of one build
-    /// land. `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs the builds at once
+    /// over all its rounds' messages and the median of its rounds' p99s: a
+    /// p99 of one run's 500 messages moves by half a millisecond from one
+    /// run to the next. Run a build against a copy of itself to see how far
+    /// apart two arms of one build land.
+    /// `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs the builds at once
     /// rather than in turn on each database ([`Bench::latency_side_by_side`]);
     /// PgBouncer's arms still run in turn.
     async fn latency(&mut self) {

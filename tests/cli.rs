@@ -21,6 +21,17 @@ fn run(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> Output {
     cmd.output().unwrap()
 }
 
+/// Asserts `out` succeeded (showing its stderr if not) and returns its
+/// stdout.
+fn stdout_of_success(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Asserts a refusal: non-zero, exactly one line on stderr that contains
 /// `needle`, no panic, no secret.
 fn assert_one_line_error(out: &Output, needle: &str) {
@@ -188,12 +199,7 @@ fn secrets_come_from_files_and_an_unreadable_one_is_named() {
         ],
         &dir,
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = stdout_of_success(&out);
     assert!(
         stdout.contains("url = \"amqps://relay:***@mq.example/%2f\""),
         "{stdout}"
@@ -238,12 +244,7 @@ fn every_key_comes_from_the_environment_and_config_says_from_where() {
         ],
         &dir,
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = stdout_of_success(&out);
     for line in [
         "batch_size = 500  # environment (OUTBOXD_OUTBOX__BATCH_SIZE)",
         "pooler = \"transaction\"  # environment (OUTBOXD_DATABASE__POOLER)",
@@ -681,12 +682,7 @@ fn config_prints_toml_that_reads_back_the_same() {
     )
     .unwrap();
     let out = run(&["--config", path_str(&file), "config"], &[], &dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed = String::from_utf8_lossy(&out.stdout);
+    let printed = stdout_of_success(&out);
     assert!(!printed.contains("hunter2"), "{printed}");
     let mut again = outboxd::config::Config::from_toml(&printed).expect("the output is TOML");
     assert_eq!(again.database.url, "postgres://app:***@db:6432/app");
@@ -715,12 +711,7 @@ fn config_names_a_claim_ttl_that_leaves_no_claim_unwritten() {
         &[("OUTBOXD_AMQP__CONFIRM_TIMEOUT", "14s")],
         &dir,
     );
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let printed = stdout_of_success(&out);
     assert!(
         printed.contains(
             "\n# caution: outbox.claim_ttl (15s) is at most amqp.confirm_timeout + 1 s (15s): every claim writes its bucket's row"
@@ -741,12 +732,7 @@ fn config_names_a_claim_ttl_that_leaves_no_claim_unwritten() {
     )
     .unwrap();
     let out = run(&["--config", path_str(&file), "config"], &[], &dir);
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let printed = stdout_of_success(&out);
     let cautions: Vec<&str> = printed
         .lines()
         .filter(|l| l.starts_with("# caution:"))
