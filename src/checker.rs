@@ -97,6 +97,17 @@ impl Checker {
         self.duplicates
     }
 
+    /// What arrived so far, as the demo consumer prints it after its
+    /// count: `(distinct …, duplicates …), order violations …`.
+    pub fn tally(&self) -> String {
+        format!(
+            "(distinct {}, duplicates {}), order violations {}",
+            self.unique(),
+            self.duplicates(),
+            self.violations().len()
+        )
+    }
+
     pub fn violations(&self) -> &[OrderViolation] {
         &self.violations
     }

@@ -71,7 +71,7 @@ pub enum Command {
     Repartition(crate::ops::RepartitionArgs),
     /// Demo producer: enqueue order events for many keys
     Produce(demo::ProduceArgs),
-    /// Demo consumer: read a queue and check per-key order and loss
+    /// Demo consumer: read a queue or a stream and check per-key order, repeats and loss
     Consume(demo::ConsumeArgs),
     /// Print the bucket label of each message key
     Partition {

@@ -300,6 +300,31 @@ async fn streams_declare_creates_the_configured_streams_once() {
     );
 }
 
+/// `outboxd consume` on a stream of `amqp.streams` that does not exist
+/// says how to create it (the stream it does read: `tests/tour.rs`).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs RabbitMQ: scripts/test.sh runs it"
+)]
+#[test]
+fn consume_names_a_stream_that_does_not_exist() {
+    let missing = unique("missing");
+    let out = std::process::Command::new(common::BIN)
+        .args(["consume", "--queue", &missing])
+        .env("OUTBOXD_AMQP__STREAM_URL", common::streams::stream_url())
+        .env("OUTBOXD_AMQP__STREAMS", &missing)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "stream \"{missing}\" does not exist: create it (outboxd streams declare {missing})"
+        )),
+        "{stderr}"
+    );
+}
+
 // ------------------------------------------------------------ the relay
 
 /// Starts a worker whose rows for `stream` go there.
