@@ -25,6 +25,8 @@ pub struct StreamReader {
     _link: StreamLink,
     client: Arc<StreamClient>,
     subscription: Subscription,
+    /// Chunks read whose credit is not given back yet.
+    owed: u16,
     pub checker: Checker,
 }
 
@@ -55,24 +57,31 @@ impl StreamReader {
             _link: link,
             client,
             subscription,
+            owed: 0,
             checker: Checker::default(),
         })
     }
 
     /// Reads the next chunk the broker sends (waiting for one while the
-    /// stream holds nothing newer).
+    /// stream holds nothing newer). Cancel-safe: a chunk is checked as
+    /// soon as it is taken, and the credit it used is given back on the
+    /// next call, however the last one ended.
     pub async fn next(&mut self) -> anyhow::Result<()> {
+        if self.owed > 0 {
+            self.client.credit(self.subscription.id, self.owed).await?;
+            self.owed = 0;
+        }
         let chunk = self
             .subscription
             .chunks
             .recv()
             .await
             .context("the stream connection closed")?;
+        self.owed += 1;
         for message in &chunk.messages {
             let (key, id) = row_of(message)?;
             self.checker.observe(key, id);
         }
-        self.client.credit(self.subscription.id, 1).await?;
         Ok(())
     }
 
