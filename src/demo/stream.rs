@@ -22,7 +22,7 @@ const CREDIT: u16 = 10;
 /// Reads one stream and checks what it holds.
 pub struct StreamReader {
     /// The connection's link (`amqp.stream_url`, TLS as configured).
-    _link: StreamLink,
+    link: StreamLink,
     client: Arc<StreamClient>,
     subscription: Subscription,
     /// Chunks read whose credit is not given back yet.
@@ -54,7 +54,7 @@ impl StreamReader {
                 e => anyhow::anyhow!("reading stream {stream:?}: {e}"),
             })?;
         Ok(Self {
-            _link: link,
+            link,
             client,
             subscription,
             owed: 0,
@@ -88,7 +88,7 @@ impl StreamReader {
     /// Ends the subscription and the connection.
     pub async fn close(self) {
         let _ = self.client.unsubscribe(self.subscription.id).await;
-        drop(self._link);
+        drop(self.link);
         if let Ok(client) = Arc::try_unwrap(self.client) {
             client.close().await;
         }
