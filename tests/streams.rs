@@ -531,6 +531,48 @@ async fn a_row_for_a_missing_stream_is_parked_with_a_clear_error(db: Db) {
     assert!(worker.terminate(Duration::from_secs(10)).success());
 }
 
+/// A bucket whose rows all go to a stream claims `outbox.stream_batch_size`
+/// rows after its first batch; one whose rows go to a queue keeps to
+/// `outbox.batch_size`. 3,000 rows of one key: into the stream in four
+/// batches (100, then 1,000 at a time), each row once and in order; into a
+/// queue in 30 of 100. (Batches, not claims: on PostgreSQL each row's
+/// notification may wake a claim that finds nothing.)
+async fn a_bucket_draining_into_a_stream_takes_stream_batch_size_rows(db: Db) {
+    let env = TestEnv::with(Tuning::default().on(db)).await;
+    let url = common::streams::stream_url();
+    let stream = new_stream(&url).await;
+    let queue = unique("q");
+    let mut reader = QueueReader::open(&amqp_url(), &queue).await.unwrap();
+    let args = ["--no-leasing", "--silent", "--ui", "127.0.0.1:0"];
+    let mut worker = stream_worker(&env, &url, &stream, &args);
+    let base = wait_for_dashboard_url(&worker);
+    let one_key = ["one".to_string()];
+    let batches_of = async |to: &str| {
+        let before = metric(&base, "outboxd_publish_seconds_count").await;
+        env.db.exec(&plain_insert(&one_key, to, 3_000)).await;
+        wait_drained(&env, Duration::from_secs(60)).await;
+        metric(&base, "outboxd_publish_seconds_count").await - before
+    };
+    let into_stream = batches_of(&stream).await;
+    assert_each_row_once(&env, &url, &stream, "3,000 rows of one key").await;
+    let into_queue = batches_of(&queue).await;
+    println!(
+        "3,000 rows of one key: {into_stream} batches into a stream, {into_queue} into a queue"
+    );
+    assert_eq!(
+        (into_stream, into_queue),
+        (4.0, 30.0),
+        "batches into a stream, into a queue:\n{}",
+        worker.log_text()
+    );
+    let arrived = reader
+        .read_until(Duration::from_secs(20), |c| c.unique() >= 3_000)
+        .await
+        .unwrap();
+    assert!(arrived, "the queue's rows arrived");
+    assert!(worker.terminate(Duration::from_secs(10)).success());
+}
+
 /// SIGKILL a random worker of three every 3 s, restarting it at once,
 /// while producers write several transactions at once: every kill leaves
 /// rows the broker stored and the database never recorded, and buckets
@@ -855,5 +897,6 @@ on_every_db!(
     a_stream_broker_killed_twice_delivers_each_row_once,
     rows_reach_a_stream_once_even_when_every_record_was_lost,
     a_row_for_a_missing_stream_is_parked_with_a_clear_error,
+    a_bucket_draining_into_a_stream_takes_stream_batch_size_rows,
     sigkill_storm_into_a_stream_delivers_each_row_once,
 );

@@ -1,6 +1,7 @@
 //! Section 15 (`--only streams`): the relay into a RabbitMQ stream, beside
-//! what bounds it, in the same run. Per round and per batch size (100, the
-//! default, and 1,000), six arms in turn, their order alternating:
+//! what bounds it, in the same run. Per round and per batch size (100 and
+//! 1,000; every arm's worker claims that many rows at a time, to a stream
+//! as to a queue), six arms in turn, their order alternating:
 //!
 //! - **bare stream publisher** — the ceiling: no database; this process
 //!   sends the same messages (built by the relay's own
@@ -35,8 +36,14 @@
 //! that sum: 0.75 × the bare publisher is within reach only where the sum
 //! is at most 1.33 ÷ the bare publisher's rate.
 //!
-//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, a seventh arm: the
-//! relay to a stream on that build, in the same rounds.
+//! At batch 100 one more arm: **relay to a stream at the defaults** —
+//! claims of `outbox.batch_size` (100), then of `outbox.stream_batch_size`
+//! (1,000) while a bucket's rows go to streams — against the queue at
+//! batch 100, which is the queue's default.
+//!
+//! With `OUTBOXD_BENCH_BASELINE_BIN=<another outboxd>`, one more arm: the
+//! relay to a stream on that build, in the same rounds, given
+//! `outbox.batch_size` alone.
 //!
 //! Then the trickle: 50 messages a second, one per transaction, timed
 //! from just before the `INSERT` to the delivery, to a stream (a
@@ -50,8 +57,8 @@
 //! question were created takes, for one bucket and for 16 at once.
 //!
 //! Targets (issue text, same run): relay to a stream ≥ 0.75 × the bare
-//! stream publisher and ≥ 3 × the relay to a queue; the trickle's p99 to a
-//! stream within 1.5 × the queue's.
+//! stream publisher and ≥ 3 × the relay to a queue (each at its defaults);
+//! the trickle's p99 to a stream within 1.5 × the queue's.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -60,7 +67,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
-use outboxd::config::Config;
+use outboxd::config::{Config, DEFAULT_BATCH_SIZE};
 use outboxd::partitioner::Partitioner;
 use outboxd::producer::{Message, Producer};
 use outboxd::relay::RelaySettings;
@@ -118,16 +125,42 @@ const QUEUE: usize = 2;
 const CLAIM_AND_RECORD: usize = 3;
 const DELETING: usize = 4;
 const INSIDE: usize = 5;
-const BASELINE: usize = 6;
-const ARM_NAMES: [&str; 7] = [
+const DEFAULTS: usize = 6;
+const BASELINE: usize = 7;
+const ARM_NAMES: [&str; 8] = [
     "bare stream publisher",
     "relay to a stream",
     "relay to a queue",
     "claim and record alone",
     "relay to a stream, rows deleted on publish",
     "the database alone, inside PostgreSQL",
+    "relay to a stream at the defaults",
     "relay to a stream, baseline build",
 ];
+
+/// How many rows an arm's worker claims at a time.
+#[derive(Clone, Copy)]
+enum Claims {
+    /// `batch` rows whatever the sink (`outbox.batch_size` and
+    /// `outbox.stream_batch_size`): the sweep compares arms at one size.
+    Each(u32),
+    /// `outbox.batch_size` alone, for a build that may not know
+    /// `outbox.stream_batch_size` (one that does claims that many while
+    /// its rows go to streams).
+    BatchSize(u32),
+    /// The defaults: 100, then 1,000 while a bucket's rows go to streams.
+    Defaults,
+}
+
+impl Claims {
+    fn toml(self) -> String {
+        match self {
+            Claims::Each(b) => format!("batch_size = {b}\nstream_batch_size = {b}\n"),
+            Claims::BatchSize(b) => format!("batch_size = {b}\n"),
+            Claims::Defaults => String::new(),
+        }
+    }
+}
 
 /// An arm's rate, and the busy share of the machine's cores meanwhile.
 #[derive(Clone, Copy)]
@@ -208,25 +241,42 @@ impl Bench {
         let this = std::path::Path::new(super::BIN);
         let mut out = serde_json::Map::new();
         for batch in batches {
-            let arms = if baseline.is_some() { 7 } else { 6 };
-            let mut measured: Vec<Vec<Arm>> = vec![Vec::new(); arms];
+            let mut arms: Vec<usize> = (BARE..=INSIDE).collect();
+            // The queue at batch 100 runs at its defaults, so does this arm.
+            let defaults = batch == DEFAULT_BATCH_SIZE;
+            if defaults {
+                arms.push(DEFAULTS);
+            }
+            if baseline.is_some() {
+                arms.push(BASELINE);
+            }
+            let mut measured: Vec<Vec<Arm>> = vec![Vec::new(); ARM_NAMES.len()];
+            let each_batch = Claims::Each(batch);
             for round in 0..rounds {
-                let mut order: Vec<usize> = (0..arms).collect();
+                let mut order = arms.clone();
                 if round % 2 == 1 {
                     order.reverse();
                 }
                 for arm in order {
                     let result = match arm {
                         BARE => self.bare_stream(&url, n, batch).await,
-                        STREAM => self.relay_to(this, Some(&url), n, batch, KEPT).await,
-                        QUEUE => self.relay_to(this, None, n, batch, KEPT).await,
+                        STREAM => self.relay_to(this, Some(&url), n, each_batch, KEPT).await,
+                        QUEUE => self.relay_to(this, None, n, each_batch, KEPT).await,
                         CLAIM_AND_RECORD => self.claim_and_record(n, batch).await,
-                        DELETING => self.relay_to(this, Some(&url), n, batch, DELETED).await,
+                        DELETING => {
+                            self.relay_to(this, Some(&url), n, each_batch, DELETED)
+                                .await
+                        }
                         INSIDE => self.inside_the_database(n, batch).await,
+                        DEFAULTS => {
+                            self.relay_to(this, Some(&url), n, Claims::Defaults, KEPT)
+                                .await
+                        }
                         _ => {
                             let bin = baseline.as_deref().map(std::path::Path::new);
-                            let bin = bin.expect("a seventh arm only with a baseline build");
-                            self.relay_to(bin, Some(&url), n, batch, KEPT).await
+                            let bin = bin.expect("this arm only with a baseline build");
+                            let claims = Claims::BatchSize(batch);
+                            self.relay_to(bin, Some(&url), n, claims, KEPT).await
                         }
                     };
                     println!(
@@ -246,11 +296,7 @@ impl Bench {
             let (bare, stream, queue) = (rates(BARE), rates(STREAM), rates(QUEUE));
             let (database, deleting, inside) =
                 (rates(CLAIM_AND_RECORD), rates(DELETING), rates(INSIDE));
-            let stream_baseline = if arms > BASELINE {
-                rates(BASELINE)
-            } else {
-                Vec::new()
-            };
+            let (at_defaults, stream_baseline) = (rates(DEFAULTS), rates(BASELINE));
             let each = |a: &[f64], b: &[f64]| {
                 a.iter()
                     .zip(b)
@@ -289,8 +335,27 @@ impl Bench {
             self.row(
                 &format!("streams, batch {batch}: relay to a stream ÷ to a queue"),
                 format!("{of_queue:.2} x"),
-                format!("rounds {}, target >= 3", each(&stream, &queue)),
+                format!("rounds {}", each(&stream, &queue)),
             );
+            if defaults {
+                self.row(
+                    "streams, at the defaults: relay to a stream ÷ bare",
+                    format!("{:.2} x", ratios(&at_defaults, &bare)),
+                    format!(
+                        "rounds {}, target >= 0.75 (bare: batch {batch} in flight)",
+                        each(&at_defaults, &bare)
+                    ),
+                );
+                self.row(
+                    "streams, at the defaults: relay to a stream ÷ to a queue",
+                    format!("{:.2} x", ratios(&at_defaults, &queue)),
+                    format!(
+                        "rounds {}, target >= 3; to a stream ÷ to a stream at batch {batch} {:.2} x",
+                        each(&at_defaults, &queue),
+                        ratios(&at_defaults, &stream)
+                    ),
+                );
+            }
             let started = |arm: usize| {
                 measured[arm]
                     .iter()
@@ -382,8 +447,10 @@ impl Bench {
                         "relay_queue": busy_of(QUEUE), "claim_and_record": busy_of(CLAIM_AND_RECORD),
                         "relay_stream_deleting": busy_of(DELETING),
                         "inside_the_database": busy_of(INSIDE),
+                        "relay_stream_at_the_defaults": busy_of(DEFAULTS),
                     },
                     "relay_stream_baseline": stream_baseline,
+                    "relay_stream_at_the_defaults": at_defaults,
                     "with_the_start": {
                         "relay_stream": stream_started, "relay_queue": queue_started,
                         "relay_stream_deleting": started(DELETING),
@@ -620,7 +687,7 @@ impl Bench {
         bin: &std::path::Path,
         stream_url: Option<&str>,
         n: usize,
-        batch: u32,
+        claims: Claims,
         keep_published: bool,
     ) -> Arm {
         let client = match stream_url {
@@ -635,7 +702,10 @@ impl Bench {
                 queue
             }
         };
-        let toml = format!("\n[outbox]\nbatch_size = {batch}\nkeep_published = {keep_published}\n");
+        let toml = format!(
+            "\n[outbox]\n{}keep_published = {keep_published}\n",
+            claims.toml()
+        );
         let (store, config, _) = self
             .fresh_on(Backend::Postgres, "outboxd_bench_streams", &toml)
             .await;

@@ -36,6 +36,7 @@ pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub const DEFAULT_PARTITION_COUNT: u32 = 16;
 pub const DEFAULT_BATCH_SIZE: u32 = 100;
+pub const DEFAULT_STREAM_BATCH_SIZE: u32 = 1000;
 pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_IDLE_BACKOFF_MS: u64 = 1000;
 pub const DEFAULT_RETRY_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
@@ -309,6 +310,11 @@ pub struct OutboxConfig {
     pub partition_count: u32,
     /// Rows claimed, published and recorded per round trip of one bucket.
     pub batch_size: u32,
+    /// Rows claimed per round trip of one bucket while its rows go to
+    /// streams: after a batch whose every row went to a stream, the next
+    /// claim asks for this many (a drain into a stream is bound by the
+    /// database's cost per statement, not by the broker).
+    pub stream_batch_size: u32,
     /// How long a drainer's claim holds its bucket against other claimers
     /// after it was last written: taken, or renewed once less than
     /// `amqp.confirm_timeout` + 1 s is left (`RelaySettings::claim_min_left`);
@@ -439,6 +445,7 @@ impl Default for OutboxConfig {
         Self {
             partition_count: DEFAULT_PARTITION_COUNT,
             batch_size: DEFAULT_BATCH_SIZE,
+            stream_batch_size: DEFAULT_STREAM_BATCH_SIZE,
             claim_ttl: DEFAULT_CLAIM_TTL,
             idle_backoff_ms: DEFAULT_IDLE_BACKOFF_MS,
             retry_backoff_initial: DEFAULT_RETRY_BACKOFF_INITIAL,
@@ -690,6 +697,15 @@ impl Config {
             return Err(invalid(
                 "outbox.batch_size",
                 format!("({}) must be between 1 and {MAX_BATCH_SIZE}", o.batch_size),
+            ));
+        }
+        if !(1..=MAX_BATCH_SIZE).contains(&o.stream_batch_size) {
+            return Err(invalid(
+                "outbox.stream_batch_size",
+                format!(
+                    "({}) must be between 1 and {MAX_BATCH_SIZE}",
+                    o.stream_batch_size
+                ),
             ));
         }
         positive("outbox.claim_ttl", o.claim_ttl)?;
@@ -1196,6 +1212,9 @@ mod tests {
             )
         );
         assert!(problem("[outbox]\nbatch_size = 0").starts_with("outbox.batch_size"));
+        assert!(
+            problem("[outbox]\nstream_batch_size = 10001").starts_with("outbox.stream_batch_size")
+        );
         assert!(problem("[worker]\nname = \"a\\nb\"").starts_with("worker.name"));
         assert!(problem("[outbox]\npartition_count = 0").starts_with("outbox.partition_count"));
         assert!(problem("[tables]\noutbox = \"drop table x;\"").starts_with("tables.outbox"));

@@ -31,6 +31,10 @@
 //! id that committed late is taken at its place, ahead of the rows after
 //! it.
 //!
+//! A claim asks for `batch_size` rows, or `stream_batch_size` after a
+//! batch whose every row went to a stream ([`BucketDrainer::batch_limit`]);
+//! a batch is *full* when it holds as many rows as its claim asked for.
+//!
 //! After a failure the bucket is *careful*: it claims one row at a time,
 //! without reading ahead, until one succeeds, so a failing head is retried
 //! alone and nothing queues up in flight behind it. The failed row keeps its
@@ -83,8 +87,13 @@ pub(crate) struct BucketDrainer {
     /// start of the last claim that took or renewed it. Until then a claim
     /// is a read alone (`store::outbox::Claim::held`).
     held_until: Mutex<Option<Instant>>,
-    /// The next batch, read while the current one was being confirmed.
-    next: Option<Vec<ClaimedMessage>>,
+    /// The next batch, read while the current one was being confirmed,
+    /// and how many rows its claim asked for.
+    next: Option<(Vec<ClaimedMessage>, u32)>,
+    /// Every row of the last batch went to a stream, and no claim has
+    /// found the bucket empty since: the next claim asks for
+    /// `stream_batch_size` rows instead of `batch_size`.
+    streaming: bool,
     /// Ids of the last confirmed batch, recorded during the next round.
     unrecorded: Option<Vec<i64>>,
     /// The highest id sent to a de-duplicating sink under the lease, and
@@ -136,6 +145,7 @@ impl BucketDrainer {
             token: ClaimToken::new(),
             held_until: Mutex::new(None),
             next: None,
+            streaming: false,
             unrecorded: None,
             deduplicated_sent: 0,
             settled_up_to: AtomicI64::new(0),
@@ -264,10 +274,10 @@ impl BucketDrainer {
         let Some(session) = self.usable_session().await else {
             return Ok(Step::Cancelled);
         };
-        let rows = match self.next.take() {
-            Some(rows) if !rows.is_empty() => rows,
+        let (rows, asked) = match self.next.take() {
+            Some((rows, asked)) if !rows.is_empty() => (rows, asked),
             _ => match self.record_and_claim().await {
-                Ok(rows) => rows,
+                Ok(claimed) => claimed,
                 Err(e) => {
                     self.session = Some(session);
                     return Err(e);
@@ -275,11 +285,14 @@ impl BucketDrainer {
             },
         };
         if rows.is_empty() {
+            self.streaming = false;
             self.end_inheritance().await;
             self.session = Some(session);
             return Ok(Step::Idle);
         }
         self.ctx.stats.add_claimed(rows.len());
+        self.streaming =
+            self.ctx.sink.deduplicates_any() && rows.iter().all(|r| self.ctx.sink.deduplicates(r));
 
         let limits = PublishLimits {
             max_payload_bytes: self.ctx.settings.max_payload_bytes,
@@ -308,7 +321,7 @@ impl BucketDrainer {
         // than the limit: only a full batch suggests more is ready, and a
         // trickle then costs no extra claim per message.
         let previous = self.unrecorded.take();
-        let read_ahead = !self.careful && rows.len() >= self.ctx.settings.batch_size as usize;
+        let read_ahead = !self.careful && rows.len() >= asked as usize;
         let database = async {
             let record = async {
                 match &previous {
@@ -330,9 +343,10 @@ impl BucketDrainer {
                 .copied()
                 .chain(rows.iter().map(|r| r.id))
                 .collect();
-            let claim = self.claim(self.ctx.settings.batch_size, &skip);
+            let limit = self.batch_limit();
+            let claim = self.claim(limit, &skip);
             let (recorded, next) = tokio::join!(record, claim);
-            next.ok().filter(|_| recorded)
+            next.ok().filter(|_| recorded).map(|rows| (rows, limit))
         };
         let (outcome, next) = tokio::join!(publish, database);
         self.trace(&rows, &outcome, wall_start);
@@ -341,7 +355,7 @@ impl BucketDrainer {
             None => {
                 self.unrecorded = Some(ids);
                 // (A careful round asked for one row only.)
-                self.drained = !self.careful && rows.len() < self.ctx.settings.batch_size as usize;
+                self.drained = !self.careful && rows.len() < asked as usize;
                 self.next = next;
                 self.careful = false;
                 self.session = Some(session);
@@ -399,6 +413,23 @@ impl BucketDrainer {
         self.ctx.tracer.record(spans);
     }
 
+    /// How many rows the next claim asks for: one while careful, and while
+    /// the bucket's rows go to streams `stream_batch_size`. A drain into a
+    /// stream is bound by the database, whose cost is much of it per
+    /// statement, not by the broker: larger claims pay there (BENCHMARKS.md,
+    /// section 15). The first batch after a start, after the bucket was
+    /// found drained, or after one with a row for a queue, is `batch_size`.
+    fn batch_limit(&self) -> u32 {
+        let settings = &self.ctx.settings;
+        if self.careful {
+            1
+        } else if self.streaming {
+            settings.stream_batch_size
+        } else {
+            settings.batch_size
+        }
+    }
+
     /// Claims up to `limit` ready rows of the bucket, skipping `in_flight`.
     async fn claim(
         &self,
@@ -438,26 +469,23 @@ impl BucketDrainer {
     /// of what follows them. After a short batch, while notifications
     /// announce every row, the record runs alone unless a row was announced
     /// meanwhile: a trickle costs one claim per message, not two.
-    async fn record_and_claim(&mut self) -> Result<Vec<ClaimedMessage>, StoreError> {
-        let limit = if self.careful {
-            1
-        } else {
-            self.ctx.settings.batch_size
-        };
+    async fn record_and_claim(&mut self) -> Result<(Vec<ClaimedMessage>, u32), StoreError> {
+        let limit = self.batch_limit();
         let previous = self.unrecorded.take().unwrap_or_default();
         if std::mem::take(&mut self.drained) && !self.wake.may_have_more() {
             if self.record_published(&previous).await {
-                return Ok(Vec::new());
+                return Ok((Vec::new(), limit));
             }
-            return self.claim(limit, &[]).await;
+            return Ok((self.claim(limit, &[]).await?, limit));
         }
         let record = async { self.record_published(&previous).await };
         let (recorded, claimed) = tokio::join!(record, self.claim(limit, &previous));
         self.starting = None;
-        match claimed {
+        let rows = match claimed {
             Ok(_) if !recorded => self.claim(limit, &[]).await,
             claimed => claimed,
-        }
+        };
+        Ok((rows?, limit))
     }
 
     /// Counts rows up to `id` as recorded, and tells the lease whether

@@ -42,6 +42,8 @@ pub use wakeups::Wakeups;
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
     pub batch_size: u32,
+    /// The claim's size after a batch whose every row went to a stream.
+    pub stream_batch_size: u32,
     pub claim_ttl: Duration,
     /// A claim held with at least this left is not renewed
     /// ([`crate::store::outbox::Claim::min_left`]): a second more than a
@@ -59,6 +61,7 @@ impl RelaySettings {
     pub fn from_config(c: &Config) -> Self {
         Self {
             batch_size: c.outbox.batch_size,
+            stream_batch_size: c.outbox.stream_batch_size,
             claim_ttl: c.outbox.claim_ttl,
             claim_min_left: (c.amqp.confirm_timeout + Duration::from_secs(1))
                 .min(c.outbox.claim_ttl),
