@@ -693,20 +693,16 @@ impl Config {
                 ),
             ));
         }
-        if !(1..=MAX_BATCH_SIZE).contains(&o.batch_size) {
-            return Err(invalid(
-                "outbox.batch_size",
-                format!("({}) must be between 1 and {MAX_BATCH_SIZE}", o.batch_size),
-            ));
-        }
-        if !(1..=MAX_BATCH_SIZE).contains(&o.stream_batch_size) {
-            return Err(invalid(
-                "outbox.stream_batch_size",
-                format!(
-                    "({}) must be between 1 and {MAX_BATCH_SIZE}",
-                    o.stream_batch_size
-                ),
-            ));
+        for (key, size) in [
+            ("outbox.batch_size", o.batch_size),
+            ("outbox.stream_batch_size", o.stream_batch_size),
+        ] {
+            if !(1..=MAX_BATCH_SIZE).contains(&size) {
+                return Err(invalid(
+                    key,
+                    format!("({size}) must be between 1 and {MAX_BATCH_SIZE}"),
+                ));
+            }
         }
         positive("outbox.claim_ttl", o.claim_ttl)?;
         if o.claim_ttl <= self.amqp.confirm_timeout {
