@@ -309,20 +309,51 @@ async fn streams_declare_creates_the_configured_streams_once() {
 #[test]
 fn consume_names_a_stream_that_does_not_exist() {
     let missing = unique("missing");
+    consume_refused(
+        &missing,
+        &missing,
+        &format!(
+            "stream \"{missing}\" does not exist: create it (outboxd streams declare {missing})"
+        ),
+    );
+}
+
+/// Runs `outboxd consume --queue <queue>` with `amqp.streams = [streams]`
+/// and checks that it fails, saying `says`.
+fn consume_refused(queue: &str, streams: &str, says: &str) {
     let out = std::process::Command::new(common::BIN)
-        .args(["consume", "--queue", &missing])
+        .args(["consume", "--queue", queue])
         .env("OUTBOXD_AMQP__STREAM_URL", common::streams::stream_url())
-        .env("OUTBOXD_AMQP__STREAMS", &missing)
+        .env("OUTBOXD_AMQP__STREAMS", streams)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "stream \"{missing}\" does not exist: create it (outboxd streams declare {missing})"
-        )),
-        "{stderr}"
+    assert!(stderr.contains(says), "{stderr}");
+}
+
+/// `outboxd consume` on a stream left out of `amqp.streams` says to list
+/// it (RabbitMQ refuses the queue's declaration); a quorum queue it reads
+/// as it is.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn consume_names_an_unlisted_stream_and_reads_a_quorum_queue() {
+    let stream = new_stream(&common::streams::stream_url()).await;
+    consume_refused(
+        &stream,
+        "",
+        &format!("{stream:?} is a stream: list it in amqp.streams (OUTBOXD_AMQP__STREAMS)"),
     );
+    let quorum = unique("quorum");
+    let declared = QueueReader::open_quorum(&amqp_url(), &quorum)
+        .await
+        .unwrap();
+    let reader = QueueReader::open(&amqp_url(), &quorum).await;
+    assert!(reader.is_ok(), "{:?}", reader.err());
+    drop((declared, reader));
 }
 
 // ------------------------------------------------------------ the relay

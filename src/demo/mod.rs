@@ -152,7 +152,10 @@ pub async fn consume(
     if config.amqp.streams.contains(&args.queue) {
         return read_stream(config, args, cancel).await;
     }
-    let mut reader = QueueReader::open(&config.amqp.url, &args.queue).await?;
+    let mut reader = match QueueReader::open(&config.amqp.url, &args.queue).await {
+        Ok(reader) => reader,
+        Err(e) => return Err(unlisted_stream(config, &args.queue, e).await),
+    };
     let mut report = tokio::time::interval(Duration::from_secs(5));
     report.tick().await;
     loop {
@@ -171,6 +174,25 @@ pub async fn consume(
     reader.ack_taken().await;
     crate::say!("{}", reader.summary());
     Ok(())
+}
+
+/// `e`, the refusal of `queue`'s declaration, with a hint when `queue` is
+/// a stream not listed in `amqp.streams`: RabbitMQ refuses a queue's
+/// declaration of an existing queue whose arguments differ, naming one of
+/// them, and the stream port tells whether it is a stream.
+async fn unlisted_stream(config: &Config, queue: &str, e: anyhow::Error) -> anyhow::Error {
+    if !e.to_string().contains("inequivalent arg") || config.amqp.stream_url.trim().is_empty() {
+        return e;
+    }
+    match StreamReader::open(&config.amqp, queue).await {
+        Ok(reader) => {
+            reader.close().await;
+            anyhow::anyhow!(
+                "{queue:?} is a stream: list it in amqp.streams (OUTBOXD_AMQP__STREAMS) to read it from its first offset ({e})"
+            )
+        }
+        Err(_) => e,
+    }
 }
 
 /// How long a stream's reader reads on after the messages it expected:

@@ -1,7 +1,10 @@
 //! The demo consumer's queue reader, also the tests' way to read what a
 //! worker published to a queue: it consumes, acknowledges in batches from
 //! a task of its own ([`Acks`]), and feeds every delivery to the
-//! [`Checker`].
+//! [`Checker`]. It declares the queue durable when it is missing and
+//! consumes a queue of another type (a quorum queue) as it is; a stream is
+//! not read as a queue (`outboxd consume` reads the streams of
+//! `amqp.streams`, and names one left out of them).
 
 use std::time::Duration;
 
@@ -85,6 +88,22 @@ impl Acks {
     }
 }
 
+/// The type of an existing queue that a declaration of another type was
+/// refused for, from the broker's reply: "PRECONDITION_FAILED -
+/// inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received
+/// none but current is the value 'stream' of type 'longstr'".
+fn declared_type(e: &lapin::Error) -> Option<String> {
+    let lapin::ErrorKind::ProtocolError(amqp) = e.kind() else {
+        return None;
+    };
+    let message = amqp.get_message().to_string();
+    if !message.contains("'x-queue-type'") {
+        return None;
+    }
+    let (_, current) = message.split_once("current is the value '")?;
+    current.split_once('\'').map(|(kind, _)| kind.to_string())
+}
+
 /// One delivery as the log keeps it.
 #[derive(Debug, Clone)]
 pub struct Delivered {
@@ -138,9 +157,28 @@ impl QueueReader {
         let conn = Connection::connect(url, ConnectionProperties::default())
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", Redacted(url)))?;
-        let ch = conn.create_channel().await?;
-        ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args.clone())
-            .await?;
+        let mut ch = conn.create_channel().await?;
+        if let Err(e) = ch
+            .queue_declare(queue.into(), QueueDeclareOptions::durable(), args.clone())
+            .await
+        {
+            match declared_type(&e).as_deref() {
+                // Another difference, or a stream, which is not read as a
+                // queue (`outboxd consume` names a stream it was not told of).
+                None | Some("stream") => return Err(e.into()),
+                // Another type (a quorum queue): consumed as it is, on a
+                // channel of its own (the refusal closed this one).
+                Some(_) => {
+                    ch = conn.create_channel().await?;
+                    let passive = QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    };
+                    ch.queue_declare(queue.into(), passive, FieldTable::default())
+                        .await?;
+                }
+            }
+        }
         ch.basic_qos(1000, BasicQosOptions::default()).await?;
         let consumer = ch
             .basic_consume(
