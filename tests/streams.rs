@@ -20,6 +20,7 @@ use outboxd::amqp::{HEADER_ID, HEADER_PARTITION_KEY};
 use outboxd::demo::QueueReader;
 use outboxd::producer::Message as Row;
 use outboxd::stream::gather::Gather;
+use outboxd::stream::lookup::{self, LOOKUP_MARGIN, Rows};
 use outboxd::stream::{
     Confirm, Message, OffsetSpecification, SimpleValue, StreamClient, StreamUrl,
 };
@@ -205,6 +206,72 @@ async fn look_ups_asked_at_once_share_one_read_and_answer_each_bucket() {
     assert_eq!(gather.reads(), 2);
 
     client.delete_stream(&stream).await.unwrap();
+}
+
+/// A takeover's look-up whose read starts after rows the stream holds, as
+/// when the database's clock runs more than `LOOKUP_MARGIN` ahead of the
+/// broker's: it reads again from further back, for a bucket whose later
+/// rows follow that start and for one of which nothing does, rather than
+/// take the rows for never sent (and send them again).
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn a_look_up_that_starts_after_stored_rows_reads_from_further_back() {
+    let client = StreamClient::connect(&stream_url(), WAIT).await.unwrap();
+    let stream = unique("outbox-stream");
+    let retention = HashMap::from([("max-length-bytes".to_string(), "10000000".to_string())]);
+    client.create_stream(&stream, retention).await.unwrap();
+    let mut producer = client
+        .declare_publisher(Some(&unique("source/all")), &stream)
+        .await
+        .unwrap();
+    let mut store = async |ids: std::ops::RangeInclusive<u64>, bucket: &str| {
+        let messages: Vec<_> = ids.map(|id| row_message(bucket, id)).collect();
+        let count = messages.len();
+        client.publish(producer.id, messages).await.unwrap();
+        confirmed(&mut producer.confirms, count).await;
+    };
+    // Rows 1-5 of p01 and 6-10 of p02; a second later the database's
+    // clock reads `between`; a second after, rows 11-15 of p01.
+    store(1..=5, "p01").await;
+    store(6..=10, "p02").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let between = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store(11..=15, "p01").await;
+    // The rows in doubt, the oldest created (by a clock ahead of the
+    // broker's) so that a read from the margin starts at `between`.
+    let oldest = between + LOOKUP_MARGIN;
+    let mut from_margin = client
+        .subscribe(
+            &stream,
+            OffsetSpecification::Timestamp(between.timestamp_millis()),
+            1,
+        )
+        .await
+        .unwrap();
+    let chunk = tokio::time::timeout(WAIT, from_margin.chunks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        chunk.messages.first().and_then(|m| m.data()),
+        Some(&b"m11"[..]),
+        "a read from the margin starts at row 11: the broker's clock agrees with this host's"
+    );
+    client.unsubscribe(from_margin.id).await.unwrap();
+    let wanted: Rows = HashMap::from([
+        ("p01".to_string(), (1..=5).chain(11..=15).collect()),
+        ("p02".to_string(), (6..=10).collect()),
+    ]);
+    let found = lookup::stored_among(&client, &stream, &wanted, oldest, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(found, wanted, "every stored row found");
+    client.delete_stream(&stream).await.unwrap();
+    client.close().await;
 }
 
 #[cfg_attr(

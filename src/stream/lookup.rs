@@ -24,13 +24,19 @@ use crate::amqp::{HEADER_ID, HEADER_PARTITION_KEY};
 /// difference between the database's clock and the broker's.
 pub const LOOKUP_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
-/// Where a read starts again, before the oldest row's creation, when
-/// nothing at all followed [`LOOKUP_MARGIN`]: a broker whose clock is
-/// behind the database's (a clock stepped forward under the broker's
-/// Erlang VM, which catches up by 0.6 s a minute) stamped the rows earlier
-/// than they were created. (A read that finds nothing ends after waiting
-/// for a chunk: one more wait, only then.)
-const FURTHER_BACK: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+/// Where a read starts again, before the oldest row's creation, when the
+/// read from [`LOOKUP_MARGIN`] before it started too late: a broker whose
+/// clock is behind the database's (a clock stepped forward under the
+/// broker's Erlang VM, which catches up by 0.6 s a minute) stamped the
+/// rows earlier than they were created. A read started too late when
+/// nothing at all followed its start, or when a bucket has a row not found
+/// and the read's first message of that bucket has a higher id or there is
+/// none ([`Read::started_late`]). (A read that finds nothing ends after
+/// waiting for a chunk: one more wait, only then.)
+const FURTHER_BACK: [chrono::TimeDelta; 2] = [
+    chrono::TimeDelta::minutes(2),
+    chrono::TimeDelta::minutes(10),
+];
 
 /// Why a read did not finish.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -55,7 +61,7 @@ pub type Rows = HashMap<String, HashSet<u64>>;
 /// The ids among `wanted` (rows by bucket, the oldest of them created at
 /// `oldest`) that `stream` holds. It is read from [`LOOKUP_MARGIN`] before
 /// `oldest` (a row is stored after its insert) up to its end as it is now
-/// — from further back ([`FURTHER_BACK`]) when nothing follows that start
+/// — from further back ([`FURTHER_BACK`]) when that read started too late
 /// — each chunk awaited at most `wait`: the caller knows that whatever was
 /// sent of them lies below that end. One read answers for every bucket in
 /// `wanted` ([`super::gather`] gathers the buckets that ask at once).
@@ -79,23 +85,66 @@ pub async fn stored_among(
         // everything), and holds none of them.
         Err(_) => return Ok(Rows::new()),
     };
-    for margin in [LOOKUP_MARGIN, FURTHER_BACK] {
+    let furthest = FURTHER_BACK[FURTHER_BACK.len() - 1];
+    for margin in std::iter::once(LOOKUP_MARGIN).chain(FURTHER_BACK) {
         let from = OffsetSpecification::Timestamp((oldest - margin).timestamp_millis());
-        if let Some(found) = read(client, stream, wanted, from, end, wait).await? {
-            return Ok(found);
+        let Some(read) = read(client, stream, wanted, from, end, wait).await? else {
+            continue;
+        };
+        match read.started_late(wanted) {
+            Some(bucket) if margin < furthest => tracing::info!(
+                stream,
+                bucket,
+                "the read from {} s before the rows were created holds none of a bucket's rows \
+                 below one not found: reading again from further back (the broker's clock behind the database's?)",
+                margin.num_seconds()
+            ),
+            _ => return Ok(read.found),
         }
     }
     // Nothing from the furthest start on: those rows are sent again
     // rather than lost.
     tracing::warn!(
         stream,
-        "the stream holds nothing from {FURTHER_BACK:?} before the rows were created; taking them for rows never sent"
+        "the stream holds nothing from {} s before the rows were created; taking them for rows never sent",
+        furthest.num_seconds()
     );
     Ok(Rows::new())
 }
 
-/// The ids among `wanted` that `stream` holds from `from` up to the offset
-/// `end`; `None` when nothing at all came from `from` on.
+/// What one read found.
+struct Read {
+    /// The ids among those wanted that the stream holds.
+    found: Rows,
+    /// The id of the read's first message of each bucket asked about.
+    first: HashMap<String, u64>,
+}
+
+impl Read {
+    /// A bucket whose rows may have been stored before the read's start:
+    /// it has a row not found, and the read holds no message of the bucket
+    /// or its first has a higher id. A bucket's producer stores ids in
+    /// rising order, so a row it stored lies before the first message the
+    /// read holds with a higher id. (A row that committed after higher
+    /// ids were stored, and was not sent yet, looks the same: then the
+    /// read starts again from further back for nothing.)
+    fn started_late<'w>(&self, wanted: &'w Rows) -> Option<&'w str> {
+        wanted.iter().find_map(|(bucket, ids)| {
+            let found = self.found.get(bucket);
+            let lowest_missing = ids
+                .iter()
+                .filter(|id| !found.is_some_and(|found| found.contains(id)))
+                .min()?;
+            match self.first.get(bucket) {
+                Some(first) if first <= lowest_missing => None,
+                _ => Some(bucket.as_str()),
+            }
+        })
+    }
+}
+
+/// What `stream` holds of `wanted` from `from` up to the offset `end`;
+/// `None` when nothing at all came from `from` on.
 async fn read(
     client: &StreamClient,
     stream: &str,
@@ -103,9 +152,10 @@ async fn read(
     from: OffsetSpecification,
     end: u64,
     wait: Duration,
-) -> Result<Option<Rows>, LookupError> {
+) -> Result<Option<Read>, LookupError> {
     let all: usize = wanted.values().map(HashSet::len).sum();
     let mut found = Rows::new();
+    let mut first = HashMap::new();
     let mut found_count = 0;
     let mut reader = client
         .subscribe(stream, from, 4)
@@ -119,14 +169,19 @@ async fn read(
                 read += chunk.len();
                 let next = chunk.next_offset();
                 for (bucket, id) in chunk.messages.iter().filter_map(row_of) {
-                    if wanted.get(bucket).is_some_and(|ids| ids.contains(&id))
-                        && found.entry(bucket.to_string()).or_default().insert(id)
+                    let Some(ids) = wanted.get(bucket) else {
+                        continue;
+                    };
+                    if !first.contains_key(bucket) {
+                        first.insert(bucket.to_string(), id);
+                    }
+                    if ids.contains(&id) && found.entry(bucket.to_string()).or_default().insert(id)
                     {
                         found_count += 1;
                     }
                 }
                 if next >= end || found_count == all {
-                    break Ok(Some(found));
+                    break Ok(Some(Read { found, first }));
                 }
                 if let Err(e) = client.credit(reader.id, 1).await {
                     break Err(LookupError::Credit(e));
