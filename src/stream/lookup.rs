@@ -86,21 +86,35 @@ pub async fn stored_among(
         Err(_) => return Ok(Rows::new()),
     };
     let furthest = FURTHER_BACK[FURTHER_BACK.len() - 1];
+    // What the reads so far found; a read from further back stops where
+    // the one before it started.
+    let mut later: Option<Read> = None;
     for margin in std::iter::once(LOOKUP_MARGIN).chain(FURTHER_BACK) {
         let from = OffsetSpecification::Timestamp((oldest - margin).timestamp_millis());
-        let Some(read) = read(client, stream, wanted, from, end, wait).await? else {
+        let until = later.as_ref().map_or(end, |later| later.start);
+        let Some(read) = read(client, stream, wanted, from, until, wait).await? else {
             continue;
         };
+        let read = match later.take() {
+            Some(later) => read.followed_by(later),
+            None => read,
+        };
         match read.started_late(wanted) {
-            Some(bucket) if margin < furthest => tracing::info!(
-                stream,
-                bucket,
-                "the read from {} s before the rows were created holds none of a bucket's rows \
-                 below one not found: reading again from further back (the broker's clock behind the database's?)",
-                margin.num_seconds()
-            ),
+            Some(bucket) if margin < furthest => {
+                tracing::info!(
+                    stream,
+                    bucket,
+                    "the read from {} s before the rows were created holds none of a bucket's rows \
+                     below one not found: reading from further back (the broker's clock behind the database's?)",
+                    margin.num_seconds()
+                );
+                later = Some(read);
+            }
             _ => return Ok(read.found),
         }
+    }
+    if let Some(read) = later {
+        return Ok(read.found);
     }
     // Nothing from the furthest start on: those rows are sent again
     // rather than lost.
@@ -112,8 +126,10 @@ pub async fn stored_among(
     Ok(Rows::new())
 }
 
-/// What one read found.
+/// What a read found.
 struct Read {
+    /// The offset it started at.
+    start: u64,
     /// The ids among those wanted that the stream holds.
     found: Rows,
     /// The id of the read's first message of each bucket asked about.
@@ -127,7 +143,7 @@ impl Read {
     /// rising order, so a row it stored lies before the first message the
     /// read holds with a higher id. (A row that committed after higher
     /// ids were stored, and was not sent yet, looks the same: then the
-    /// read starts again from further back for nothing.)
+    /// stream is read from further back for nothing.)
     fn started_late<'w>(&self, wanted: &'w Rows) -> Option<&'w str> {
         wanted.iter().find_map(|(bucket, ids)| {
             let found = self.found.get(bucket);
@@ -141,10 +157,23 @@ impl Read {
             }
         })
     }
+
+    /// This read, from further back, and `later`, the read that started
+    /// where this one stopped, as one.
+    fn followed_by(mut self, later: Read) -> Read {
+        for (bucket, ids) in later.found {
+            self.found.entry(bucket).or_default().extend(ids);
+        }
+        for (bucket, id) in later.first {
+            self.first.entry(bucket).or_insert(id);
+        }
+        self
+    }
 }
 
-/// What `stream` holds of `wanted` from `from` up to the offset `end`;
-/// `None` when nothing at all came from `from` on.
+/// What `stream` holds of `wanted` from `from` up to the offset `end`
+/// (the chunk that holds it read whole); `None` when nothing at all came
+/// from `from` on.
 async fn read(
     client: &StreamClient,
     stream: &str,
@@ -156,6 +185,7 @@ async fn read(
     let all: usize = wanted.values().map(HashSet::len).sum();
     let mut found = Rows::new();
     let mut first = HashMap::new();
+    let mut start = None;
     let mut found_count = 0;
     let mut reader = client
         .subscribe(stream, from, 4)
@@ -167,6 +197,7 @@ async fn read(
         match tokio::time::timeout(wait, reader.chunks.recv()).await {
             Ok(Some(chunk)) => {
                 read += chunk.len();
+                start.get_or_insert(chunk.first_offset);
                 let next = chunk.next_offset();
                 for (bucket, id) in chunk.messages.iter().filter_map(row_of) {
                     let Some(ids) = wanted.get(bucket) else {
@@ -181,7 +212,12 @@ async fn read(
                     }
                 }
                 if next >= end || found_count == all {
-                    break Ok(Some(Read { found, first }));
+                    let start = start.unwrap_or(chunk.first_offset);
+                    break Ok(Some(Read {
+                        start,
+                        found,
+                        first,
+                    }));
                 }
                 if let Err(e) = client.credit(reader.id, 1).await {
                     break Err(LookupError::Credit(e));
