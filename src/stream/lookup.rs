@@ -197,7 +197,7 @@ async fn read(
         match tokio::time::timeout(wait, reader.chunks.recv()).await {
             Ok(Some(chunk)) => {
                 read += chunk.len();
-                start.get_or_insert(chunk.first_offset);
+                let began = *start.get_or_insert(chunk.first_offset);
                 let next = chunk.next_offset();
                 for (bucket, id) in chunk.messages.iter().filter_map(row_of) {
                     let Some(ids) = wanted.get(bucket) else {
@@ -212,9 +212,8 @@ async fn read(
                     }
                 }
                 if next >= end || found_count == all {
-                    let start = start.unwrap_or(chunk.first_offset);
                     break Ok(Some(Read {
-                        start,
+                        start: began,
                         found,
                         first,
                     }));
