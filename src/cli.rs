@@ -24,7 +24,7 @@ pub struct Cli {
     /// Configuration file [default: config/outboxd.toml if it exists, else built-in defaults]
     #[arg(long, global = true, env = "OUTBOXD_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Database URL: postgres://, mysql:// or mariadb:// (overrides DATABASE_URL and the file)
+    /// Database URL: postgres://, mysql://, mariadb:// or sqlite:// (overrides DATABASE_URL and the file)
     #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
     /// RabbitMQ URL: amqp:// or amqps://, several separated by commas (overrides AMQP_URL and the file)
