@@ -314,7 +314,10 @@ async fn the_image_builds_runs_as_its_user_and_drains_from_inside() {
 /// environment): its init container migrates a fresh database and the
 /// worker's /readyz answers 200. The same Pod without the fsGroup and with
 /// the Secret at 0400 — what an earlier manifest shipped — cannot read its
-/// Secret and exits 2 (a crash loop in a cluster).
+/// Secret and exits 2 (a crash loop in a cluster). With the manifests'
+/// stream lines uncommented, as docs/streams.md's users do, the worker
+/// reads the stream port from the Secret and is ready once it reaches it;
+/// with that port closed it is not.
 #[cfg_attr(
     not(feature = "services"),
     ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
@@ -326,16 +329,16 @@ async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
         ..Tuning::default()
     })
     .await;
-    let pod = |extra: &[&str]| -> serde_json::Value {
+    let kit = |deployment: &Path, configmap: &Path, extra: &[&str]| -> serde_json::Value {
         let root = env.dir.join(unique("pod"));
         let out = Command::new("bash")
             .arg(repo_dir().join("scripts/k8s-validate.sh"))
             .arg("--pod")
+            .arg("--deployment")
+            .arg(deployment)
+            .arg("--configmap")
+            .arg(configmap)
             .args([
-                "--deployment",
-                "deploy/kubernetes/deployment.yaml",
-                "--configmap",
-                "deploy/kubernetes/configmap.yaml",
                 "--root",
                 root.to_str().unwrap(),
                 "--bin",
@@ -356,6 +359,9 @@ async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     };
+    let deployment = repo_dir().join("deploy/kubernetes/deployment.yaml");
+    let configmap = repo_dir().join("deploy/kubernetes/configmap.yaml");
+    let pod = |extra: &[&str]| kit(&deployment, &configmap, extra);
     let shipped = pod(&[]);
     println!("as shipped: {shipped}");
     assert_eq!(shipped["init"][0]["name"], "migrate", "{shipped}");
@@ -371,4 +377,100 @@ async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
         "{said}"
     );
     assert_eq!(old["ready"], false, "{old}");
+
+    // The stream lines, uncommented.
+    let streaming_deployment = env.dir.join(unique("deployment")).with_extension("yaml");
+    let streaming_configmap = env.dir.join(unique("configmap")).with_extension("yaml");
+    std::fs::write(
+        &streaming_deployment,
+        uncommented(
+            &deployment,
+            &[
+                "OUTBOXD_AMQP__STREAM_URL_FILE",
+                "secrets/stream-url",
+                "key: stream-url",
+                "path: stream-url",
+            ],
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &streaming_configmap,
+        uncommented(&configmap, &["[amqp]", "streams = ["]),
+    )
+    .unwrap();
+    let valid = Command::new("bash")
+        .arg(repo_dir().join("scripts/k8s-validate.sh"))
+        .args([&streaming_deployment, &streaming_configmap])
+        .current_dir(repo_dir())
+        .output()
+        .unwrap();
+    assert!(
+        valid.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&valid.stdout),
+        String::from_utf8_lossy(&valid.stderr)
+    );
+    let streams = common::streams::stream_url();
+    let with_streams = kit(
+        &streaming_deployment,
+        &streaming_configmap,
+        &["--secret", &format!("stream-url={streams}")],
+    );
+    println!("with streams: {with_streams}");
+    assert_eq!(with_streams["ready"], true, "{with_streams}");
+    // A port nothing listens on once the probe's listener is dropped.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed = format!("rabbitmq-stream://guest:guest@127.0.0.1:{port}/%2f");
+    let unreachable = kit(
+        &streaming_deployment,
+        &streaming_configmap,
+        &[
+            "--secret",
+            &format!("stream-url={closed}"),
+            "--timeout",
+            "8",
+        ],
+    );
+    println!("with the stream port closed: {unreachable}");
+    assert_eq!(unreachable["ready"], false, "{unreachable}");
+    let said = unreachable["stderr"].as_str().unwrap();
+    assert!(said.contains("cannot reach the stream port"), "{said}");
+}
+
+/// `path`'s text with each commented line that holds one of `markers`
+/// uncommented (its `# ` removed, the indentation kept); every marker must
+/// be found.
+fn uncommented(path: &Path, markers: &[&str]) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut found = vec![false; markers.len()];
+    let mut out = String::new();
+    for line in text.lines() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        match (
+            body.strip_prefix("# "),
+            markers.iter().position(|m| body.contains(m)),
+        ) {
+            (Some(rest), Some(i)) => {
+                found[i] = true;
+                out.push_str(indent);
+                out.push_str(rest);
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    for (marker, found) in markers.iter().zip(found) {
+        assert!(
+            found,
+            "no commented line with {marker:?} in {}",
+            path.display()
+        );
+    }
+    out
 }
