@@ -83,6 +83,29 @@ pub enum Command {
     Config,
 }
 
+impl Command {
+    /// Whether the command connects to the broker, and so needs what
+    /// [`Config::validate_broker`] checks: the dashboard, `migrate` and the
+    /// commands that only read or change the database run without the
+    /// broker's files and stream port. `config` checks as a worker would.
+    pub fn uses_broker(&self) -> bool {
+        match self {
+            Command::Work(_)
+            | Command::Streams { .. }
+            | Command::Repartition(_)
+            | Command::Produce(_)
+            | Command::Consume(_)
+            | Command::Config => true,
+            Command::Migrate { .. }
+            | Command::Ui { .. }
+            | Command::Status(_)
+            | Command::Failed { .. }
+            | Command::Purge(_)
+            | Command::Partition { .. } => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct WorkArgs {
     /// Single-worker development mode: drain every bucket without leases.
@@ -354,6 +377,9 @@ pub fn load_config(cli: &Cli) -> Result<(Config, Provenance), ConfigError> {
         flag("dashboard.listen", name);
     }
     config.validate()?;
+    if cli.command.uses_broker() {
+        config.validate_broker()?;
+    }
     Ok((config, provenance))
 }
 

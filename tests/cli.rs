@@ -600,6 +600,67 @@ async fn no_leasing_refuses_to_start_while_another_worker_is_live(db: Db) {
     );
 }
 
+/// The commands that only read or change the database run with what only
+/// the broker needs missing — a CA file that is not there, streams without
+/// the stream port — so an init container or a dashboard that shares the
+/// workers' configuration need not hold the broker's secrets; a worker
+/// given the same configuration refuses it, naming each key in turn.
+#[cfg_attr(
+    not(feature = "services"),
+    ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
+)]
+#[tokio::test]
+async fn database_commands_run_without_the_broker_s_files_and_stream_port() {
+    let env = TestEnv::with(Tuning {
+        migrate: false,
+        ..Tuning::default()
+    })
+    .await;
+    let shared = std::fs::read_to_string(&env.config_path).unwrap();
+    let streams = shared.replacen("[amqp]\n", "[amqp]\nstreams = [\"orders\"]\n", 1);
+    assert_ne!(streams, shared);
+    let both = format!("{streams}\n[amqp.tls]\nca_file = \"/nonexistent/ca.pem\"\n");
+    let config = env.dir.join("without-the-broker.toml");
+    std::fs::write(&config, &both).unwrap();
+
+    for args in [&["migrate"][..], &["status"], &["partition", "order-1"]] {
+        let out = env.command_with(&config, args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (mut ui, url) = spawn_ui(&env, &config);
+    // It reads the database the migrate above set up: 16 buckets.
+    let parts = http("GET", &format!("{url}/outbox/api/partitions"), &[], None).await;
+    assert_eq!(parts.status, 200, "{}", parts.body);
+    assert_eq!(
+        parts.json().as_array().map(Vec::len),
+        Some(16),
+        "{}",
+        parts.body
+    );
+    assert!(ui.terminate(std::time::Duration::from_secs(10)).success());
+
+    let out = env
+        .command_with(&config, &["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "amqp.tls.ca_file (/nonexistent/ca.pem): cannot read");
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::write(&config, &streams).unwrap();
+    let out = env
+        .command_with(&config, &["work", "--no-leasing", "--once"])
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        "amqp.streams names [\"orders\"], but amqp.stream_url is empty",
+    );
+    assert_eq!(out.status.code(), Some(2));
+}
+
 /// A log pipe that closes (a collector restarted, `| head`) must not turn
 /// into a worker that ignores SIGTERM. It did: tracing-subscriber reported
 /// the failed write with `eprintln!`, which panicked whichever task logged

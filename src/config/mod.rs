@@ -590,9 +590,57 @@ impl Config {
 
     /// Checks every value, every source's too; the first problem found is
     /// returned.
+    /// What only a command that connects to the broker needs is checked
+    /// apart, by [`Config::validate_broker`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_one()?;
         self.sources().map(drop)
+    }
+
+    /// What only a command that connects to the broker needs, for every
+    /// source: the `[amqp.tls]` files readable now, and the stream port
+    /// set when `amqp.streams` names streams. The dashboard, `migrate` and
+    /// the other commands that only read or change the database run
+    /// without them, so a deployment need not hand them the broker's
+    /// secrets.
+    pub fn validate_broker(&self) -> Result<(), ConfigError> {
+        if self.source.is_empty() {
+            return self.validate_broker_one();
+        }
+        for source in self.sources()? {
+            source
+                .config
+                .validate_broker_one()
+                .map_err(|e| ConfigError::Source {
+                    name: source.name.clone(),
+                    error: Box::new(e),
+                })?;
+        }
+        Ok(())
+    }
+
+    fn validate_broker_one(&self) -> Result<(), ConfigError> {
+        let files = self.amqp.tls.client_tls().files;
+        let named = [
+            ("amqp.tls.ca_file", &files.ca_file),
+            ("amqp.tls.cert_file", &files.cert_file),
+            ("amqp.tls.key_file", &files.key_file),
+        ];
+        for (key, path) in named {
+            if let Some(path) = path {
+                readable(key, &path.display().to_string())?;
+            }
+        }
+        if !self.amqp.streams.is_empty() && self.amqp.stream_url.trim().is_empty() {
+            return Err(invalid(
+                "amqp.streams",
+                format!(
+                    "names {:?}, but amqp.stream_url is empty: set it to the broker's stream port, e.g. rabbitmq-stream://user:password@host:5552/",
+                    self.amqp.streams
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Values that are valid but cost what nobody would choose knowingly,
@@ -899,8 +947,9 @@ fn validate_url(key: &'static str, raw: &str, schemes: &[&str]) -> Result<(), Co
     Ok(())
 }
 
-/// `amqp.stream_url` and `amqp.streams`: streams need the stream port;
-/// a stream name is named once and is a valid name.
+/// `amqp.stream_url` and `amqp.streams`: a stream name is named once and
+/// is a valid name (that streams need the stream port is
+/// [`Config::validate_broker`]'s).
 fn validate_streams(amqp: &AmqpConfig) -> Result<(), ConfigError> {
     let url = amqp.stream_url.trim();
     if !url.is_empty() {
@@ -909,15 +958,6 @@ fn validate_streams(amqp: &AmqpConfig) -> Result<(), ConfigError> {
             url,
             &["rabbitmq-stream", "rabbitmq-stream+tls"],
         )?;
-    }
-    if !amqp.streams.is_empty() && url.is_empty() {
-        return Err(invalid(
-            "amqp.streams",
-            format!(
-                "names {:?}, but amqp.stream_url is empty: set it to the broker's stream port, e.g. rabbitmq-stream://user:password@host:5552/",
-                amqp.streams
-            ),
-        ));
     }
     for (i, name) in amqp.streams.iter().enumerate() {
         if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
@@ -933,8 +973,9 @@ fn validate_streams(amqp: &AmqpConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The `[amqp.tls]` files: a certificate needs its key, and every file
-/// named must be readable now (it is read again at every connect).
+/// The `[amqp.tls]` files: a certificate needs its key (that every file
+/// named is readable now is [`Config::validate_broker`]'s; each is read
+/// again at every connect).
 fn validate_amqp_tls(tls: &AmqpTlsConfig) -> Result<(), ConfigError> {
     let files = tls.client_tls().files;
     match (&files.cert_file, &files.key_file) {
@@ -951,16 +992,6 @@ fn validate_amqp_tls(tls: &AmqpTlsConfig) -> Result<(), ConfigError> {
             ));
         }
         _ => {}
-    }
-    let named = [
-        ("amqp.tls.ca_file", &files.ca_file),
-        ("amqp.tls.cert_file", &files.cert_file),
-        ("amqp.tls.key_file", &files.key_file),
-    ];
-    for (key, path) in named {
-        if let Some(path) = path {
-            readable(key, &path.display().to_string())?;
-        }
     }
     Ok(())
 }
@@ -1151,7 +1182,10 @@ mod tests {
 
     fn problem(toml: &str) -> String {
         let cfg = Config::from_toml(toml).expect("parses");
-        cfg.validate().expect_err("must be refused").to_string()
+        cfg.validate()
+            .and_then(|()| cfg.validate_broker())
+            .expect_err("must be refused")
+            .to_string()
     }
 
     #[test]
