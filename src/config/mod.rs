@@ -589,9 +589,8 @@ impl Config {
     }
 
     /// Checks every value, every source's too; the first problem found is
-    /// returned.
-    /// What only a command that connects to the broker needs is checked
-    /// apart, by [`Config::validate_broker`].
+    /// returned. What only a command that connects to the broker needs is
+    /// checked apart, by [`Config::validate_broker`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_one()?;
         self.sources().map(drop)
