@@ -9,7 +9,7 @@
 //! where each value came from.
 //!
 //! Durations are written as strings with a unit: `"250ms"`, `"15s"`, `"2m"`,
-//! `"1h"`, `"7d"`.
+//! `"1h"`, `"7d"`, or combined (`"1h 30m"`), read by `humantime`.
 
 pub mod env;
 pub mod sources;
@@ -1096,34 +1096,31 @@ impl fmt::Display for Redacted<'_> {
     }
 }
 
-/// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"7d"`.
+/// Parses a duration with its unit — `"250ms"`, `"15s"`, `"2m"`, `"1h"`,
+/// `"7d"`, or combined, `"1h 30m"` — as `humantime` reads it, with the
+/// refusal worded for the configuration's reader.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    use humantime::DurationError;
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("'{s}' has no unit (use ms, s, m, h or d)"))?;
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration like 500ms, 15s, 2m, 1h, 7d"))?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1_000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        _ => {
-            return Err(format!(
-                "'{s}' has unknown unit '{unit}' (use ms, s, m, h or d)"
-            ));
+    humantime::parse_duration(s).map_err(|e| match e {
+        DurationError::Empty => "no duration given (use ms, s, m, h or d, as in 15s)".to_string(),
+        DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+            format!("'{s}' has no unit (use ms, s, m, h or d)")
         }
-    };
-    ms.map(Duration::from_millis)
-        .ok_or_else(|| format!("'{s}' is too long"))
+        DurationError::UnknownUnit { unit, .. } => {
+            format!("'{s}' has unknown unit '{unit}' (use ms, s, m, h or d)")
+        }
+        DurationError::NumberOverflow => format!("'{s}' is too long"),
+        _ => format!("'{s}' is not a duration like 500ms, 15s, 2m, 1h, 7d"),
+    })
 }
 
-/// Formats a duration the way the config file writes it.
+/// Formats a duration the way the config file writes it: one whole unit
+/// (`"7d"`, `"90m"`, `"250ms"`), or `humantime`'s form below a millisecond.
 pub fn fmt_duration(d: Duration) -> String {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return humantime::format_duration(d).to_string();
+    }
     let ms = d.as_millis();
     if ms > 0 && ms.is_multiple_of(86_400_000) {
         format!("{}d", ms / 86_400_000)
@@ -1384,11 +1381,31 @@ mod tests {
             parse_duration("7d").unwrap(),
             Duration::from_secs(7 * 86400)
         );
-        assert!(parse_duration("15").is_err());
-        assert!(parse_duration("-1s").is_err());
+        assert_eq!(
+            parse_duration(" 1h 30m ").unwrap(),
+            Duration::from_secs(5400)
+        );
+        assert_eq!(
+            parse_duration("15").unwrap_err(),
+            "'15' has no unit (use ms, s, m, h or d)"
+        );
+        assert_eq!(
+            parse_duration("15 parsecs").unwrap_err(),
+            "'15 parsecs' has unknown unit 'parsecs' (use ms, s, m, h or d)"
+        );
+        assert!(
+            parse_duration("-1s")
+                .unwrap_err()
+                .contains("is not a duration")
+        );
+        assert!(parse_duration("").is_err());
         assert_eq!(fmt_duration(Duration::from_secs(90)), "90s");
         assert_eq!(fmt_duration(Duration::from_secs(120)), "2m");
         assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(fmt_duration(Duration::from_micros(500)), "500us");
+        for text in ["250ms", "15s", "2m", "1h", "7d", "1500ms", "500us"] {
+            assert_eq!(fmt_duration(parse_duration(text).unwrap()), text);
+        }
     }
 
     #[test]
