@@ -144,6 +144,17 @@ async fn the_debian_package_installs_runs_as_its_own_user_and_purges() {
     assert!(user_gone);
 }
 
+/// `scripts/k8s-validate.sh` over `files`: each manifest against the
+/// Kubernetes API schemas.
+fn k8s_validate(files: &[&Path]) -> std::process::Output {
+    Command::new("bash")
+        .arg(repo_dir().join("scripts/k8s-validate.sh"))
+        .args(files)
+        .current_dir(repo_dir())
+        .output()
+        .unwrap()
+}
+
 /// The manifests pass the schema validator, and a broken copy does not
 /// (so the validator really looks); the probes they use are the worker's.
 #[cfg_attr(
@@ -152,14 +163,6 @@ async fn the_debian_package_installs_runs_as_its_own_user_and_purges() {
 )]
 #[test]
 fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
-    let validate = |files: &[&Path]| {
-        Command::new("bash")
-            .arg(repo_dir().join("scripts/k8s-validate.sh"))
-            .args(files)
-            .current_dir(repo_dir())
-            .output()
-            .unwrap()
-    };
     let dir = repo_dir().join("deploy/kubernetes");
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -168,7 +171,7 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
         .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
-    let good = validate(&refs);
+    let good = k8s_validate(&refs);
     let report =
         String::from_utf8_lossy(&good.stderr).into_owned() + &String::from_utf8_lossy(&good.stdout);
     println!("{report}");
@@ -195,7 +198,7 @@ fn the_kubernetes_manifests_validate_and_use_the_workers_probes() {
         deployment.replace("replicas: 3", "replicas: three"),
     )
     .unwrap();
-    let bad = validate(&[&broken]);
+    let bad = k8s_validate(&[&broken]);
     let _ = std::fs::remove_file(&broken);
     assert!(!bad.status.success(), "a broken manifest passed");
 
@@ -399,12 +402,7 @@ async fn the_kubernetes_worker_pod_migrates_and_reaches_ready() {
         uncommented(&configmap, &["[amqp]", "streams = ["]),
     )
     .unwrap();
-    let valid = Command::new("bash")
-        .arg(repo_dir().join("scripts/k8s-validate.sh"))
-        .args([&streaming_deployment, &streaming_configmap])
-        .current_dir(repo_dir())
-        .output()
-        .unwrap();
+    let valid = k8s_validate(&[&streaming_deployment, &streaming_configmap]);
     assert!(
         valid.status.success(),
         "{}{}",
