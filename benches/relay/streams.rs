@@ -78,7 +78,7 @@ use outboxd::sink::PublishLimits;
 use outboxd::store::Store;
 use outboxd::store::outbox::{Claim, ClaimToken, Holder, Published};
 use outboxd::stream::gather::Gather;
-use outboxd::stream::sink::stream_message;
+use outboxd::stream::message::stream_message;
 use outboxd::stream::{Confirm, OffsetSpecification, StreamClient, StreamUrl};
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;

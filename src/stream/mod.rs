@@ -2,12 +2,13 @@
 //! plugin's port, 5552 by default).
 //!
 //! [`sink`] is the relay's sink for streams (effectively once: a producer
-//! per bucket, the row's id as the publishing id); [`link`] its
-//! connections, gated and TLS like the AMQP path's; [`lookup`] reads a
-//! stream for the rows it holds of some buckets, for the sessions that took
-//! expired leases over (their questions gathered into shared reads by
-//! [`gather`]) and for [`repartition`], which finds the pending rows the
-//! streams hold before a bucket count change names new producers.
+//! per bucket, the row's id as the publishing id), [`message`] what a row
+//! becomes on a stream; [`link`] its connections, gated and TLS like the
+//! AMQP path's; [`lookup`] reads a stream for the rows it holds of some
+//! buckets, for the sessions that took expired leases over (their questions
+//! gathered into shared reads by [`gather`]) and for [`repartition`], which
+//! finds the pending rows the streams hold before a bucket count change
+//! names new producers.
 //!
 //! [`client`] is a small client of outboxd's own over the
 //! `rabbitmq-stream-protocol` codec, speaking only the protocol's first
@@ -29,6 +30,7 @@ pub mod declare;
 pub mod gather;
 pub mod link;
 pub mod lookup;
+pub mod message;
 pub mod repartition;
 pub mod sink;
 
