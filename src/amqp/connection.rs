@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tracing::Instrument;
 
 use futures_util::StreamExt;
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Connection, ConnectionProperties, Event};
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::gate;
 use super::publish::{ConfirmChannel, classify};
