@@ -37,8 +37,9 @@
 //! - [`checker`]: consumer-side verification of loss, duplicates and order.
 //! - [`demo`]: the demo producer and consumer (`outboxd produce|consume`).
 //! - [`logs`]: log lines (text or JSON, filters), each naming the worker.
-//! - [`jitter`], [`stamp`]: small shared helpers (spread pauses; a
-//!   lock-free "when did this last happen").
+//! - [`backoff`], [`jitter`], [`stamp`]: small shared helpers (pauses
+//!   between failed attempts; spread pauses; a lock-free "when did this
+//!   last happen").
 //! - [`ops`]: operator commands (`status`, `failed`, `purge`, `repartition`)
 //!   and the workers' maintenance task (retention, stray labels).
 
@@ -67,6 +68,7 @@ macro_rules! complain {
 }
 
 pub mod amqp;
+pub mod backoff;
 pub mod checker;
 pub mod cli;
 pub mod config;

@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::gate;
 use super::publish::{ConfirmChannel, classify};
+use crate::backoff::Backoff;
 use crate::config::{AmqpConfig, Redacted};
 use crate::sink::PublishError;
 use crate::sink::reach::{self, Reach, mark_unreachable};
@@ -151,16 +152,18 @@ impl Broker {
     /// drained (e.g. after the buckets were given up because the broker was
     /// unreachable), this is what notices that the broker is back.
     pub async fn keep_connected(self: Arc<Self>, cancel: CancellationToken) {
-        let mut delay = Duration::from_millis(500);
+        let mut backoff = Backoff::new(Duration::from_secs(1), self.backoff_max);
         loop {
-            let connected = self.connection().await.is_ok();
-            delay = match connected {
-                true => Duration::from_millis(500),
-                false => (delay * 2).min(self.backoff_max),
+            let pause = match self.connection().await {
+                Ok(_) => {
+                    backoff.reset();
+                    Duration::from_millis(500)
+                }
+                Err(_) => backoff.pause(),
             };
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
@@ -178,7 +181,7 @@ impl Broker {
     /// A fresh confirm channel, reconnecting with exponential backoff while
     /// the broker is unreachable. `None` only when cancelled.
     pub async fn open_channel(&self, cancel: &CancellationToken) -> Option<ConfirmChannel> {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.backoff_max);
         loop {
             // Cancellation also ends an attempt in progress: a worker giving
             // its buckets up must not wait for connects to a lost broker.
@@ -192,6 +195,7 @@ impl Broker {
                     return Some(channel);
                 }
                 Err(e) => {
+                    let delay = backoff.pause();
                     // Every drainer retries on its own: one line per outage
                     // says it, the rest go to debug.
                     if self.channel_failing.swap(true, Ordering::Relaxed) {
@@ -204,7 +208,6 @@ impl Broker {
                         _ = cancel.cancelled() => return None,
                         _ = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(self.backoff_max);
                 }
             }
         }

@@ -56,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use super::spans::{self, BatchTimes};
 use super::wakeups::BucketWakeup;
 use super::{Drain, RelayContext};
+use crate::backoff::Backoff;
 use crate::lease::LeaseGrant;
 use crate::logs::Visible;
 use crate::sink::{BatchOutcome, PublishError, PublishLimits, Session};
@@ -190,7 +191,7 @@ impl BucketDrainer {
                 }
                 Ok(Step::Cancelled) => break,
                 Err(e) => {
-                    let delay = db_backoff.next();
+                    let delay = db_backoff.pause();
                     tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "database unavailable");
                     if drain == Drain::UntilEmpty && !e.is_transient() {
                         break;
@@ -253,7 +254,7 @@ impl BucketDrainer {
                     return true;
                 }
                 Err(e) => {
-                    let delay = backoff.next();
+                    let delay = backoff.pause();
                     tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "cannot clear earlier claims");
                     self.sleep(delay).await;
                     // Only cancellation ends this: a lapsed trust may come
@@ -566,7 +567,7 @@ impl BucketDrainer {
                     return false;
                 }
                 Err(e) => {
-                    let delay = backoff.next();
+                    let delay = backoff.pause();
                     tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "recording published rows failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
@@ -646,7 +647,7 @@ impl BucketDrainer {
                     return None;
                 }
                 Err(e) => {
-                    let delay = backoff.next();
+                    let delay = backoff.pause();
                     tracing::warn!(bucket = %self.partition_key, error = %e, retry_in = ?delay, "recording a failure failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
@@ -715,30 +716,3 @@ const RETRY_MARGIN: Duration = Duration::from_millis(5);
 /// retrying would not fix) before its rows are claimed and sent again: one
 /// repeat a second at most, whatever the error.
 const UNRECORDED_PAUSE: Duration = Duration::from_secs(1);
-
-/// Exponential backoff between `min` and `max`.
-pub(crate) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    pub fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}

@@ -11,7 +11,7 @@
 //! A connection carries at most 256 producers; the link opens another when
 //! the ones it has are nearly full, and forgets a connection that failed so
 //! that the next session connects afresh. After a failed attempt it waits
-//! (doubling, up to `amqp.reconnect_backoff_max`) before trying again,
+//! (doubling, up to `amqp.reconnect_backoff_max`, [`crate::backoff`]) before trying again,
 //! answering the failure meanwhile: a dead port costs one attempt per
 //! backoff, not one per drainer.
 //!
@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{StreamClient, StreamError, StreamUrl};
 use crate::amqp::gate::{GatedTokio, SendGate, TlsTarget};
+use crate::backoff::Backoff;
 use crate::config::AmqpConfig;
 use crate::sink::reach::{self, Reach};
 use crate::tls::AmqpTls;
@@ -56,17 +57,17 @@ pub struct StreamLink {
     dead_peer_timeout: Duration,
     /// How long a request waits for its answer.
     request_timeout: Duration,
-    backoff_max: Duration,
     gate: Arc<SendGate>,
     state: Mutex<State>,
     reach_tx: watch::Sender<Reach>,
 }
 
-#[derive(Default)]
 struct State {
     clients: Vec<Arc<StreamClient>>,
     /// The last failed attempt: its error, and when the next may be made.
-    failed: Option<(StreamError, Instant, Duration)>,
+    failed: Option<(StreamError, Instant)>,
+    /// The pauses between failed attempts; reset by a connect.
+    backoff: Backoff,
 }
 
 impl StreamLink {
@@ -78,9 +79,12 @@ impl StreamLink {
             connect_timeout: config.connect_timeout,
             dead_peer_timeout: config.dead_peer_timeout,
             request_timeout: config.confirm_timeout,
-            backoff_max: config.reconnect_backoff_max,
             gate: Arc::default(),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                clients: Vec::new(),
+                failed: None,
+                backoff: Backoff::new(FIRST_BACKOFF, config.reconnect_backoff_max),
+            }),
             reach_tx: watch::channel(Reach::Never { error: None }).0,
         })
     }
@@ -136,7 +140,7 @@ impl StreamLink {
         if let Some(client) = state.clients.iter().find(|c| fits(c)) {
             return Ok(client.clone());
         }
-        if let Some((error, next, _)) = &state.failed
+        if let Some((error, next)) = &state.failed
             && Instant::now() < *next
         {
             return Err(error.clone());
@@ -149,6 +153,7 @@ impl StreamLink {
         match self.connect().await {
             Ok(client) => {
                 state.failed = None;
+                state.backoff.reset();
                 if let Some(Reach::Unreachable { since, .. }) =
                     reach::mark_reachable(&self.reach_tx)
                 {
@@ -159,13 +164,10 @@ impl StreamLink {
                 Ok(client)
             }
             Err(e) => {
-                let pause = match &state.failed {
-                    Some((_, _, last)) => (*last * 2).min(self.backoff_max),
-                    None => FIRST_BACKOFF.min(self.backoff_max),
-                };
+                let pause = state.backoff.pause();
                 tracing::warn!(error = %e, retry_in = ?pause, "cannot reach the stream port");
                 reach::mark_unreachable(&self.reach_tx, &e.to_string());
-                state.failed = Some((e.clone(), Instant::now() + pause, pause));
+                state.failed = Some((e.clone(), Instant::now() + pause));
                 Err(e)
             }
         }

@@ -31,6 +31,7 @@ use tracing::Instrument;
 
 use super::probes::{Board, serve_board};
 use super::{WorkError, WorkOptions};
+use crate::backoff::Backoff;
 use crate::config::sources::Source;
 use crate::config::{Config, ConfigError};
 
@@ -348,7 +349,7 @@ async fn serve(
     // The process serves every source's probes on one listener.
     let mut config = source.config.clone();
     config.worker.health_listen = None;
-    let mut pause = RETRY_FIRST;
+    let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
     loop {
         let ran = super::run(&config, &opts, cancel.clone())
             .instrument(span.clone())
@@ -361,6 +362,7 @@ async fn serve(
         if cancel.is_cancelled() {
             return Ok(());
         }
+        let pause = backoff.pause();
         span.in_scope(|| {
             tracing::error!(
                 retry_in = ?pause,
@@ -372,6 +374,5 @@ async fn serve(
             _ = cancel.cancelled() => return Ok(()),
             _ = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(RETRY_MAX);
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{SELF_CHECK, Wakeups};
+use crate::backoff::Backoff;
 use crate::config::fmt_duration;
 use crate::store::{Channel, Store};
 
@@ -23,22 +24,22 @@ impl Wakeups {
         fallback: String,
         cancel: CancellationToken,
     ) {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         while !cancel.is_cancelled() {
             self.listening.store(false, Ordering::Relaxed);
             let mut listener = match store.listen(direct.as_deref()).await {
                 Ok(l) => l,
                 Err(e) => {
+                    let delay = backoff.pause();
                     tracing::warn!(error = %e, retry_in = ?delay, "cannot LISTEN for wake-ups; polling meanwhile");
                     tokio::select! {
                         _ = cancel.cancelled() => return,
                         _ = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(10));
                     continue;
                 }
             };
-            delay = Duration::from_millis(100);
+            backoff.reset();
             self.wake_all();
             // The self-check: our own notification, sent the way producers'
             // travel, must come back. Until it does, polling goes on.
