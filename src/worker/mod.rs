@@ -187,7 +187,8 @@ pub async fn run(
         &relay,
         &wakeups,
         &cancel,
-    );
+    )
+    .await;
     let Draining {
         owned,
         publishing,
@@ -290,7 +291,7 @@ const FAREWELL: Duration = Duration::from_secs(2);
 /// maintenance (whose failure stops the worker) and the dashboard. Returns
 /// whether this worker does the fleet-wide chores, which the maintenance
 /// follows and the coordinator sets ([`Housekeeping`]).
-fn start_background(
+async fn start_background(
     tasks: &mut Supervisor,
     config: &Config,
     opts: &WorkOptions,
@@ -309,7 +310,11 @@ fn start_background(
             .heartbeat_loop(store.clone(), stats.clone(), tasks.token());
     tasks.spawn("heartbeat", heartbeat);
     let idle_backoff = Duration::from_millis(config.outbox.idle_backoff_ms);
-    for handle in wakeups.start(store, &config.database, idle_backoff, &tasks.token()) {
+    let token = tasks.token();
+    for handle in wakeups
+        .start(store, &config.database, idle_backoff, &token)
+        .await
+    {
         tasks.adopt("wake-ups", handle);
     }
     let sink = relay.context().sink.clone();

@@ -9,25 +9,32 @@ use tokio_util::sync::CancellationToken;
 use super::{SELF_CHECK, Wakeups};
 use crate::backoff::Backoff;
 use crate::config::fmt_duration;
-use crate::store::{Channel, Store};
+use crate::store::{Channel, Listener, Store, StoreError};
 
 impl Wakeups {
     /// Listens for `<outbox>_enqueued` and `<outbox>_fleet` notifications
     /// until cancelled, or until its self-check fails (then polling takes
-    /// over for good). Reconnects by itself; after a reconnect everything is
-    /// woken, since notifications sent meanwhile are lost.
+    /// over for good), starting from `first`, the first attempt to connect.
+    /// Reconnects by itself; after a reconnect everything is woken, since
+    /// notifications sent meanwhile are lost.
     pub(super) async fn listen(
         self,
         store: Store,
         direct: Option<String>,
+        first: Result<Box<dyn Listener>, StoreError>,
         // What it falls back to if its self-check fails ([`finding_rows`]).
         fallback: String,
         cancel: CancellationToken,
     ) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let mut first = Some(first);
         while !cancel.is_cancelled() {
             self.listening.store(false, Ordering::Relaxed);
-            let mut listener = match store.listen(direct.as_deref()).await {
+            let attempt = match first.take() {
+                Some(attempt) => attempt,
+                None => store.listen(direct.as_deref()).await,
+            };
+            let mut listener = match attempt {
                 Ok(l) => l,
                 Err(e) => {
                     let delay = backoff.pause();

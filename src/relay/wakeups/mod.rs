@@ -316,7 +316,13 @@ impl Wakeups {
     /// (idle while `LISTEN` works), the listener where it can work. Returns
     /// the tasks. `idle_backoff` is where adaptive polling (a database
     /// without notifications) backs off to.
-    pub fn start(
+    ///
+    /// The listener's first connection is opened before this returns, that
+    /// is before the drain starts: a server that caps the worker's
+    /// connections then leaves it one to listen on, instead of the drain's
+    /// statements taking every one and the listener polling for as long as
+    /// they keep them busy.
+    pub async fn start(
         &self,
         store: &Store,
         db: &DatabaseConfig,
@@ -358,9 +364,14 @@ impl Wakeups {
                 finding_rows(db)
             ),
             (_, direct) => {
+                let first = tokio::select! {
+                    _ = cancel.cancelled() => return tasks,
+                    first = store.listen(direct) => first,
+                };
                 let listen = self.clone().listen(
                     store.clone(),
                     direct.map(str::to_string),
+                    first,
                     finding_rows(db),
                     cancel.clone(),
                 );
