@@ -837,9 +837,32 @@ impl PrivateBroker {
 }
 
 impl Drop for PrivateBroker {
+    /// The node is thrown away with its directory, so it is killed rather
+    /// than stopped: a clean stop boots `rabbitmqctl`'s VM and waits for the
+    /// shutdown, about 3 s of every test that starts a broker.
     fn drop(&mut self) {
-        self.run("stop");
+        if let Some(pid) = self.running_pid() {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.running_pid().is_some() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl PrivateBroker {
+    /// The node's VM, if it runs: its pid file names a live process whose
+    /// command line is this node's (not a pid reused after a kill).
+    fn running_pid(&self) -> Option<String> {
+        let pid = std::fs::read_to_string(self.dir.join("rabbit.pid")).ok()?;
+        let pid = pid.trim().to_string();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let home = self.dir.to_string_lossy();
+        String::from_utf8_lossy(&cmdline)
+            .contains(home.as_ref())
+            .then_some(pid)
     }
 }
 
