@@ -5,7 +5,10 @@
 //! requires 0 lost, 0 unexpected, 0 order violations.
 //!
 //! The short versions run in CI (`scripts/test.sh`); the long ones with
-//! `OUTBOXD_LONG_FAULTS=1 scripts/test.sh --test faults`. Scenario 2 (SIGSTOP) is in
+//! `OUTBOXD_LONG_FAULTS=1 scripts/test.sh --test faults`. RabbitMQ killed
+//! twice and the memory alarm, whose subject is the broker, run on
+//! PostgreSQL by default and on every database with `--profile full`
+//! (`.config/nextest.toml`). Scenario 2 (SIGSTOP) is in
 //! `tests/fleet.rs`, the memory alarm (5) below, more bad input (8) in
 //! `tests/relay.rs`, `tests/cli.rs` and `tests/ops.rs`.
 

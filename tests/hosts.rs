@@ -10,6 +10,9 @@
 //! 1 s, broker_grace 3 s, dead peers noticed after 2 s) except in the slow
 //! link scenario, which runs at the default settings. Set
 //! `OUTBOXD_LONG_HOSTS=1` for the long versions (a minute of slow link).
+//! The stream scenarios are written for every database and run on
+//! PostgreSQL by default, on all three with `scripts/test.sh --profile full`
+//! (`.config/nextest.toml`).
 
 mod common;
 

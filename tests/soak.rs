@@ -18,8 +18,9 @@
 //! without a valid lease, and each worker's RSS, open file descriptors and
 //! database connections sampled every second, with their slopes.
 //!
-//! Three minutes in `scripts/test.sh`; thirty with `OUTBOXD_LONG_SOAK=1
-//! scripts/test.sh --test soak`. The seed is printed; `OUTBOXD_SEED=<seed>`
+//! Ninety seconds in `scripts/test.sh`; thirty minutes with
+//! `OUTBOXD_LONG_SOAK=1 scripts/test.sh --test soak`, any other length with
+//! `OUTBOXD_SOAK_SECONDS=<seconds>`. The seed is printed; `OUTBOXD_SEED=<seed>`
 //! replays the same schedule. A failure prints the seed and the schedule
 //! as far as it ran.
 
@@ -398,6 +399,19 @@ impl Servers {
     }
 }
 
+/// How long the nemesis acts: `OUTBOXD_SOAK_SECONDS`, else thirty minutes
+/// with `OUTBOXD_LONG_SOAK=1`, else ninety seconds.
+fn soak_length() -> Duration {
+    if let Some(seconds) = std::env::var("OUTBOXD_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return Duration::from_secs(seconds);
+    }
+    let long = std::env::var("OUTBOXD_LONG_SOAK").as_deref() == Ok("1");
+    Duration::from_secs(if long { 30 * 60 } else { 90 })
+}
+
 #[cfg_attr(
     not(feature = "services"),
     ignore = "needs PostgreSQL, MariaDB and RabbitMQ: scripts/test.sh runs it"
@@ -405,8 +419,10 @@ impl Servers {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing() {
     let seed = Seeded::seed();
-    let long = std::env::var("OUTBOXD_LONG_SOAK").as_deref() == Ok("1");
-    let length = Duration::from_secs(if long { 30 * 60 } else { 3 * 60 });
+    let length = soak_length();
+    // Long enough to judge its workers for leaks (they must live
+    // `JUDGED_AFTER`).
+    let long = length >= Duration::from_secs(20 * 60);
     let plan = schedule(seed, length);
     println!(
         "soak: seed {seed} (OUTBOXD_SEED={seed} replays it), {length:?}, {} actions: {}",
@@ -421,7 +437,12 @@ async fn a_seeded_schedule_of_overlapping_faults_loses_nothing_and_leaks_nothing
     // The disks first: they are unmounted last, after every server
     // stopped. PostgreSQL's WAL and both databases grow with 30 minutes of
     // producers: the disks are sized for that, and filled by the nemesis.
-    let disks = if long { [1536, 2048] } else { [768, 1024] }.map(SmallDisk::mount);
+    let disks = if length > Duration::from_secs(5 * 60) {
+        [1536, 2048]
+    } else {
+        [768, 1024]
+    }
+    .map(SmallDisk::mount);
     let lab = Lab::with_pg_in(WORKERS, &disks[0].dir);
     let bouncer = PgBouncer::start_on(&lab.gateway, &lab.gateway, lab.pg.port);
     let maria = PrivateMariaDb::start_under(&disks[1].dir, &lab.gateway);
