@@ -46,19 +46,22 @@ impl NotifyStore for PgBackend {
                 connect_to(&self.db, url, Pooler::None, 2, "outboxd listen").await?
             }
         };
-        let query_error = |doing| move |source| StoreError::query(&super::ERRORS, doing, source);
         let mut listener = PgListener::connect_with(pool.sqlx())
             .await
-            .map_err(query_error("connecting to LISTEN"))?;
+            .map_err(|source| StoreError::query(&super::ERRORS, "connecting to LISTEN", source))?;
         let lent = pool.lend();
         let (enqueued, fleet) = (
             self.channel_name(Channel::Enqueued),
             self.channel_name(Channel::Fleet),
         );
+        // Bounded like any statement (the connection's own timeouts bound
+        // the connect): the worker makes its first attempt before it
+        // drains, and a server that took the connection but never answered
+        // the LISTEN would otherwise hold its start.
         listener
             .listen_all([enqueued.as_str(), fleet.as_str()])
-            .await
-            .map_err(query_error("starting to LISTEN"))?;
+            .bounded(pool.bounds(), "starting to LISTEN")
+            .await?;
         Ok(Box::new(PgNotifications {
             listener,
             fleet,
