@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against private PostgreSQL, MariaDB and RabbitMQ
-# on loopback (started, and installed if missing, by scripts/services.sh).
-# The multi-host tests make network namespaces (scripts/hosts.sh): root.
-# Extra arguments go to the test runner, e.g. `scripts/test.sh relay`;
+# on loopback (started, and installed if missing, by scripts/services.sh). The
+# multi-host tests make network namespaces (scripts/hosts.sh): root. Extra
+# arguments go to the test runner, e.g. `scripts/test.sh relay`;
 # `scripts/test.sh --profile full` runs the variants the default run leaves
 # out (.config/nextest.toml). OUTBOXD_LONG_FAULTS=1 / OUTBOXD_LONG_HOSTS=1 /
-# OUTBOXD_LONG_SOAK=1 run the long scenarios; `scripts/test.sh --run-ignored only -E 'binary(upgrade)'`
-# the rolling upgrade from the previous release (it builds that release).
-# `scripts/test.sh --prepare` only installs and starts what the tests need
-# (CI runs it beside the lints' build: on a fresh machine it is minutes of
-# downloads).
+# OUTBOXD_LONG_SOAK=1 run the long scenarios; `scripts/test.sh --run-ignored
+# only -E 'binary(upgrade)'` the rolling upgrade from the previous release (it
+# builds that release). `scripts/test.sh --prepare` only installs and starts
+# what the tests need (CI runs it beside the lints' build: on a fresh machine
+# it is minutes of downloads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
