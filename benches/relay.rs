@@ -12,8 +12,9 @@
 //!    backend's arms, `OUTBOXD_BENCH_THROUGHPUT_WORKERS=2` for one fleet
 //!    size; with `OUTBOXD_BENCH_BASELINE_BIN`, every arm again on that build
 //!    right after — or on each build of a comma-separated list, to bisect;
-//!    `OUTBOXD_BENCH_THROUGHPUT_REPEAT=N` runs the arms N rounds and adds
-//!    each arm's median);
+//!    `OUTBOXD_BENCH_THROUGHPUT_REPEAT=N` runs the arms N rounds, the
+//!    builds' order reversed every other round, and adds each arm's
+//!    median);
 //! 2. latency — commit-to-queue latency of a trickle at 50 and 500 msg/s,
 //!    on PostgreSQL (`NOTIFY`) and on MariaDB (adaptive polling); and of 200
 //!    messages at 100 msg/s through PgBouncer (transaction mode) with
@@ -26,7 +27,8 @@
 //!    `OUTBOXD_BENCH_LATENCY_SIDE_BY_SIDE=1` runs the builds at once
 //!    instead of in turn on PostgreSQL, MariaDB and SQLite, each on a
 //!    database and a queue of its own, and divides the other builds' p50
-//!    and p99 by this build's, with an interval over the rounds);
+//!    and p99 by this build's, with an interval over the rounds; there and
+//!    in section 1, each build's databases are migrated by that build);
 //! 3. backlog — one claim + record of a batch at 10k pending rows (baseline)
 //!    vs 1M pending, and vs 10k pending beside 1M published rows: three
 //!    tables, their rounds interleaved;
@@ -369,6 +371,49 @@ impl Bench {
         worker_toml: &str,
         buckets: u32,
     ) -> (Store, PathBuf, String) {
+        let (store, path, url) = self.created(on, name, worker_toml).await;
+        store.migrate(Partitioner::new(buckets)).await.unwrap();
+        self.key_index(on, &store).await;
+        (store, path, url)
+    }
+
+    /// [`Bench::fresh_on`] migrated by `build`'s own `outboxd migrate`, so
+    /// that builds of different schema versions can be measured in one
+    /// run (a build refuses a database at any other version than its own).
+    /// This build's arms migrate as [`Bench::fresh_on`] does.
+    async fn fresh_for(
+        &self,
+        on: Backend,
+        name: &str,
+        worker_toml: &str,
+        build: &Build,
+    ) -> (Store, PathBuf, String) {
+        if build.key.is_empty() {
+            return self.fresh_on(on, name, worker_toml).await;
+        }
+        let (store, path, url) = self.created(on, name, worker_toml).await;
+        let migrated = Command::new(&build.bin)
+            .arg("--config")
+            .arg(&path)
+            .arg("migrate")
+            .env_remove("DATABASE_URL")
+            .env_remove("AMQP_URL")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(migrated.success(), "{} migrate failed", build.bin.display());
+        self.key_index(on, &store).await;
+        (store, path, url)
+    }
+
+    /// An empty database named `name` on `on` (none of the schema yet), a
+    /// config file for it, and a store connected to it.
+    async fn created(
+        &self,
+        on: Backend,
+        name: &str,
+        worker_toml: &str,
+    ) -> (Store, PathBuf, String) {
         self.drop_database_on(on, name).await;
         let admin_url = match on {
             Backend::Postgres => &self.admin_url,
@@ -402,16 +447,20 @@ impl Bench {
         )
         .await
         .unwrap();
-        store.migrate(Partitioner::new(buckets)).await.unwrap();
+        (store, path, url.to_string())
+    }
+
+    /// With `--published-key-index`, the book's key index over every row
+    /// on a migrated PostgreSQL database.
+    async fn key_index(&self, on: Backend, store: &Store) {
         if on == Backend::Postgres && self.published_key_index {
             for statement in readme::published_key_index() {
                 sqlx::raw_sql(AssertSqlSafe(statement))
-                    .execute(pg(&store))
+                    .execute(pg(store))
                     .await
                     .unwrap();
             }
         }
-        (store, path, url.to_string())
     }
 
     /// Inserts `n` pending rows (256-byte payloads over KEYS keys) routed to
@@ -601,8 +650,9 @@ impl Bench {
         // `OUTBOXD_BENCH_THROUGHPUT_ONLY=mariadb` (a backend's name) runs
         // that backend's arms only, `OUTBOXD_BENCH_THROUGHPUT_WORKERS=2`
         // those of one fleet size; with `OUTBOXD_BENCH_BASELINE_BIN`, each
-        // arm runs again right after on that build (on each, in order, of a
-        // comma-separated list).
+        // arm runs again right after on that build (on each of a
+        // comma-separated list), the builds' order reversed every other
+        // round.
         let only = std::env::var("OUTBOXD_BENCH_THROUGHPUT_ONLY").ok();
         if let Some(o) = &only {
             let names = [Backend::Postgres, Backend::MariaDb, Backend::Sqlite].map(Backend::name);
@@ -639,21 +689,26 @@ impl Bench {
             {
                 continue;
             }
-            runs.extend(builds.iter().map(|b| (on, workers, b)));
+            runs.push((on, workers));
         }
-        let runs: Vec<_> = (0..rounds).flat_map(|_| runs.iter().copied()).collect();
+        // Each arm on every build in turn, the builds' order reversed in
+        // every other round, so that each runs first as often.
+        let runs: Vec<_> = (0..rounds)
+            .flat_map(|r| {
+                let order = round_order(&builds, r);
+                runs.iter().flat_map(move |&(on, workers)| {
+                    order.clone().into_iter().map(move |b| (on, workers, b))
+                })
+            })
+            .collect();
         let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
-        for (
-            on,
-            workers,
-            Build {
+        for (on, workers, arm) in runs {
+            let Build {
                 bin,
                 label: build,
                 key: build_key,
-            },
-        ) in runs
-        {
-            let (store, config, _) = self.fresh_on(on, "outboxd_bench_tp", "").await;
+            } = arm;
+            let (store, config, _) = self.fresh_for(on, "outboxd_bench_tp", "", arm).await;
             self.seed(&store, n, queue, false).await;
             self.declare_purged(queue).await;
             quieting += quiet_machine().await;
@@ -1191,13 +1246,20 @@ impl Bench {
             Backend::MariaDb => (" on MariaDB (polling and probe)", "mariadb_"),
             Backend::Sqlite => (" on SQLite (polling and probe)", "sqlite_"),
         };
+        // A place per build, each with its queue and a database for every
+        // build, so that each build drains only databases migrated by
+        // itself (builds of different schema versions can be compared).
         let mut arms = Vec::new();
         for i in 0..builds.len() {
-            let name = format!("outboxd_bench_lat_side_{i}");
-            let (store, config, url) = self.fresh_on(on, &name, "").await;
             let queue = format!("bench-latency-side-{i}");
             self.declare_purged(&queue).await;
-            arms.push((name, store, config, url, queue));
+            let mut databases = Vec::new();
+            for (b, build) in builds.iter().enumerate() {
+                let name = format!("outboxd_bench_lat_side_{i}_{b}");
+                let (store, config, url) = self.fresh_for(on, &name, "", build).await;
+                databases.push((name, store, config, url));
+            }
+            arms.push((queue, databases));
         }
         let amqp_url = self.amqp_url.clone();
         // Each rate's latencies by build (as `builds` lists them), a
@@ -1205,22 +1267,22 @@ impl Bench {
         let mut by_round: HashMap<(u64, usize), Vec<Vec<Duration>>> = HashMap::new();
         for r in 0..rounds {
             self.round = round_label(r, rounds);
-            // The builds swap databases and queues (and which trickle
-            // starts first) from one round to the next.
+            // The builds swap places (queues, and which trickle starts
+            // first) from one round to the next.
             let order = round_indices(builds.len(), r);
             let mut workers: Vec<Child> = order
                 .iter()
                 .zip(&arms)
-                .map(|(&index, (_, _, config, _, _))| {
-                    spawn_bin(&builds[index].bin, config, &["--silent"], &[])
+                .map(|(&index, (_, databases))| {
+                    spawn_bin(&builds[index].bin, &databases[index].2, &["--silent"], &[])
                 })
                 .collect();
             tokio::time::sleep(Duration::from_secs(2)).await;
             for rate in [50u64, 500] {
                 let each = rate.min(500 / builds.len() as u64);
-                let trickles = arms
-                    .iter()
-                    .map(|(_, _, _, url, queue)| trickle(url, &amqp_url, queue, each, over));
+                let trickles = order.iter().zip(&arms).map(|(&index, (queue, databases))| {
+                    trickle(&databases[index].3, &amqp_url, queue, each, over)
+                });
                 let lats = futures_util::future::join_all(trickles).await;
                 for (&index, lat) in order.iter().zip(lats) {
                     let build = &builds[index];
@@ -1272,7 +1334,7 @@ impl Bench {
                 Value::Object(figures),
             );
         }
-        for (name, store, ..) in arms {
+        for (name, store, ..) in arms.into_iter().flat_map(|(_, databases)| databases) {
             store.close().await;
             self.drop_database_on(on, &name).await;
         }
