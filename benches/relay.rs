@@ -392,12 +392,8 @@ impl Bench {
             return self.fresh_on(on, name, worker_toml).await;
         }
         let (store, path, url) = self.created(on, name, worker_toml).await;
-        let migrated = Command::new(&build.bin)
-            .arg("--config")
-            .arg(&path)
+        let migrated = outboxd_on(&build.bin, &path)
             .arg("migrate")
-            .env_remove("DATABASE_URL")
-            .env_remove("AMQP_URL")
             .stdout(Stdio::null())
             .status()
             .unwrap();
@@ -2559,15 +2555,23 @@ fn builds() -> Vec<Build> {
     .collect()
 }
 
-/// `bin work` (another build of outboxd, or this one) on `config`.
-fn spawn_bin(bin: &Path, config: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
-    Command::new(bin)
+/// `bin` (another build of outboxd, or this one) on `config` alone: the
+/// harness's own `DATABASE_URL` and `AMQP_URL` are not passed on.
+fn outboxd_on(bin: &Path, config: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command
         .arg("--config")
         .arg(config)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL");
+    command
+}
+
+/// `bin work` on `config` ([`outboxd_on`]).
+fn spawn_bin(bin: &Path, config: &Path, args: &[&str], vars: &[(&str, String)]) -> Child {
+    outboxd_on(bin, config)
         .arg("work")
         .args(args)
-        .env_remove("DATABASE_URL")
-        .env_remove("AMQP_URL")
         .env("OUTBOXD_LOG", "warn")
         .envs(vars.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())

@@ -39,7 +39,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use outboxd::config::{Assignment, Config};
@@ -51,7 +51,7 @@ use sqlx::{Connection as _, MySqlConnection, PgConnection};
 use uuid::Uuid;
 
 use super::{
-    BIN, Backend, Bench, clock_ticks, cpu_ticks, live_as_workers_see_it, pid_file,
+    BIN, Backend, Bench, clock_ticks, cpu_ticks, live_as_workers_see_it, outboxd_on, pid_file,
     postgres_cpu_ticks, postmaster_children_ticks, signal, terminate, with_path,
 };
 
@@ -459,17 +459,13 @@ impl Admin {
 /// An `outboxd work` process (`bin`) on `config`, warnings and errors to `log`;
 /// with `max_connections`, its pool's size.
 fn spawn_logged(bin: &Path, config: &Path, log: &Path, max_connections: Option<&str>) -> Child {
-    let mut command = Command::new(bin);
+    let mut command = outboxd_on(bin, config);
     if let Some(m) = max_connections {
         command.env("OUTBOXD_DATABASE__MAX_CONNECTIONS", m);
     }
     command
-        .arg("--config")
-        .arg(config)
         .arg("work")
         .arg("--silent")
-        .env_remove("DATABASE_URL")
-        .env_remove("AMQP_URL")
         .env("OUTBOXD_LOG", "warn")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
