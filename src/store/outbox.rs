@@ -26,10 +26,9 @@ use uuid::Uuid;
 use super::error::StoreError;
 
 /// A claimed row as `ClaimSql::read` returns it: with whether it is
-/// ready, and whether the reader held the bucket's claim.
-#[derive(sqlx::FromRow)]
+/// ready, and whether the reader held the bucket's claim (decoded by
+/// position, [`super::rows`]).
 pub struct ClaimCandidate {
-    #[sqlx(flatten)]
     pub(crate) row: ClaimedMessage,
     pub(crate) not_ready: bool,
     pub(crate) held: Option<bool>,
@@ -182,8 +181,9 @@ pub struct Claim<'a> {
     pub held: bool,
 }
 
-/// A claimed row, everything needed to publish it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// A claimed row, everything needed to publish it (decoded by position,
+/// [`super::rows`]).
+#[derive(Debug, Clone)]
 pub struct ClaimedMessage {
     pub id: i64,
     pub message_id: Uuid,
