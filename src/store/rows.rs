@@ -6,9 +6,10 @@
 //! Most types derive it and find each column by name. The claim's rows,
 //! the one read on the path of every message, are decoded by position
 //! instead: by name, each of a row's 13 columns is a hash look-up of its
-//! name, about a fifth of the PostgreSQL worker's decoding of a claim.
-//! Every backend's claim statements return the columns in the order
-//! [`CLAIMED_COLUMNS`] names them (`super::statements::ClaimSql`).
+//! name, which showed in the worker's CPU a message (BENCHMARKS.md,
+//! section 1). Every backend's claim statements return the columns in
+//! the order [`CLAIMED_COLUMNS`] names them (`super::statements::ClaimSql`),
+//! and a test holds them to it.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;

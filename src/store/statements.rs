@@ -343,12 +343,13 @@ pub(crate) fn plain_enqueue(t: &Tables) -> Sql {
 #[derive(Debug)]
 pub struct ClaimSql {
     /// The bucket's first unpublished, unparked rows in id order, skipping
-    /// the in-flight ones, as `ClaimedMessage` with `not_ready` and `held`
-    /// (the caller's token holds the claim with at least min_left left,
-    /// and in fleet mode under its valid lease): token, min_left, owner,
-    /// owner, epoch, bucket, bucket, the highest in-flight id (`i64::MIN`
-    /// when none: a row above it needs no look at the list), in-flight
-    /// ids, limit.
+    /// the in-flight ones, as `ClaimedMessage`'s columns followed by
+    /// `not_ready` and `held` (the caller's token holds the claim with at
+    /// least min_left left, and in fleet mode under its valid lease), in
+    /// that order: they are decoded by position (`store::rows`). The
+    /// parameters: token, min_left, owner, owner, epoch, bucket, bucket,
+    /// the highest in-flight id (`i64::MIN` when none: a row above it
+    /// needs no look at the list), in-flight ids, limit.
     pub read: Sql,
     pub take: TakeSql,
 }
@@ -362,9 +363,9 @@ pub enum TakeSql {
     /// Where the database can read and write in one statement
     /// (PostgreSQL's data-modifying `WITH`): the claim taken only if the
     /// bucket has ready rows, and those rows returned under it as
-    /// `ClaimedMessage` in id order: bucket, limit, token, claim TTL,
-    /// owner, epoch, in-flight ids, the highest in-flight id (`i64::MIN`
-    /// when none).
+    /// `ClaimedMessage`'s columns, in that order, by id: bucket, limit,
+    /// token, claim TTL, owner, epoch, in-flight ids, the highest
+    /// in-flight id (`i64::MIN` when none).
     Returning(Sql),
     /// The write alone, the rows read again after it: token, TTL, bucket,
     /// token, TTL, owner, owner, epoch.
