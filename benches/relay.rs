@@ -53,7 +53,10 @@
 //!    floor). On PostgreSQL and on MariaDB (shared cores and the hot
 //!    key; MariaDB is not pinned: it stalled so once;
 //!    `OUTBOXD_BENCH_PRODUCTION_ONLY=postgresql|mariadb` for one backend's
-//!    figures). `--repeat N` measures
+//!    figures; with `OUTBOXD_BENCH_BASELINE_BIN`, each round's relay again
+//!    on every build, each migrating its own database, the builds' order
+//!    reversed every other round, and this build's throughput and CPU
+//!    ÷ each other build's over the rounds). `--repeat N` measures
 //!    each of its figures N times, ceiling and relay alternating, and shows
 //!    the pair with the median ratio beside every run's ratio; unless
 //!    `--quick`, each figure's first pair is a warm-up, printed and not
@@ -1580,6 +1583,7 @@ impl Bench {
         out: &mut serde_json::Map<String, Value>,
     ) {
         let db = on.name();
+        let builds = builds();
         // PostgreSQL's figures keep their earlier JSON keys.
         let key = |k: &str| match on {
             Backend::Postgres => k.to_string(),
@@ -1611,91 +1615,16 @@ impl Bench {
                 );
                 continue;
             }
-            let pairs = self.pairs(on, n, KEYS, 16, pinned).await;
-            let median = median(&pairs);
-            let Pair {
-                ceiling,
-                ceiling_publisher_us,
-                ceiling_broker_us,
-                ceiling_consumer_us,
-                ref run,
-                consumer_us,
-            } = *median;
-            let ratio = median.ratio();
-            let each = ratios(&pairs);
-            let target = if pinned {
-                "target >= 0.85"
-            } else {
-                "target >= 0.75"
-            };
-            self.row(
-                &format!("{name}: ceiling, 16 channels x 100, consumer draining"),
-                format!("{ceiling:.0} msg/s"),
-                "baseline".into(),
-            );
-            self.row(
-                &format!("{name}: relay, 1 worker, default settings"),
-                format!("{:.0} msg/s", run.rate),
-                format!("{ratio:.2} x ceiling, {target}{each}"),
-            );
-            let (backends, everything) = match on {
-                Backend::Postgres => (
-                    "its backends",
-                    "all of PostgreSQL (WAL writer, checkpointer, autovacuum)",
-                ),
-                _ => (
-                    "its connection threads",
-                    "all of MariaDB (purge, page cleaner, log writer)",
-                ),
-            };
-            let cpu_target = on.cpu_target();
-            if let Some(backends_us) = run.backends_us {
-                let relay_us = run.worker_us + backends_us;
-                self.row(
-                    &format!("{name}: relay-side CPU per message (worker + {backends})"),
-                    format!("{relay_us:.0} µs"),
-                    format!(
-                        "{:.0} + {backends_us:.0} µs; {:.2} x RabbitMQ's {:.0} µs, target <= {cpu_target}",
-                        run.worker_us,
-                        relay_us / run.broker_us,
-                        run.broker_us
-                    ),
+            let by_build = self.pairs(on, n, KEYS, 16, pinned, &builds).await;
+            for (build, pairs) in builds.iter().zip(&by_build) {
+                let figures =
+                    self.production_rows(on, &format!("{name}{}", build.label), pinned, pairs);
+                out.insert(
+                    key(if pinned { "pinned" } else { "shared" }) + &build.key,
+                    figures,
                 );
             }
-            self.row(
-                &format!("{name}: … with {everything}"),
-                format!("{:.0} µs", run.worker_us + run.database_us),
-                format!(
-                    "{:.0} + {:.0} µs; {:.2} x RabbitMQ's",
-                    run.worker_us,
-                    run.database_us,
-                    (run.worker_us + run.database_us) / run.broker_us
-                ),
-            );
-            self.row(
-                &format!("{name}: RabbitMQ's CPU per message, ceiling / relay"),
-                format!("{ceiling_broker_us:.0} / {:.0} µs", run.broker_us),
-                String::new(),
-            );
-            self.row(
-                &format!("{name}: the bare publisher's CPU per message (the ceiling's)"),
-                format!("{ceiling_publisher_us:.0} µs"),
-                format!("against the worker's {:.0} µs", run.worker_us),
-            );
-            self.row(
-                &format!("{name}: the consumer's CPU per message, ceiling / relay"),
-                format!("{ceiling_consumer_us:.0} / {consumer_us:.0} µs"),
-                String::new(),
-            );
-            out.insert(
-                key(if pinned { "pinned" } else { "shared" }),
-                json!({ "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
-                        "cpu_us_per_msg_broker_ceiling": ceiling_broker_us, "cpu_us_per_msg_broker_relay": run.broker_us,
-                        "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
-                        "cpu_us_per_msg_database": run.database_us,
-                        "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_publisher_ceiling": ceiling_publisher_us, "cpu_us_per_msg_consumer_relay": consumer_us,
-                        "ratio_of_each_run": each_ratio(&pairs) }),
-            );
+            self.compare_builds(&name, &builds, &by_build);
             if pinned {
                 pin_services(false);
             }
@@ -1704,38 +1633,131 @@ impl Bench {
         // A hot key: every message one key, so one bucket, one drainer, one
         // confirm channel; the ceiling is one channel with the same window.
         let hot = n / 4;
-        let pairs = self.pairs(on, hot, 1, 1, false).await;
-        let median = median(&pairs);
+        let by_build = self.pairs(on, hot, 1, 1, false, &builds).await;
+        for (build, pairs) in builds.iter().zip(&by_build) {
+            let median = median(pairs);
+            let Pair {
+                ceiling, ref run, ..
+            } = *median;
+            let ratio = median.ratio();
+            let each = ratios(pairs);
+            let label = &build.label;
+            self.row(
+                &format!("{db}, hot key{label}: ceiling, 1 channel x 100 (= batch_size)"),
+                format!("{ceiling:.0} msg/s"),
+                "baseline".into(),
+            );
+            self.row(
+                &format!("{db}, hot key{label}: relay, {hot} messages of one key"),
+                format!("{:.0} msg/s", run.rate),
+                format!("{ratio:.2} x ceiling, target >= 0.8{each}"),
+            );
+            out.insert(
+                key("hot_key") + &build.key,
+                json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
+                        "ratio_of_each_run": each_ratio(pairs) }),
+            );
+        }
+        self.compare_builds(&format!("{db}, hot key"), &builds, &by_build);
+    }
+
+    /// Section 7's rows for one setting's `pairs` of one build (`name`
+    /// says which), and the same figures for the JSON.
+    fn production_rows(&mut self, on: Backend, name: &str, pinned: bool, pairs: &[Pair]) -> Value {
+        let median = median(pairs);
         let Pair {
-            ceiling, ref run, ..
+            ceiling,
+            ceiling_publisher_us,
+            ceiling_broker_us,
+            ceiling_consumer_us,
+            ref run,
+            consumer_us,
         } = *median;
         let ratio = median.ratio();
-        let each = ratios(&pairs);
+        let each = ratios(pairs);
+        let target = if pinned {
+            "target >= 0.85"
+        } else {
+            "target >= 0.75"
+        };
         self.row(
-            &format!("{db}, hot key: ceiling, 1 channel x 100 (= batch_size)"),
+            &format!("{name}: ceiling, 16 channels x 100, consumer draining"),
             format!("{ceiling:.0} msg/s"),
             "baseline".into(),
         );
         self.row(
-            &format!("{db}, hot key: relay, {hot} messages of one key"),
+            &format!("{name}: relay, 1 worker, default settings"),
             format!("{:.0} msg/s", run.rate),
-            format!("{ratio:.2} x ceiling, target >= 0.8{each}"),
+            format!("{ratio:.2} x ceiling, {target}{each}"),
         );
-        out.insert(
-            key("hot_key"),
-            json!({ "messages": hot, "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
-                    "ratio_of_each_run": each_ratio(&pairs) }),
+        let (backends, everything) = match on {
+            Backend::Postgres => (
+                "its backends",
+                "all of PostgreSQL (WAL writer, checkpointer, autovacuum)",
+            ),
+            _ => (
+                "its connection threads",
+                "all of MariaDB (purge, page cleaner, log writer)",
+            ),
+        };
+        let cpu_target = on.cpu_target();
+        if let Some(backends_us) = run.backends_us {
+            let relay_us = run.worker_us + backends_us;
+            self.row(
+                &format!("{name}: relay-side CPU per message (worker + {backends})"),
+                format!("{relay_us:.0} µs"),
+                format!(
+                    "{:.0} + {backends_us:.0} µs; {:.2} x RabbitMQ's {:.0} µs, target <= {cpu_target}",
+                    run.worker_us,
+                    relay_us / run.broker_us,
+                    run.broker_us
+                ),
+            );
+        }
+        self.row(
+            &format!("{name}: … with {everything}"),
+            format!("{:.0} µs", run.worker_us + run.database_us),
+            format!(
+                "{:.0} + {:.0} µs; {:.2} x RabbitMQ's",
+                run.worker_us,
+                run.database_us,
+                (run.worker_us + run.database_us) / run.broker_us
+            ),
         );
+        self.row(
+            &format!("{name}: RabbitMQ's CPU per message, ceiling / relay"),
+            format!("{ceiling_broker_us:.0} / {:.0} µs", run.broker_us),
+            String::new(),
+        );
+        self.row(
+            &format!("{name}: the bare publisher's CPU per message (the ceiling's)"),
+            format!("{ceiling_publisher_us:.0} µs"),
+            format!("against the worker's {:.0} µs", run.worker_us),
+        );
+        self.row(
+            &format!("{name}: the consumer's CPU per message, ceiling / relay"),
+            format!("{ceiling_consumer_us:.0} / {consumer_us:.0} µs"),
+            String::new(),
+        );
+        json!({ "ceiling_msgs_per_sec": ceiling, "relay_msgs_per_sec": run.rate, "ratio": ratio,
+                "cpu_us_per_msg_broker_ceiling": ceiling_broker_us, "cpu_us_per_msg_broker_relay": run.broker_us,
+                "cpu_us_per_msg_worker": run.worker_us, "cpu_us_per_msg_backends": run.backends_us,
+                "cpu_us_per_msg_database": run.database_us,
+                "cpu_us_per_msg_consumer_ceiling": ceiling_consumer_us, "cpu_us_per_msg_publisher_ceiling": ceiling_publisher_us, "cpu_us_per_msg_consumer_relay": consumer_us,
+                "ratio_of_each_run": each_ratio(pairs) })
     }
 
     /// `--repeat` times: a ceiling of `channels` channels × 100 in flight,
-    /// then the relay draining `n` rows over `keys` keys on a fresh
-    /// database, a consumer draining the queue throughout. Ceiling and
-    /// relay alternate, so a slow spell of the machine falls on both.
-    /// Unless `--quick`, a first pair warms up and is printed, not
-    /// counted: the first ceiling of a setting ran 6–10 % faster than the
-    /// later ones in every run measured (a queue and broker not
-    /// yet through a relay's drain), while the relay did not move.
+    /// then each build's relay draining `n` rows over `keys` keys on a
+    /// fresh database (migrated by that build), a consumer draining the
+    /// queue throughout; the pairs of each build, in `builds`' order, a
+    /// round's builds sharing its ceiling. Ceiling and relays alternate, so
+    /// a slow spell of the machine falls on all, and the builds' order is
+    /// reversed every other round. Unless `--quick`, a first round warms up
+    /// and is printed, not counted: the first ceiling of a setting ran
+    /// 6–10 % faster than the later ones in every run measured (a queue and
+    /// broker not yet through a relay's drain), while the relay did not
+    /// move.
     async fn pairs(
         &self,
         on: Backend,
@@ -1743,10 +1765,11 @@ impl Bench {
         keys: usize,
         channels: usize,
         pinned: bool,
-    ) -> Vec<Pair> {
+        builds: &[Build],
+    ) -> Vec<Vec<Pair>> {
         let queue = "bench-production";
         let warm_up = !self.quick;
-        let mut pairs = Vec::new();
+        let mut pairs: Vec<Vec<Pair>> = builds.iter().map(|_| Vec::new()).collect();
         for round in 0..self.repeat + usize::from(warm_up) {
             let consumer = Drain::start(queue);
             let broker_before = broker_cpu_ticks();
@@ -1757,43 +1780,77 @@ impl Bench {
             } = self.ceiling_with(queue, n, keys, channels, 100).await;
             let ceiling_broker_us =
                 us_per_message(broker_cpu_ticks().saturating_sub(broker_before), n);
-            let consumer_before_relay = consumer.cpu_ticks();
             let ceiling_consumer_us =
-                us_per_message(consumer_before_relay.saturating_sub(consumer_before), n);
-            let (store, config, _) = self.fresh_on(on, "outboxd_bench_prod", "").await;
-            self.seed_keys(&store, n, queue, false, keys).await;
-            let run = self.drain_measured(&store, &config, n, pinned).await;
-            let consumer_us = us_per_message(
-                consumer.cpu_ticks().saturating_sub(consumer_before_relay),
-                n,
-            );
-            consumer.stop();
-            store.close().await;
-            let pair = Pair {
-                ceiling,
-                ceiling_publisher_us,
-                ceiling_broker_us,
-                ceiling_consumer_us,
-                run,
-                consumer_us,
-            };
-            if warm_up && round == 0 {
-                println!(
-                    "  warm-up pair, not counted: ceiling {ceiling:.0} msg/s, relay {:.0} msg/s, {:.2} x",
-                    pair.run.rate,
-                    pair.ratio()
+                us_per_message(consumer.cpu_ticks().saturating_sub(consumer_before), n);
+            for i in round_indices(builds.len(), round) {
+                let build = &builds[i];
+                let consumer_before_relay = consumer.cpu_ticks();
+                let (store, config, _) = self.fresh_for(on, "outboxd_bench_prod", "", build).await;
+                self.seed_keys(&store, n, queue, false, keys).await;
+                let run = self
+                    .drain_measured_with(&build.bin, &store, &config, n, pinned)
+                    .await;
+                let consumer_us = us_per_message(
+                    consumer.cpu_ticks().saturating_sub(consumer_before_relay),
+                    n,
                 );
-                continue;
+                store.close().await;
+                let pair = Pair {
+                    ceiling,
+                    ceiling_publisher_us,
+                    ceiling_broker_us,
+                    ceiling_consumer_us,
+                    run,
+                    consumer_us,
+                };
+                if warm_up && round == 0 {
+                    println!(
+                        "  warm-up pair{}, not counted: ceiling {ceiling:.0} msg/s, relay {:.0} msg/s, {:.2} x",
+                        build.label,
+                        pair.run.rate,
+                        pair.ratio()
+                    );
+                    continue;
+                }
+                pairs[i].push(pair);
             }
-            pairs.push(pair);
+            consumer.stop();
         }
         pairs
     }
 
-    /// Starts one worker on `config` (on core 0 when `pinned`), waits until
-    /// the `n` seeded rows are published, and measures the rate and the CPU
-    /// the worker, the database and the broker spent on them.
-    /// [`Bench::drain_measured`] by another build of outboxd, not pinned.
+    /// With other builds: this build's figures ÷ each other build's, as
+    /// the geometric mean over the rounds (each round's builds share its
+    /// ceiling): throughput, the worker's CPU a message, and the worker's
+    /// with its database work.
+    fn compare_builds(&mut self, name: &str, builds: &[Build], by_build: &[Vec<Pair>]) {
+        let Some((this, others)) = by_build.split_first() else {
+            return;
+        };
+        let mean = |f: &dyn Fn(&Pair, &Pair) -> f64, other: &[Pair]| {
+            let logs: Vec<f64> = this.iter().zip(other).map(|(t, o)| f(t, o).ln()).collect();
+            (logs.iter().sum::<f64>() / logs.len() as f64).exp()
+        };
+        let relay_side = |m: &Measured| m.worker_us + m.backends_us.unwrap_or(0.0);
+        for (build, other) in builds[1..].iter().zip(others) {
+            if other.is_empty() {
+                continue;
+            }
+            let rate = mean(&|t, o| t.run.rate / o.run.rate, other);
+            let worker = mean(&|t, o| t.run.worker_us / o.run.worker_us, other);
+            let side = mean(&|t, o| relay_side(&t.run) / relay_side(&o.run), other);
+            self.row(
+                &format!("{name}: this build ÷ the{}", build.label.trim_start_matches(',')),
+                format!("{rate:.2} x throughput"),
+                format!(
+                    "worker CPU a message {worker:.2} x, relay-side {side:.2} x; geometric mean over {} round(s)",
+                    other.len()
+                ),
+            );
+        }
+    }
+
+    /// [`Bench::drain_measured_with`] by `bin`, not pinned.
     async fn drain_measured_by(
         &self,
         bin: &Path,
@@ -1804,17 +1861,10 @@ impl Bench {
         self.drain_measured_with(bin, store, config, n, false).await
     }
 
-    async fn drain_measured(
-        &self,
-        store: &Store,
-        config: &Path,
-        n: usize,
-        pinned: bool,
-    ) -> Measured {
-        self.drain_measured_with(Path::new(BIN), store, config, n, pinned)
-            .await
-    }
-
+    /// Starts one worker of `bin` on `config` (on core 0 when `pinned`),
+    /// waits until the `n` seeded rows are published, and measures the
+    /// rate and the CPU the worker, the database and the broker spent on
+    /// them.
     async fn drain_measured_with(
         &self,
         bin: &Path,
