@@ -292,8 +292,10 @@ impl BucketDrainer {
             return Ok(Step::Idle);
         }
         self.ctx.stats.add_claimed(rows.len());
-        self.streaming =
-            self.ctx.sink.deduplicates_any() && rows.iter().all(|r| self.ctx.sink.deduplicates(r));
+        // Asked of each row only when some row may go where the broker
+        // keeps ids: a sink of queues alone answers no for every row.
+        let deduplicates_any = self.ctx.sink.deduplicates_any();
+        self.streaming = deduplicates_any && rows.iter().all(|r| self.ctx.sink.deduplicates(r));
 
         let limits = PublishLimits {
             max_payload_bytes: self.ctx.settings.max_payload_bytes,
@@ -302,7 +304,12 @@ impl BucketDrainer {
             trust: self.lease.as_ref().map(|l| l.trust.clone()),
             lease_was_free: self.lease.as_ref().is_some_and(|l| l.was_free),
         };
-        if let Some(last) = rows.iter().rev().find(|r| self.ctx.sink.deduplicates(r)) {
+        let last_deduplicated = if deduplicates_any {
+            rows.iter().rev().find(|r| self.ctx.sink.deduplicates(r))
+        } else {
+            None
+        };
+        if let Some(last) = last_deduplicated {
             self.deduplicated_sent = self.deduplicated_sent.max(last.id);
             self.settle(0);
         }
