@@ -1,7 +1,7 @@
 //! Section 15 (`--only streams`): the relay into a RabbitMQ stream, beside
 //! what bounds it, in the same run. Per round and per batch size (100 and
 //! 1,000; every arm's worker claims that many rows at a time, to a stream
-//! as to a queue), six arms in turn, their order alternating:
+//! as to a queue), seven arms in turn, their order alternating:
 //!
 //! - **bare stream publisher** — the ceiling: no database; this process
 //!   sends the same messages (built by the relay's own
@@ -15,15 +15,20 @@
 //! - **claim and record alone** — the floor under any relay that keeps G1:
 //!   the same rows claimed and recorded published by the relay's own
 //!   statements (no lease fence, no broker), 16 buckets at once, each
-//!   claim followed by the record of what it read.
-//!
+//!   claim followed by the record of what it read;
 //! - **relay to a stream, rows deleted on publish** — the relay to a
 //!   stream with `outbox.keep_published = false`: the cheapest record G1
 //!   allows (a `DELETE` instead of an `UPDATE`);
 //! - **the database alone, inside PostgreSQL** — the floor under any relay
 //!   that records each row, however written: a procedure reads each
 //!   bucket's rows from the pending index in `id` order and deletes them,
-//!   a commit per batch, 16 buckets at once; no client, no network.
+//!   a commit per batch, 16 buckets at once; no client, no network;
+//! - **the cheapest client** — the floor under any relay that reads its
+//!   rows out of the database over a connection and records each: one
+//!   statement a batch deletes a bucket's next rows (read from the pending
+//!   index in `id` order) and returns what a message is built from,
+//!   decoded in this process, 16 buckets at once on 16 connections; no
+//!   claim, no lease, no broker.
 //!
 //! A relay's arm is timed from the worker's first record to its last, as
 //! the bare publisher's is timed once it is connected (the rate from the
@@ -34,7 +39,9 @@
 //! alone spends on a row plus what the bare publisher and the broker spend
 //! on a message (busy share ÷ rate, same round), so its rate is at most 1 ÷
 //! that sum: 0.75 × the bare publisher is within reach only where the sum
-//! is at most 1.33 ÷ the bare publisher's rate.
+//! is at most 1.33 ÷ the bare publisher's rate. The same with the cheapest
+//! client in place of the database alone gives the most a relay that
+//! reads its rows over a connection could reach.
 //!
 //! At batch 100 one more arm: **relay to a stream at the defaults** —
 //! claims of `outbox.batch_size` (100), then of `outbox.stream_batch_size`
@@ -114,6 +121,30 @@ BEGIN
     END LOOP;
 END $$";
 
+/// The statement of [`Bench::cheapest_client`]: a bucket's next `$2`
+/// rows, read from the pending index in `id` order, deleted and returned
+/// with what a message is built from, in one statement.
+const TAKE_AND_DELETE: &str = "DELETE FROM outbox WHERE id IN (
+        SELECT id FROM outbox
+        WHERE partition_key BETWEEN $1 AND $1
+          AND published_at IS NULL AND failed_at IS NULL
+        ORDER BY partition_key, id
+        LIMIT $2)
+    RETURNING id, message_key, exchange, routing_key, message_id, headers, content_type, payload, created_at";
+
+/// What [`TAKE_AND_DELETE`] returns of a row, decoded as a relay would.
+type TakenRow = (
+    i64,
+    String,
+    String,
+    String,
+    uuid::Uuid,
+    serde_json::Value,
+    Option<String>,
+    Vec<u8>,
+    chrono::DateTime<chrono::Utc>,
+);
+
 /// The trickle's rounds, stream and queue in turn.
 const TRICKLE_ROUNDS: usize = 4;
 /// The first messages of a round, not counted: a worker's first claims
@@ -128,15 +159,17 @@ const QUEUE: usize = 2;
 const CLAIM_AND_RECORD: usize = 3;
 const DELETING: usize = 4;
 const INSIDE: usize = 5;
-const DEFAULTS: usize = 6;
-const BASELINE: usize = 7;
-const ARM_NAMES: [&str; 8] = [
+const CLIENT: usize = 6;
+const DEFAULTS: usize = 7;
+const BASELINE: usize = 8;
+const ARM_NAMES: [&str; 9] = [
     "bare stream publisher",
     "relay to a stream",
     "relay to a queue",
     "claim and record alone",
     "relay to a stream, rows deleted on publish",
     "the database alone, inside PostgreSQL",
+    "the cheapest client: taken and deleted",
     "relay to a stream at the defaults",
     "relay to a stream, baseline build",
 ];
@@ -244,7 +277,7 @@ impl Bench {
         let this = std::path::Path::new(super::BIN);
         let mut out = serde_json::Map::new();
         for batch in batches {
-            let mut arms: Vec<usize> = (BARE..=INSIDE).collect();
+            let mut arms: Vec<usize> = (BARE..=CLIENT).collect();
             // The queue at batch 100 runs at its defaults, so does this arm.
             let defaults = batch == DEFAULT_BATCH_SIZE;
             if defaults {
@@ -271,6 +304,7 @@ impl Bench {
                                 .await
                         }
                         INSIDE => self.inside_the_database(n, batch).await,
+                        CLIENT => self.cheapest_client(n, batch).await,
                         DEFAULTS => {
                             self.relay_to(this, Some(&url), n, Claims::Defaults, KEPT)
                                 .await
@@ -316,11 +350,17 @@ impl Bench {
             // PostgreSQL, with the cheapest record) plus what the bare
             // publisher and the broker spend on a message, the two measured
             // as busy share ÷ rate in the same round.
-            let bounds: Vec<f64> = measured[INSIDE]
-                .iter()
-                .zip(&measured[BARE])
-                .map(|(db, b)| 1.0 / (db.busy * b.rate / db.rate + b.busy))
-                .collect();
+            let bound_over = |floor: usize| -> Vec<f64> {
+                measured[floor]
+                    .iter()
+                    .zip(&measured[BARE])
+                    .map(|(db, b)| 1.0 / (db.busy * b.rate / db.rate + b.busy))
+                    .collect()
+            };
+            let bounds = bound_over(INSIDE);
+            // The same over the cheapest client: a relay also reads every
+            // row out of the database, over a connection.
+            let client_bounds = bound_over(CLIENT);
             let busy = |arm: usize| {
                 100.0 * median_of(&measured[arm].iter().map(|a| a.busy).collect::<Vec<_>>())
             };
@@ -330,6 +370,14 @@ impl Bench {
             let database_of_bare = ratios(&database, &bare);
             let inside_of_bare = ratios(&inside, &bare);
             let bound = median_of(&bounds);
+            let client_bound = median_of(&client_bounds);
+            let client = rates(CLIENT);
+            let joined = |v: &[f64]| {
+                v.iter()
+                    .map(|b| format!("{b:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
             self.row(
                 &format!("streams, batch {batch}: relay to a stream ÷ bare"),
                 format!("{of_bare:.2} x"),
@@ -403,14 +451,20 @@ impl Bench {
                 format!("rounds {}", each(&inside, &bare)),
             );
             self.row(
+                &format!("streams, batch {batch}: the cheapest client ÷ bare"),
+                format!("{:.2} x", ratios(&client, &bare)),
+                format!("rounds {}", each(&client, &bare)),
+            );
+            self.row(
                 &format!("streams, batch {batch}: cores busy"),
                 format!("bare {:.0} %", busy(BARE)),
                 format!(
-                    "relay to a stream {:.0} %, to a queue {:.0} %, claim and record alone {:.0} %, inside PostgreSQL {:.0} %",
+                    "relay to a stream {:.0} %, to a queue {:.0} %, claim and record alone {:.0} %, inside PostgreSQL {:.0} %, the cheapest client {:.0} %",
                     busy(STREAM),
                     busy(QUEUE),
                     busy(CLAIM_AND_RECORD),
-                    busy(INSIDE)
+                    busy(INSIDE),
+                    busy(CLIENT)
                 ),
             );
             self.row(
@@ -418,12 +472,20 @@ impl Bench {
                 format!("{bound:.2} x"),
                 format!(
                     "rounds {}; relay to a stream {:.2} x of it",
-                    bounds
-                        .iter()
-                        .map(|b| format!("{b:.2}"))
-                        .collect::<Vec<_>>()
-                        .join(" / "),
+                    joined(&bounds),
                     of_bare / bound
+                ),
+            );
+            self.row(
+                &format!(
+                    "streams, batch {batch}: most a relay reading its rows over a connection could reach ÷ bare"
+                ),
+                format!("{client_bound:.2} x"),
+                format!(
+                    "rounds {}, highest {:.2}; relay to a stream {:.2} x of it",
+                    joined(&client_bounds),
+                    client_bounds.iter().copied().fold(f64::NAN, f64::max),
+                    of_bare / client_bound
                 ),
             );
             if !stream_baseline.is_empty() {
@@ -439,17 +501,19 @@ impl Bench {
                 json!({
                     "bare_stream": bare, "relay_stream": stream, "relay_queue": queue,
                     "claim_and_record": database, "relay_stream_deleting": deleting,
-                    "inside_the_database": inside,
+                    "inside_the_database": inside, "cheapest_client": client,
                     "stream_of_bare": of_bare, "stream_of_queue": of_queue,
                     "stream_of_claim_and_record": of_database,
                     "claim_and_record_of_bare": database_of_bare,
                     "inside_the_database_of_bare": inside_of_bare,
                     "bound_of_bare": bounds,
+                    "client_bound_of_bare": client_bounds,
                     "busy": {
                         "bare_stream": busy_of(BARE), "relay_stream": busy_of(STREAM),
                         "relay_queue": busy_of(QUEUE), "claim_and_record": busy_of(CLAIM_AND_RECORD),
                         "relay_stream_deleting": busy_of(DELETING),
                         "inside_the_database": busy_of(INSIDE),
+                        "cheapest_client": busy_of(CLIENT),
                         "relay_stream_at_the_defaults": busy_of(DEFAULTS),
                     },
                     "relay_stream_baseline": stream_baseline,
@@ -666,11 +730,7 @@ impl Bench {
     async fn inside_the_database(&self, n: usize, batch: u32) -> Arm {
         let (store, url) = self.seeded_nowhere(n).await;
         let labels = Partitioner::new(BUCKETS).labels();
-        // Every session connected before the clock starts.
-        let mut sessions = Vec::new();
-        for _ in &labels {
-            sessions.push(PgConnection::connect(&url).await.unwrap());
-        }
+        let mut sessions = session_per_bucket(&url, labels.len()).await;
         sqlx::raw_sql(DRAIN_INSIDE)
             .execute(&mut sessions[0])
             .await
@@ -688,12 +748,39 @@ impl Bench {
             }
         });
         futures_util::future::join_all(drains).await;
-        let arm = timing.arm(drained_rate(&store, n, timing.start).await);
-        for session in sessions {
-            let _ = session.close().await;
-        }
-        store.close().await;
-        arm
+        drained_arm(store, sessions, &timing, n).await
+    }
+
+    /// The floor under any relay that reads its rows out of the database
+    /// and records each: one statement a batch that reads a bucket's next
+    /// `batch` rows from the pending index in `id` order, deletes them and
+    /// returns what a message is built from, decoded here, 16 buckets at
+    /// once on 16 connections. No claim, no lease, no broker: what the
+    /// database and a client at its other end spend on a row, however the
+    /// relay is written.
+    async fn cheapest_client(&self, n: usize, batch: u32) -> Arm {
+        let (store, url) = self.seeded_nowhere(n).await;
+        let labels = Partitioner::new(BUCKETS).labels();
+        let mut sessions = session_per_bucket(&url, labels.len()).await;
+        let timing = Timing::start();
+        let drains = labels
+            .iter()
+            .zip(&mut sessions)
+            .map(|(bucket, session)| async move {
+                loop {
+                    let rows: Vec<TakenRow> = sqlx::query_as(TAKE_AND_DELETE)
+                        .bind(bucket)
+                        .bind(i64::from(batch))
+                        .fetch_all(&mut *session)
+                        .await
+                        .unwrap();
+                    if rows.is_empty() {
+                        break;
+                    }
+                }
+            });
+        futures_util::future::join_all(drains).await;
+        drained_arm(store, sessions, &timing, n).await
     }
 
     /// One worker of `bin` draining `n` seeded rows into a fresh stream
@@ -854,6 +941,27 @@ impl Bench {
         }
         got.into_iter().map(|(_, took)| took).collect()
     }
+}
+
+/// `count` sessions to `url`, every one connected before an arm's clock
+/// starts.
+async fn session_per_bucket(url: &str, count: usize) -> Vec<PgConnection> {
+    let mut sessions = Vec::with_capacity(count);
+    for _ in 0..count {
+        sessions.push(PgConnection::connect(url).await.unwrap());
+    }
+    sessions
+}
+
+/// The arm of a drain through `sessions` once `store` holds none of its
+/// `n` rows pending; closes both.
+async fn drained_arm(store: Store, sessions: Vec<PgConnection>, timing: &Timing, n: usize) -> Arm {
+    let arm = timing.arm(drained_rate(&store, n, timing.start).await);
+    for session in sessions {
+        let _ = session.close().await;
+    }
+    store.close().await;
+    arm
 }
 
 fn limits() -> PublishLimits {
